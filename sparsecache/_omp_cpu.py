@@ -15,10 +15,11 @@ import numba
 import numpy as np
 
 
+PIVOT_TOL = 1e-6  # squared distance of a unit atom from the support's span
 _TILE = 64  # α entries kept in registers while the support's G rows stream past
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, coef_out: np.ndarray,
               n_blocks: int) -> None:
     """Fill idx_out [N, s] int64 and coef_out [N, s] float32 from α⁰ [N, n] and G [n, n]."""
@@ -31,6 +32,7 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
         w = np.zeros(s, np.float64)
         x = np.zeros(s, np.float64)
         xs = np.zeros(s, np.float32)
+        live = np.zeros(s, np.bool_)
         for b in range(blk * per, min(N, (blk + 1) * per)):
             a0 = alpha0[b]
             idx = idx_out[b]
@@ -38,8 +40,8 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
             for k in range(s):
                 idx[k] = j
                 Gs[k, :] = G[j, :]
-                _cholesky_append(L, w, Gs, idx, k, j)
-                _cholesky_solve(L, a0, idx, k + 1, x, w)
+                _cholesky_append(L, w, Gs, idx, k, j, live)
+                _cholesky_solve(L, a0, idx, k + 1, x, w, live)
                 if k + 1 < s:
                     for t in range(k + 1):
                         xs[t] = x[t]
@@ -48,7 +50,7 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
                 coef_out[b, k] = x[k]
 
 
-@numba.njit(fastmath=True)
+@numba.njit(fastmath=True, error_model="numpy")
 def _argmax_abs(a: np.ndarray) -> int:
     best, j = -1.0, 0
     for i in range(a.shape[0]):
@@ -58,8 +60,8 @@ def _argmax_abs(a: np.ndarray) -> int:
     return j
 
 
-@numba.njit(fastmath=True)
-def _cholesky_append(L, w, Gs, idx, k, j) -> None:
+@numba.njit(fastmath=True, error_model="numpy")
+def _cholesky_append(L, w, Gs, idx, k, j, live) -> None:
     """Grow the Cholesky factor of G[S, S] by the row of atom j (support size k → k+1)."""
     total = 0.0
     for t in range(k):
@@ -67,17 +69,21 @@ def _cholesky_append(L, w, Gs, idx, k, j) -> None:
         for u in range(t):
             acc -= L[t, u] * w[u]
         w[t] = acc / L[t, t]
-        L[k, t] = w[t]
         total += w[t] * w[t]
-    # A pivot near 0 means j is (nearly) in the support's span; clamping keeps L finite.
-    L[k, k] = math.sqrt(max(Gs[k, j] - total, 1e-10))
+    pivot = Gs[k, j] - total
+    live[k] = pivot > PIVOT_TOL
+    # An atom (nearly) in the span of the support would blow the coefficients up: it gets a
+    # decoupled unit row instead, and a zero right-hand side (so a zero coefficient).
+    for t in range(k):
+        L[k, t] = w[t] if live[k] else 0.0
+    L[k, k] = math.sqrt(pivot) if live[k] else 1.0
 
 
-@numba.njit(fastmath=True)
-def _cholesky_solve(L, a0, idx, k, x, w) -> None:
+@numba.njit(fastmath=True, error_model="numpy")
+def _cholesky_solve(L, a0, idx, k, x, w, live) -> None:
     """x[:k] = (L Lᵀ)⁻¹ α⁰[S] by forward then backward substitution."""
     for t in range(k):
-        acc = a0[idx[t]]
+        acc = a0[idx[t]] if live[t] else 0.0
         for u in range(t):
             acc -= L[t, u] * w[u]
         w[t] = acc / L[t, t]
@@ -88,7 +94,7 @@ def _cholesky_solve(L, a0, idx, k, x, w) -> None:
         x[t] = acc / L[t, t]
 
 
-@numba.njit(fastmath=True)
+@numba.njit(fastmath=True, error_model="numpy")
 def _next_atom(a0, Gs, xs, idx, k, tile) -> int:
     """argmax over atoms off the support of |α|, α = α⁰ − G[:, S] x_S, tile by tile."""
     n = a0.shape[0]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ._omp_cpu import PIVOT_TOL
+
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.
 _GATHER_BUDGET_BYTES = 64 << 20
 
@@ -76,6 +78,7 @@ def _omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Ten
     L = torch.zeros(B, s, s, device=dev)  # Cholesky factor of G[S, S], grown row by row
     Gs = torch.empty(B, s, n, device=dev)  # G rows of the chosen atoms
     row = torch.empty(B, n, device=dev)
+    live = torch.zeros(B, s, dtype=torch.bool, device=dev)
     alpha = alpha0
     x = alpha0.new_zeros(B, 1, 1)
     for k in range(s):
@@ -84,15 +87,18 @@ def _omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Ten
         Gs[:, k] = torch.index_select(G, 0, j, out=row)
         gjj = row.gather(1, j[:, None])[:, 0]  # G[j, j]
         if k == 0:
-            L[:, 0, 0] = gjj.clamp_min(1e-12).sqrt()
+            pivot = gjj
         else:
             g = row.gather(1, idx[:, :k]).unsqueeze(-1)  # G[S, j]: (B, k, 1)
             w = torch.linalg.solve_triangular(L[:, :k, :k], g, upper=False)  # (B, k, 1)
-            L[:, k, :k] = w[..., 0]
-            # An atom (nearly) in the span of the support gives a ~0 pivot; clamping keeps
-            # the factor finite and that atom's coefficient then stays ~0.
-            L[:, k, k] = (gjj - w[..., 0].square().sum(1)).clamp_min(1e-10).sqrt()
-        b = alpha0.gather(1, idx[:, : k + 1]).unsqueeze(-1)  # (B, k+1, 1)
+            pivot = gjj - w[..., 0].square().sum(1)
+        live[:, k] = pivot > PIVOT_TOL
+        # An atom (nearly) in the span of the support would blow the coefficients up: it
+        # gets a decoupled unit row and a zero right-hand side, so a zero coefficient.
+        if k > 0:
+            L[:, k, :k] = w[..., 0] * live[:, k, None]
+        L[:, k, k] = torch.where(live[:, k], pivot.clamp_min(PIVOT_TOL).sqrt(), 1.0)
+        b = (alpha0.gather(1, idx[:, : k + 1]) * live[:, : k + 1]).unsqueeze(-1)  # (B, k+1, 1)
         x = torch.cholesky_solve(b, L[:, : k + 1, : k + 1])  # (B, k+1, 1)
         if k + 1 < s:
             alpha = torch.baddbmm(alpha0.unsqueeze(1), x.transpose(1, 2), Gs[:, : k + 1], alpha=-1)[:, 0]  # (B, n)

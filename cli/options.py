@@ -1,0 +1,53 @@
+"""Options shared by several commands, and the error boundary every command runs inside."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from sparsecache.errors import SparseCacheError
+
+
+def model_option(f):
+    return click.option("--model", "model_path", default="default", show_default=True,
+                        help="'default' (SmolLM2-135M-Instruct, packaged) or a local HuggingFace model directory.")(f)
+
+
+def device_option(f):
+    return click.option("--device", default="auto", show_default=True,
+                        help="auto (cuda when present, else cpu), cpu, cuda or cuda:N.")(f)
+
+
+def json_option(f):
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else on stdout.")(f)
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise click.ClickException("--device cuda asked for, but no CUDA device is available")
+    return name
+
+
+def library_errors(f):
+    """Turn the library's named errors into one line on stderr and exit code 1."""
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except (SparseCacheError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+    return wrapper
+
+
+def emit(result: dict, as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        click.echo(json.dumps(result, default=float))
+    else:
+        for line in lines:
+            click.echo(line)

@@ -1,0 +1,112 @@
+"""b-bit index packing (b in 1..16): the paper's Algorithm 4 layout, generalised.
+
+Values are concatenated MSB-first into one bit stream (value 0's bit b−1 is the stream's
+first bit) and the stream is cut into bytes; the last byte is zero-padded. n values take
+exactly ceil(n·b / 8) bytes. For b = 13 every group of 8 indices fills 13 bytes, as in the
+paper. numpy (`pack_indices` / `unpack_indices`) and torch (`unpack_indices_torch`, runs on
+any device) produce and read the same bytes; `reference_pack` is the plain bit loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def packed_size(count: int, bits: int) -> int:
+    """Bytes that `count` values of `bits` bits occupy."""
+    return (count * bits + 7) // 8
+
+
+def _check_bits(bits: int) -> None:
+    if not 1 <= bits <= 16:
+        raise ValueError(f"bits must be in 1..16, got {bits}")
+
+
+def pack_indices(values: np.ndarray, bits: int) -> np.ndarray:
+    """Pack non-negative integers < 2**bits (any shape, flattened) into uint8 [ceil(n·bits/8)]."""
+    _check_bits(bits)
+    v = np.asarray(values).reshape(-1).astype(np.uint32)
+    if v.size and int(v.max()) >> bits:
+        raise ValueError(f"value {int(v.max())} does not fit in {bits} bits")
+    # (n, bits) bit matrix, MSB first, flattened into the stream, then 8 bits per byte.
+    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint32)
+    stream = ((v[:, None] >> shifts) & 1).astype(np.uint8).reshape(-1)
+    return np.packbits(stream)
+
+
+def unpack_indices(packed: np.ndarray, count: int, bits: int) -> np.ndarray:
+    """The first `count` values (int64) from bytes written by `pack_indices`."""
+    _check_bits(bits)
+    if packed.size < packed_size(count, bits):
+        raise ValueError(f"{packed.size} bytes cannot hold {count} values of {bits} bits")
+    stream = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=count * bits)
+    weights = (1 << np.arange(bits - 1, -1, -1)).astype(np.int64)
+    return stream.reshape(count, bits).astype(np.int64) @ weights
+
+
+def unpack_indices_torch(packed: torch.Tensor, count: int, bits: int) -> torch.Tensor:
+    """`unpack_indices` on a uint8 tensor, on its device; returns int64 [count].
+
+    Each value spans at most 3 bytes (b ≤ 16), so it is read as a 24-bit window starting at
+    its first byte, shifted and masked: a gather and a few integer ops, no bit matrix.
+    """
+    _check_bits(bits)
+    if packed.numel() < packed_size(count, bits):
+        raise ValueError(f"{packed.numel()} bytes cannot hold {count} values of {bits} bits")
+    p = torch.nn.functional.pad(packed.reshape(-1).long(), (0, 3))
+    start = torch.arange(count, device=packed.device) * bits  # first bit of each value
+    byte = start >> 3
+    window = (p[byte] << 16) | (p[byte + 1] << 8) | p[byte + 2]  # 24 bits
+    shift = 24 - bits - (start & 7)
+    return (window >> shift) & ((1 << bits) - 1)
+
+
+def reference_pack(values: list[int], bits: int) -> bytes:
+    """Plain bit-by-bit packing, the reference the vectorised versions are tested against."""
+    out, acc, filled = bytearray(), 0, 0
+    for v in values:
+        for i in range(bits - 1, -1, -1):
+            acc = (acc << 1) | ((v >> i) & 1)
+            filled += 1
+            if filled == 8:
+                out.append(acc)
+                acc, filled = 0, 0
+    if filled:
+        out.append(acc << (8 - filled))
+    return bytes(out)
+
+
+def row_bytes(count: int, bits: int) -> int:
+    """Bytes of one packed row of `count` values: rows start on byte boundaries."""
+    return packed_size(count, bits)
+
+
+def pack_rows(values: np.ndarray, bits: int) -> np.ndarray:
+    """[N, s] integers → uint8 [N, row_bytes(s, bits)], each row packed as by `pack_indices`."""
+    _check_bits(bits)
+    v = np.asarray(values).astype(np.uint32)
+    N, s = v.shape
+    if v.size and int(v.max()) >> bits:
+        raise ValueError(f"value {int(v.max())} does not fit in {bits} bits")
+    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint32)
+    stream = ((v[:, :, None] >> shifts) & 1).astype(np.uint8).reshape(N, s * bits)  # (N, s·b)
+    return np.packbits(stream, axis=1)
+
+
+def unpack_rows(packed: np.ndarray, count: int, bits: int) -> np.ndarray:
+    """uint8 [N, row_bytes] → int64 [N, count], the inverse of `pack_rows`."""
+    _check_bits(bits)
+    stream = np.unpackbits(np.asarray(packed, dtype=np.uint8), axis=1, count=count * bits)  # (N, s·b)
+    weights = (1 << np.arange(bits - 1, -1, -1)).astype(np.int64)
+    return stream.reshape(-1, count, bits).astype(np.int64) @ weights
+
+
+def unpack_rows_torch(packed: torch.Tensor, count: int, bits: int) -> torch.Tensor:
+    """`unpack_rows` on a uint8 tensor [N, row_bytes], on its device; returns int64 [N, count]."""
+    _check_bits(bits)
+    p = torch.nn.functional.pad(packed.long(), (0, 3))  # (N, row_bytes + 3)
+    start = torch.arange(count, device=packed.device) * bits
+    byte = (start >> 3)[None].expand(p.shape[0], -1)  # (N, count)
+    window = (p.gather(1, byte) << 16) | (p.gather(1, byte + 1) << 8) | p.gather(1, byte + 2)
+    return (window >> (24 - bits - (start & 7))) & ((1 << bits) - 1)

@@ -1,0 +1,84 @@
+"""K/V tensors ⇄ sparse codes: layer grouping, OMP encode, bit-packed indices, decode.
+
+A code for one signal (one token × one group of L layers) is `row_bytes(s, b)` bytes of
+packed atom indices (b = ceil(log2 atoms)) plus s coefficients (fp16 by default).
+Decode is unpack + `embedding_bag` (gather + weighted sum) on whatever device it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .bitpack import pack_rows, row_bytes, unpack_rows_torch
+from .dictionary import Dictionary
+from .omp import batch_omp, gram, reconstruct
+from .signals import from_signals, to_signals
+
+COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class Codes:
+    """Codes of one K or V tensor: indices uint8 [G, T, row_bytes], coefficients [G, T, s]."""
+
+    indices: np.ndarray
+    coefficients: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.indices.nbytes + self.coefficients.nbytes
+
+
+class Codec:
+    """Encodes and decodes one model's K/V with one dictionary (Gram matrices built once)."""
+
+    def __init__(self, dictionary: Dictionary, coef_dtype: str = "float16", device="cpu"):
+        if coef_dtype not in COEF_DTYPES:
+            raise ValueError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}, got {coef_dtype!r}")
+        self.dictionary = dictionary
+        self.config = dictionary.config
+        self.coef_dtype = COEF_DTYPES[coef_dtype]
+        self.device = torch.device(device)
+        self._atoms = {k: dictionary.atoms(k).to(self.device) for k in ("k", "v")}
+        self._gram: dict[str, torch.Tensor] = {}
+
+    @property
+    def bits(self) -> int:
+        return self.config.index_bits
+
+    def bytes_per_signal(self) -> int:
+        return row_bytes(self.config.sparsity, self.bits) + self.config.sparsity * self.coef_dtype.itemsize
+
+    def gram(self, kind: str) -> torch.Tensor:
+        if kind not in self._gram:
+            self._gram[kind] = gram(self._atoms[kind])
+        return self._gram[kind]
+
+    def encode(self, kv: torch.Tensor, kind: str) -> Codes:
+        """Codes of one K (pre-RoPE) or V tensor [n_layers, T, m]."""
+        L, s = self.config.layers_per_signal, self.config.sparsity
+        sig = to_signals(kv.to(self.device), L)  # (G, T, L·m)
+        G, T, d = sig.shape
+        idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], s, self.gram(kind))
+        packed = pack_rows(idx.cpu().numpy(), self.bits).reshape(G, T, -1)
+        coefs = coef.to(self.coef_dtype).cpu().numpy().reshape(G, T, s)
+        return Codes(packed, coefs)
+
+    def decode(self, codes: Codes | tuple, kind: str, device=None) -> torch.Tensor:
+        """[n_layers, T, m] float32 on `device` (default: the codec's) from Codes or (indices, coefficients)."""
+        packed, coef = (codes.indices, codes.coefficients) if isinstance(codes, Codes) else codes
+        dev = torch.device(device) if device is not None else self.device
+        packed = torch.as_tensor(packed).to(dev)
+        coef = torch.as_tensor(coef).to(dev)
+        G, T, nb = packed.shape
+        idx = unpack_rows_torch(packed.reshape(-1, nb), self.config.sparsity, self.bits)  # (G·T, s)
+        atoms = self._atoms[kind].to(dev)
+        sig = reconstruct(idx, coef.reshape(G * T, -1).float(), atoms)  # (G·T, L·m)
+        return from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
+
+    def roundtrip(self, kv: torch.Tensor, kind: str) -> torch.Tensor:
+        """decode(encode(kv)): what a reader of the store gets back."""
+        return self.decode(self.encode(kv, kind), kind)

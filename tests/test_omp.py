@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import orthogonal_mp_gram
+
+from sparsecache.omp import _omp_block, _omp_block_cpu, batch_omp, gram, reconstruct, reference_omp
+from tests.conftest import unit_atoms
+
+
+def sparse_problem(m=64, n=256, s=5, count=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    D = unit_atoms(m, n, seed)
+    X = torch.zeros(count, n)
+    for i in range(count):
+        X[i, torch.randperm(n, generator=g)[:s]] = torch.randn(s, generator=g).sign() * (1 + torch.rand(s, generator=g))
+    return D, X @ D.T, X
+
+
+@pytest.mark.parametrize("block", [_omp_block_cpu, _omp_block], ids=["numba", "torch"])
+def test_matches_reference_and_sklearn_on_well_conditioned_problems(block):
+    D, Y, X = sparse_problem()
+    G = gram(D)
+    idx, coef = block(Y @ D, G, 5)
+    ref_idx, ref_coef = reference_omp(Y, D, 5)
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(coef, ref_coef, atol=1e-4, rtol=1e-4)
+    sk = orthogonal_mp_gram(G.double().numpy(), (Y @ D).T.double().numpy(), n_nonzero_coefs=5)  # (n, count)
+    for i in range(Y.shape[0]):
+        support = np.nonzero(sk[:, i])[0]
+        assert set(support) == set(idx[i].tolist())
+        np.testing.assert_allclose(sk[idx[i].numpy(), i], coef[i].numpy(), atol=1e-4)
+    # exact sparse signals are recovered exactly
+    torch.testing.assert_close(reconstruct(idx, coef, D), Y, atol=1e-4, rtol=1e-4)
+
+
+def test_batch_omp_is_batched_and_chunked():
+    D, Y, _ = sparse_problem(count=100)
+    a = batch_omp(Y, D, 5)
+    b = batch_omp(Y, D, 5, batch_size=7)
+    assert torch.equal(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1])
+
+
+def test_residual_not_worse_than_sklearn_on_dense_signals():
+    # Not exactly sparse: supports can differ, but OMP's greedy residual should agree closely.
+    D = unit_atoms(48, 512, 3)
+    Y = torch.randn(64, 48, generator=torch.Generator().manual_seed(4))
+    idx, coef = batch_omp(Y, D, 12)
+    ours = (Y - reconstruct(idx, coef, D)).square().sum()
+    G = gram(D).double().numpy()
+    sk = orthogonal_mp_gram(G, (Y @ D).T.double().numpy(), n_nonzero_coefs=12)
+    theirs = (Y.double() - torch.from_numpy(sk).T @ D.double().T).square().sum()
+    assert ours <= theirs * 1.001
+
+
+def test_degenerate_atoms_give_finite_codes():
+    D = unit_atoms(16, 64)
+    D[:, 1] = D[:, 0]  # exact duplicate
+    D[:, 2] = (D[:, 0] + 1e-6 * D[:, 3]) / (D[:, 0] + 1e-6 * D[:, 3]).norm()  # near-duplicate
+    Y = torch.cat([D[:, :1].T * 3.0, torch.zeros(1, 16), torch.randn(8, 16)])
+    for block in (_omp_block_cpu, _omp_block):
+        idx, coef = block(Y @ D, gram(D), 8)
+        assert torch.isfinite(coef).all()
+        assert coef.abs().max() < 100
+        torch.testing.assert_close(reconstruct(idx[:1], coef[:1], D), Y[:1], atol=1e-4, rtol=1e-4)
+        assert coef[1].abs().max() == 0  # a zero signal gets zero coefficients
+
+
+def test_decode_is_weighted_gather():
+    D = unit_atoms(8, 32)
+    idx = torch.tensor([[0, 5, 7], [31, 0, 2]])
+    coef = torch.tensor([[1.0, -2.0, 0.5], [0.25, 0.0, 3.0]])
+    expected = torch.stack([(D[:, i] * c).sum(1) for i, c in zip(idx, coef)])
+    torch.testing.assert_close(reconstruct(idx, coef, D), expected)
