@@ -16,14 +16,15 @@ from cli.options import device_option, emit, json_option, library_errors, model_
 @click.option("--layers-per-signal", default=1, show_default=True, help="Consecutive layers per signal (L); must divide the layer count.")
 @click.option("--steps", default=3000, show_default=True, help="Training steps (early stopping may end sooner).")
 @click.option("--batch", default=4096, show_default=True, help="Signals per step, per K and per V.")
-@click.option("--lr", default=0.5, show_default=True, help="Peak learning rate (cosine decay).")
+@click.option("--lr", default=0.5, show_default=True, help="Peak learning rate of K (cosine decay).")
+@click.option("--lr-v", default=0.1, show_default=True, help="Peak learning rate of V (V is noisier).")
 @click.option("--max-tokens", default=150_000, show_default=True, help="Calibration tokens to extract.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (atoms.safetensors + dictionary.json).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out.")
 @device_option
 @library_errors
-def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps, batch, lr, max_tokens, seed,
+def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps, batch, lr, lr_v, max_tokens, seed,
                    out, resume, device):
     """Learn global K and V dictionaries for a model (batched OMP + gradient dictionary update).
 
@@ -33,7 +34,7 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps,
     from sparsecache.model import load_model
 
     config = DictConfig(atoms, sparsity, layers_per_signal)
-    tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, max_tokens=max_tokens, seed=seed)
+    tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed)
     model = load_model(model_path)
     config.check_signal(model.n_layers, model.m)
     d = learn_dict(model, texts, config, tcfg, out, resolve_device(device), resume)
@@ -49,12 +50,19 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps,
 @click.option("--passages", default=16, show_default=True, help="Prefix/continuation passages to evaluate.")
 @click.option("--prefix-tokens", default=512, show_default=True)
 @click.option("--continuation-tokens", default=64, show_default=True)
+@click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
 @device_option
 @json_option
 @library_errors
-def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, device, as_json):
-    """Fidelity of a dictionary: NMSE, perplexity, KL and top-1 agreement on held-out text."""
-    from sparsecache.dictionary import Dictionary
+def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, record, device,
+                  as_json):
+    """Fidelity of a dictionary: NMSE, perplexity, KL and top-1 agreement on held-out text.
+
+    Each passage is the model's chat prefix (kept exact, as a store keeps it), then
+    --prefix-tokens tokens whose K/V go through encode+decode, then --continuation-tokens
+    tokens scored with the exact vs the reconstructed context.
+    """
+    from sparsecache.dictionary import Dictionary, dictionary_dir
     from sparsecache.evaluate import EvalConfig, evaluate_dictionary
     from sparsecache.model import load_model
 
@@ -62,6 +70,9 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     model = load_model(model_path, device=resolve_device(device))
     d.check_model(model.fingerprint())
     r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens))
+    if record:
+        d.meta["eval"] = {k: v for k, v in r.items() if not k.endswith("per_layer")}
+        d.save(dictionary_dir(dictionary))
     emit(r, as_json, [
         f"nmse_k {r['nmse_k']:.4f}   nmse_v {r['nmse_v']:.4f}",
         f"ppl exact {r['ppl_exact']:.3f}   reconstructed {r['ppl_reconstructed']:.3f}   (+{100 * (r['ppl_reconstructed'] / r['ppl_exact'] - 1):.2f}%)",

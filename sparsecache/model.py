@@ -143,7 +143,9 @@ def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> KVModel:
     """Load the default model or a local HuggingFace causal-LM directory, in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # ours report progress; a 0.1 s bar per load is noise
     path = default_model_dir() if name_or_path == DEFAULT else Path(name_or_path)
     if not path.is_dir():
         raise ModelError(f"model directory not found: {path}")

@@ -1,0 +1,31 @@
+import json
+
+import torch
+from click.testing import CliRunner
+
+from cli.main import cli
+from sparsecache.dictionary import DictConfig, Dictionary
+from tests.conftest import unit_atoms
+
+
+def test_eval_dict_json(tiny_model, tiny_model_dir, tmp_path):
+    d = Dictionary(unit_atoms(32, 128, 1), unit_atoms(32, 128, 2), DictConfig(128, 32, 1), tiny_model.fingerprint())
+    d.save(tmp_path / "d")
+    r = CliRunner().invoke(cli, ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir), "--passages", 2,
+                                 "--prefix-tokens", 64, "--continuation-tokens", 16, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)  # the JSON object is the only thing on stdout
+    for key in ("nmse_k", "nmse_v", "ppl_exact", "ppl_reconstructed", "top1_agreement", "kl", "ratio"):
+        assert key in out
+    # s = m: OMP codes every signal exactly (up to fp16 coefficients), so fidelity is near perfect
+    assert out["nmse_k"] < 1e-4 and out["nmse_v"] < 1e-4
+    assert out["top1_agreement"] > 0.95 and abs(out["ppl_reconstructed"] / out["ppl_exact"] - 1) < 0.01
+    assert len(out["nmse_k_per_layer"]) == 4
+    assert out["ratio"]["theoretical_excl_dict"] < 1  # s = m costs more than fp16; honest arithmetic
+
+
+def test_eval_dict_for_another_model_is_refused(tiny_model_dir, tmp_path):
+    fp = {"name": "other", "config_hash": "abc", "layers": 4, "m": 32}
+    Dictionary(unit_atoms(32, 64), unit_atoms(32, 64), DictConfig(64, 4), fp).save(tmp_path / "d")
+    r = CliRunner().invoke(cli, ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir)])
+    assert r.exit_code != 0 and "learned for other" in r.output and "Traceback" not in r.output

@@ -1,0 +1,51 @@
+import json
+
+from click.testing import CliRunner
+
+from cli.main import cli
+from sparsecache.dictionary import Dictionary
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_learn_dict_writes_a_loadable_dictionary(tiny_model, tiny_model_dir, text_file, tmp_path):
+    out = tmp_path / "dict"
+    r = run("learn-dict", "--model", tiny_model_dir, "--text", text_file, "--atoms", 64, "--sparsity", 4,
+            "--layers-per-signal", 2, "--steps", 6, "--batch", 128, "--max-tokens", 3000, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "held-out NMSE" in r.output
+    d = Dictionary.load(out)
+    d.check_model(tiny_model.fingerprint())
+    meta = json.loads((out / "dictionary.json").read_text())
+    for key in ("atoms", "sparsity", "layers_per_signal", "model", "heldout_nmse", "data", "library_version",
+                "fingerprint", "train"):
+        assert key in meta
+    assert meta["layers_per_signal"] == 2 and d.keys.shape == (64, 64)
+    assert meta["data"]["train"]["tokens"] > 0 and (out / "checkpoint" / "state.json").exists()
+    r = run("learn-dict", "--model", tiny_model_dir, "--text", text_file, "--atoms", 64, "--sparsity", 4,
+            "--layers-per-signal", 2, "--steps", 6, "--batch", 128, "--max-tokens", 3000, "--out", out, "--resume")
+    assert r.exit_code == 0, r.output
+
+
+def one_line_error(r, fragment):
+    assert r.exit_code != 0
+    assert "Traceback" not in r.output
+    assert fragment in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_bad_input_is_one_line(tiny_model_dir, text_file, tmp_path):
+    base = ["learn-dict", "--model", tiny_model_dir, "--out", tmp_path / "o", "--steps", 1]
+    one_line_error(run(*base, "--text", text_file, "--layers-per-signal", 3), "must divide")
+    one_line_error(run(*base, "--text", text_file, "--atoms", 70000), "65536")
+    one_line_error(run(*base, "--text", text_file, "--sparsity", 65), "exceeds the signal size")
+    one_line_error(run(*base, "--text", tmp_path / "missing.txt"), "not found")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    one_line_error(run(*base, "--text", empty), "no text")
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(b"\x00\x01\x02" * 100)
+    one_line_error(run(*base, "--text", binary), "binary")
+    one_line_error(run("learn-dict", "--model", tmp_path, "--out", tmp_path / "o"), "no config.json")

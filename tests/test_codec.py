@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+import torch
+
+from sparsecache.bitpack import row_bytes
+from sparsecache.codec import Codec
+from sparsecache.dictionary import DictConfig, Dictionary
+from sparsecache.omp import batch_omp, reconstruct
+from sparsecache.signals import to_signals
+from tests.conftest import unit_atoms
+
+
+def make_dict(m=32, layers=4, L=1, atoms=256, s=6):
+    return Dictionary(unit_atoms(L * m, atoms, 1), unit_atoms(L * m, atoms, 2), DictConfig(atoms, s, L),
+                      {"name": "t", "config_hash": "x", "layers": layers, "m": m})
+
+
+@pytest.mark.parametrize("L", [1, 2, 4])
+def test_encode_decode_equals_omp_then_reconstruct(L):
+    d = make_dict(L=L)
+    codec = Codec(d)
+    kv = torch.randn(4, 10, 32)
+    codes = codec.encode(kv, "k")
+    assert codes.indices.shape == (4 // L, 10, row_bytes(6, 8)) and codes.indices.dtype == np.uint8
+    assert codes.coefficients.dtype == np.float16
+    sig = to_signals(kv, L).reshape(-1, 32 * L)
+    idx, coef = batch_omp(sig, d.keys, 6)
+    expected = reconstruct(idx, coef.half().float(), d.keys)  # fp16 coefficients, exact indices
+    got = codec.decode(codes, "k")
+    assert got.shape == kv.shape
+    torch.testing.assert_close(to_signals(got, L).reshape(-1, 32 * L), expected)
+
+
+def test_13_bit_codes_and_byte_count():
+    d = make_dict(atoms=8192, s=16, m=16, layers=2)
+    codec = Codec(d)
+    assert codec.bits == 13 and codec.bytes_per_signal() == 26 + 32
+    codes = codec.encode(torch.randn(2, 7, 16), "v")
+    assert codes.nbytes == 2 * 7 * (26 + 32)
+
+
+def test_fp32_coefficients_and_bad_dtype():
+    d = make_dict()
+    kv = torch.randn(4, 3, 32)
+    c32 = Codec(d, "float32")
+    assert c32.encode(kv, "k").coefficients.dtype == np.float32
+    with pytest.raises(ValueError, match="dtype"):
+        Codec(d, "int3")

@@ -1,0 +1,52 @@
+"""The real default model and the shipped dictionaries (slow: the first run converts the GGUF)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cli.main import cli
+from sparsecache.dictionary import Dictionary
+from sparsecache.model import extract_kv, rotate_keys
+
+pytestmark = pytest.mark.slow
+SHIPPED = sorted(p for p in (Path(__file__).parent.parent / "dictionaries").iterdir()
+                 if (p / "dictionary.json").exists())
+
+
+def test_default_model_loads_offline_and_extracts_exact_prerope_keys(default_model):
+    assert default_model.fingerprint()["layers"] == 30 and default_model.m == 192
+    ids = default_model.tokenizer("def f(x):\n    return x * 2  # doubles")["input_ids"]
+    (k, v), = extract_kv(default_model, [ids])
+    cache = default_model.hf(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+    rotated = rotate_keys(k, torch.arange(len(ids)), default_model)
+    for layer in (0, 29):
+        ck = cache.layers[layer].keys[0].transpose(0, 1).flatten(-2)
+        assert (rotated[layer] - ck).norm() / ck.norm() < 1e-5
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_dictionaries_fit_the_default_model(default_model, path):
+    d = Dictionary.load(path)
+    d.check_model(default_model.fingerprint())
+    meta = json.loads((path / "dictionary.json").read_text())
+    assert meta["heldout_nmse"]["k"] < 0.1 and meta["heldout_nmse"]["v"] < 0.3
+    assert "eval" in meta, "shipped dictionaries carry their eval-dict numbers"
+
+
+def test_eval_dict_on_the_default_model(default_model):
+    assert SHIPPED, "no shipped dictionary"
+    r = CliRunner().invoke(cli, ["eval-dict", str(SHIPPED[0]), "--passages", 2, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert 0 < out["nmse_k"] < 0.1 and 0 < out["nmse_v"] < 0.3
+    assert out["top1_agreement"] > 0.7 and out["ppl_reconstructed"] < 1.3 * out["ppl_exact"]
+
+
+def test_bench_omp_on_real_signals():
+    r = CliRunner().invoke(cli, ["bench", "omp", "--n", 1024, "--sklearn-n", 4, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["speedup"] > 10 and out["residual_ratio_vs_sklearn"] < 1.01

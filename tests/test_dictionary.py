@@ -1,0 +1,99 @@
+import json
+
+import pytest
+import torch
+
+from sparsecache.dictionary import (DictConfig, Dictionary, TrainConfig, collect_signals, learn, nmse)
+from sparsecache.errors import ConfigError, DictionaryError, DictionaryMismatch
+from sparsecache.signals import from_signals, to_signals
+from sparsecache.text import builtin_documents
+
+
+@pytest.fixture(scope="module")
+def tiny_signals(tiny_model):
+    docs = builtin_documents("train")[:20]
+    train, _ = collect_signals(tiny_model, docs, 1, 128, 6000, cache=False)
+    held, _ = collect_signals(tiny_model, builtin_documents("heldout")[:5], 1, 128, 2000, cache=False)
+    return train, held
+
+
+def small_train(**kw):
+    base = dict(steps=30, batch=256, val_every=10, val_signals=512, patience=100, dead_after=5)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_learning_beats_its_initialisation(tiny_model, tiny_signals, tmp_path):
+    train, held = tiny_signals
+    cfg = DictConfig(atoms=128, sparsity=4)
+    d = learn(train, held, cfg, small_train(steps=1), tiny_model.fingerprint(), tmp_path / "d0", progress=False)
+    d2 = learn(train, held, cfg, small_train(), tiny_model.fingerprint(), tmp_path / "d1", progress=False)
+    for k in "kv":
+        y = held[k][:2000].float()
+        assert nmse(y, d2.atoms(k), 4) < 0.9 * nmse(y, d.atoms(k), 4)
+    assert torch.allclose(d2.keys.norm(dim=0), torch.ones(128), atol=1e-5)
+    assert len(d2.meta["history"]) == 3
+
+
+def test_resume_gives_the_same_dictionary_as_an_uninterrupted_run(tiny_model, tiny_signals, tmp_path):
+    train, held = tiny_signals
+    cfg, fp = DictConfig(atoms=64, sparsity=4), tiny_model.fingerprint()
+    full = learn(train, held, cfg, small_train(steps=20), fp, tmp_path / "full", progress=False)
+    # "crash" after the step-10 checkpoint: run 10 steps of a 20-step schedule by stopping early
+    learn(train, held, cfg, small_train(steps=20, patience=0), fp, tmp_path / "cut", progress=False)
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 10
+    resumed = learn(train, held, cfg, small_train(steps=20), fp, tmp_path / "cut", resume=True, progress=False)
+    torch.testing.assert_close(resumed.keys, full.keys)
+    torch.testing.assert_close(resumed.values, full.values)
+
+
+def test_save_load_roundtrip_and_fingerprints(tiny_model, tmp_path):
+    d = Dictionary(torch.nn.functional.normalize(torch.randn(32, 64), dim=0),
+                   torch.nn.functional.normalize(torch.randn(32, 64), dim=0),
+                   DictConfig(64, 4, 1), tiny_model.fingerprint(), {"note": "x"})
+    d.save(tmp_path / "d")
+    for path in (tmp_path / "d", tmp_path / "d" / "dictionary.json", tmp_path / "d" / "atoms.safetensors"):
+        e = Dictionary.load(path)
+        assert torch.equal(e.keys, d.keys) and e.config == d.config and e.meta["note"] == "x"
+        assert e.fingerprint() == d.fingerprint()
+    e.check_model(tiny_model.fingerprint())
+    other = dict(tiny_model.fingerprint(), config_hash="0" * 16, name="other")
+    with pytest.raises(DictionaryMismatch, match="other"):
+        d.check_model(other)
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DictionaryError, match="no dictionary"):
+        Dictionary.load(tmp_path)
+    (tmp_path / "dictionary.json").write_text('{"format_version": 99, "atoms": 4, "sparsity": 1, '
+                                              '"layers_per_signal": 1, "model": {}}')
+    from safetensors.torch import save_file
+    save_file({"keys": torch.zeros(2, 4), "values": torch.zeros(2, 4)}, str(tmp_path / "atoms.safetensors"))
+    with pytest.raises(DictionaryError, match="newer"):
+        Dictionary.load(tmp_path)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(atoms=70000), "65536"), (dict(atoms=1), "65536"), (dict(sparsity=0), "sparsity"),
+    (dict(layers_per_signal=0), "layers_per_signal"),
+])
+def test_config_validation(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        DictConfig(**kw)
+
+
+def test_signal_checks():
+    with pytest.raises(ConfigError, match="divide"):
+        DictConfig(layers_per_signal=7).check_signal(30, 192)
+    with pytest.raises(ConfigError, match="exceeds"):
+        DictConfig(sparsity=200).check_signal(30, 192)
+    DictConfig(layers_per_signal=3, sparsity=200).check_signal(30, 192)
+
+
+def test_layer_grouping_roundtrip():
+    kv = torch.randn(6, 5, 4)
+    sig = to_signals(kv, 3)
+    assert sig.shape == (2, 5, 12)
+    torch.testing.assert_close(sig[1, 2], torch.cat([kv[3, 2], kv[4, 2], kv[5, 2]]))
+    torch.testing.assert_close(from_signals(sig, 3), kv)
