@@ -300,7 +300,9 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
                 if vals[k] < states[k].best_val:
                     states[k].best_val, states[k].best_atoms = vals[k], states[k].atoms.clone()
             stale = 0 if improved else stale + 1
-            history.append({"step": step + 1, **{f"lr_{k}": lr_at(step, tcfg, k) for k in KINDS}, **{f"train_nmse_{k}": losses[k] for k in KINDS},
+            history.append({"step": step + 1,
+                            **{f"lr_{k}": lr_at(step, tcfg, k) for k in KINDS},
+                            **{f"train_nmse_{k}": losses[k] for k in KINDS},
                             **{f"val_nmse_{k}": vals[k] for k in KINDS}})
             bar.set_postfix(k=f"{losses['k']:.4f}", v=f"{losses['v']:.4f}",
                             val_k=f"{vals['k']:.4f}", val_v=f"{vals['v']:.4f}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+from tqdm import tqdm
 
 from .codec import Codec
 from .dictionary import Dictionary
@@ -60,7 +61,8 @@ def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin"
     err = {k: torch.zeros(model.n_layers) for k in "kv"}
     ref = {k: torch.zeros(model.n_layers) for k in "kv"}
     nll_exact = nll_rec = kl = agree = count = 0.0
-    for window in passages(model, texts, cfg):
+    windows = passages(model, texts, cfg)
+    for window in tqdm(windows, desc="eval-dict", unit="passage", leave=False):
         ctx, cont = window[:P], window[P:]
         (pk, pv), (k, v) = extract_kv(model, [prefix], ())[0], extract_kv(model, [ctx], prefix)[0]
         kr, vr = codec.roundtrip(k, "k"), codec.roundtrip(v, "v")
@@ -80,7 +82,7 @@ def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin"
         agree += float((lp_e.argmax(-1) == lp_r.argmax(-1)).sum())
         count += len(target)
     nmse_layers = {k: (err[k] / ref[k].clamp_min(1e-30)).tolist() for k in "kv"}
-    n_passages = len(passages(model, texts, cfg))
+    n_passages = len(windows)
     return {
         "nmse_k": sum(nmse_layers["k"]) / model.n_layers,
         "nmse_v": sum(nmse_layers["v"]) / model.n_layers,
