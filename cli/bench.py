@@ -29,6 +29,7 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, device, as_json)
     emit(r, as_json, [
         f"device {r['device']}  atoms {r['atoms']}  dim {r['dim']}  sparsity {r['sparsity']}",
         f"batch_omp  {r['vectors_per_s']:>12,.0f} signals/s",
+        f"torch path {r['torch_path_vectors_per_s']:>12,.0f} signals/s   (vectorised torch ops; used on GPUs)",
         f"sklearn    {r['sklearn_vectors_per_s']:>12,.1f} signals/s   speedup {r['speedup']:,.0f}x",
         f"decode     {r['decode_vectors_per_s']:>12,.0f} signals/s",
         f"residual vs sklearn (same signals): {r['residual_ratio_vs_sklearn']:.4f} (<= 1 means ours is as good)",

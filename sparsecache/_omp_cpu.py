@@ -16,7 +16,7 @@ import numpy as np
 
 
 PIVOT_TOL = 1e-6  # squared distance of a unit atom from the support's span
-_TILE = 64  # α entries kept in registers while the support's G rows stream past
+TILE = 256  # α entries kept in L1 while the support's G rows stream past (256 measured fastest of 64/128/256)
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
@@ -27,7 +27,7 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
     per = (N + n_blocks - 1) // n_blocks
     for blk in numba.prange(n_blocks):
         Gs = np.empty((s, n), np.float32)
-        tile = np.empty(_TILE, np.float32)
+        tile = np.empty(TILE, np.float32)
         L = np.zeros((s, s), np.float64)
         w = np.zeros(s, np.float64)
         x = np.zeros(s, np.float64)
@@ -99,18 +99,19 @@ def _next_atom(a0, Gs, xs, idx, k, tile) -> int:
     """argmax over atoms off the support of |α|, α = α⁰ − G[:, S] x_S, tile by tile."""
     n = a0.shape[0]
     best, j = np.float32(-1.0), 0
-    for i0 in range(0, n, _TILE):
-        for ii in range(_TILE):
+    for i0 in range(0, n, TILE):
+        width = min(TILE, n - i0)
+        for ii in range(width):
             tile[ii] = a0[i0 + ii]
         for t in range(k):
             xt = xs[t]
-            for ii in range(_TILE):
+            for ii in range(width):
                 tile[ii] -= xt * Gs[t, i0 + ii]
         m = np.float32(0.0)
-        for ii in range(_TILE):
+        for ii in range(width):
             m = max(m, abs(tile[ii]))
         if m > best:
-            for ii in range(_TILE):
+            for ii in range(width):
                 v = abs(tile[ii])
                 if v > best and not _on_support(idx, k, i0 + ii):
                     best, j = v, i0 + ii

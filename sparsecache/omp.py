@@ -45,8 +45,10 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     if G is None:
         G = gram(D)
     n = D.shape[1]
-    step = batch_size or batch_size_for(n, sparsity)
-    block = _omp_block_cpu if signals.device.type == "cpu" and n % 64 == 0 else _omp_block
+    fused = signals.device.type == "cpu"
+    block = _omp_block_cpu if fused else _omp_block
+    # The fused kernel keeps per-thread buffers only; its batch just bounds α⁰ [B, n].
+    step = batch_size or (2048 if fused else batch_size_for(n, sparsity))
     idx, coef = [], []
     for start in range(0, signals.shape[0], step):
         y = signals[start : start + step].float()

@@ -16,9 +16,10 @@ def sparse_problem(m=64, n=256, s=5, count=40, seed=0):
     return D, X @ D.T, X
 
 
+@pytest.mark.parametrize("n", [256, 300, 1000])  # one tile, a partial tile, several tiles
 @pytest.mark.parametrize("block", [_omp_block_cpu, _omp_block], ids=["numba", "torch"])
-def test_matches_reference_and_sklearn_on_well_conditioned_problems(block):
-    D, Y, X = sparse_problem()
+def test_matches_reference_and_sklearn_on_well_conditioned_problems(block, n):
+    D, Y, X = sparse_problem(n=n)
     G = gram(D)
     idx, coef = block(Y @ D, G, 5)
     ref_idx, ref_coef = reference_omp(Y, D, 5)
