@@ -311,6 +311,10 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
                 bar.write(f"early stop at step {step + 1}: no held-out gain in {stale} evaluations")
                 break
     meta = {
+        "normalisation": {
+            "training": "each signal scaled to unit L2 norm" if tcfg.normalize else "none",
+            "stored": "none: OMP codes are scale-equivariant, so codes carry each signal's scale",
+        },
         "train": asdict(tcfg),
         "data": data_summary or {},
         "heldout_nmse": {k: states[k].best_val for k in KINDS},

@@ -20,7 +20,7 @@ def test_learn_dict_writes_a_loadable_dictionary(tiny_model, tiny_model_dir, tex
     d.check_model(tiny_model.fingerprint())
     meta = json.loads((out / "dictionary.json").read_text())
     for key in ("atoms", "sparsity", "layers_per_signal", "model", "heldout_nmse", "data", "library_version",
-                "fingerprint", "train"):
+                "fingerprint", "train", "normalisation"):
         assert key in meta
     assert meta["layers_per_signal"] == 2 and d.keys.shape == (64, 64)
     assert meta["data"]["train"]["tokens"] > 0 and (out / "checkpoint" / "state.json").exists()
