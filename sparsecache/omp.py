@@ -8,6 +8,10 @@ grows a Cholesky factor one row per iteration. Per signal that costs n·m (α⁰
 residual with a GEMM each step. Everything is vectorised over a batch of signals; no
 Python loop touches individual signals.
 
+Two implementations of the same algorithm: `_omp_block` in torch ops (any device; what a
+GPU runs) and, on the CPU, the fused numba loop of `_omp_cpu` (memory traffic, not FLOPs,
+bounds the torch version there). Tests hold both to the reference and to scikit-learn.
+
 `reference_omp` is the textbook loop (one signal at a time, lstsq on the support) that the
 tests compare the fast path against.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._omp_cpu import PIVOT_TOL
+from ._omp_cpu import PIVOT_TOL, omp_codes
 
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.
 _GATHER_BUDGET_BYTES = 64 << 20
@@ -63,8 +67,6 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
 
 def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as `_omp_block`, as the fused numba loop of `_omp_cpu`."""
-    from ._omp_cpu import omp_codes
-
     idx = torch.empty(alpha0.shape[0], s, dtype=torch.long)
     coef = torch.empty(alpha0.shape[0], s, dtype=torch.float32)
     omp_codes(alpha0.contiguous().numpy(), G.contiguous().numpy(), s, idx.numpy(), coef.numpy(),
