@@ -1,7 +1,8 @@
-"""`sparsecache` entry point: one group, commands registered from their modules."""
+"""`sparsecache` entry point: one group; each command lives in the module of its noun."""
 
 import click
 
+from cli import bench, dictionary
 from sparsecache import __version__
 
 
@@ -10,12 +11,10 @@ from sparsecache import __version__
 def cli():
     """Offline compressed KV-cache corpus builder for RAG.
 
-    Learn global K/V dictionaries for a model (learn-dict), measure them (eval-dict,
-    bench omp), and (later) encode a corpus into a store and query it.
+    Learn global K/V dictionaries for a model (learn-dict) and measure them (eval-dict,
+    bench omp). Encoding a corpus into a store and querying it come next.
     """
 
-
-from cli import bench, dictionary  # noqa: E402  (commands attach themselves to `cli`)
 
 cli.add_command(dictionary.learn_dict_cmd)
 cli.add_command(dictionary.eval_dict_cmd)

@@ -1,0 +1,25 @@
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+from cli.main import cli
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def command_paths(group: click.Group, prefix: str = "sparsecache"):
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from command_paths(cmd, f"{prefix} {name}")
+        else:
+            yield f"{prefix} {name}"
+
+
+def test_every_command_is_documented_and_has_help():
+    paths = list(command_paths(cli))
+    assert len(paths) >= 3
+    for path in paths:
+        assert path in README, f"README does not mention `{path}`"
+        r = CliRunner().invoke(cli, path.split()[1:] + ["--help"])
+        assert r.exit_code == 0 and "Usage" in r.output
