@@ -38,12 +38,13 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
     import numpy as np
     from sklearn.linear_model import orthogonal_mp_gram
 
-    y = _heldout_signals(kind, count)
     if dict_path:
         D = Dictionary.load(dict_path).atoms(kind)
         atoms = D.shape[1]
-    else:
-        D = initial_atoms(y, atoms, "data", torch.Generator().manual_seed(1))
+        y = _heldout_signals(kind, count)
+    else:  # atoms are other signals than the ones coded, or some would be coded exactly
+        pool = _heldout_signals(kind, count + atoms)
+        y, D = pool[:count], initial_atoms(pool[count:], atoms, "data", torch.Generator().manual_seed(1))
     dev = torch.device(device)
     y_dev, D_dev = y.to(dev), D.to(dev)
     G = gram(D_dev)
