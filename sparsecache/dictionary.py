@@ -363,11 +363,12 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
     Keys are pre-RoPE. Chunks are taken in document order up to `max_tokens` tokens; the
     result is cached under the user cache, keyed by model, text and settings.
     """
-    from .model import cache_root
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    from .model import cache_root, extract_kv
     from .signals import to_signals
     from .text import token_chunks
-
-    from safetensors.torch import load_file, save_file
 
     chunks = token_chunks(docs, model.tokenizer, chunk_tokens)
     kept, total = [], 0
@@ -382,12 +383,10 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
     if cache and path.exists():
         t = load_file(str(path))
         return {"k": t["k"], "v": t["v"]}, summary
-    from tqdm import tqdm
-
     out = {"k": [], "v": []}
     step = 64
     for i in tqdm(range(0, len(kept), step), desc="extract KV", unit="batch", leave=False):
-        for k, v in _extract(model, kept[i : i + step], prefix_ids):
+        for k, v in extract_kv(model, kept[i : i + step], prefix_ids):
             out["k"].append(to_signals(k, layers_per_signal).reshape(-1, k.shape[-1] * layers_per_signal).half().cpu())
             out["v"].append(to_signals(v, layers_per_signal).reshape(-1, v.shape[-1] * layers_per_signal).half().cpu())
     sig = {k: torch.cat(v) for k, v in out.items()}
@@ -396,12 +395,6 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
         save_file(sig, str(path) + ".tmp")
         os.replace(str(path) + ".tmp", path)
     return sig, summary
-
-
-def _extract(model, chunks, prefix_ids):
-    from .model import extract_kv
-
-    return extract_kv(model, chunks, prefix_ids)
 
 
 def learn_dict(model, texts=("builtin",), config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),

@@ -62,9 +62,10 @@ def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin"
     ref = {k: torch.zeros(model.n_layers) for k in "kv"}
     nll_exact = nll_rec = kl = agree = count = 0.0
     windows = passages(model, texts, cfg)
+    (pk, pv), = extract_kv(model, [prefix])  # the shared prefix, exact, as a store keeps it
     for window in tqdm(windows, desc="eval-dict", unit="passage", leave=False):
         ctx, cont = window[:P], window[P:]
-        (pk, pv), (k, v) = extract_kv(model, [prefix], ())[0], extract_kv(model, [ctx], prefix)[0]
+        (k, v), = extract_kv(model, [ctx], prefix)
         kr, vr = codec.roundtrip(k, "k"), codec.roundtrip(v, "v")
         for name, exact, rec in (("k", k, kr), ("v", v, vr)):
             err[name] += (exact - rec).square().sum((1, 2)).cpu()
