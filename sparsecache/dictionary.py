@@ -327,6 +327,8 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
 
 
 def _save_checkpoint(ckpt: Path, step: int, history: list, states: dict) -> None:
+    """Tensors go to a file named by step; state.json, renamed last, names that file, so a
+    crash at any point leaves state.json pointing at a complete, matching tensor file."""
     from safetensors.torch import save_file
 
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -334,20 +336,23 @@ def _save_checkpoint(ckpt: Path, step: int, history: list, states: dict) -> None
     for k, s in states.items():
         tensors.update({f"{k}.atoms": s.atoms, f"{k}.energy": s.energy, f"{k}.last_used": s.last_used,
                         f"{k}.best_atoms": s.best_atoms})
-    save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(ckpt / "state.safetensors.tmp"))
-    state = {"step": step, "history": history, "best_val": {k: s.best_val for k, s in states.items()}}
+    name = f"state-{step:07d}.safetensors"
+    save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(ckpt / (name + ".tmp")))
+    os.replace(ckpt / (name + ".tmp"), ckpt / name)
+    state = {"step": step, "tensors": name, "history": history,
+             "best_val": {k: s.best_val for k, s in states.items()}}
     (ckpt / "state.json.tmp").write_text(json.dumps(state))
-    # The tensors land first; state.json names the step, so a crash between the two renames
-    # leaves a consistent older step or a newer tensor file that the old json never points past.
-    os.replace(ckpt / "state.safetensors.tmp", ckpt / "state.safetensors")
     os.replace(ckpt / "state.json.tmp", ckpt / "state.json")
+    for old in ckpt.glob("state-*.safetensors"):
+        if old.name != name:
+            old.unlink()
 
 
 def _load_checkpoint(ckpt: Path, device) -> tuple[int, list, dict]:
     from safetensors.torch import load_file
 
     state = json.loads((ckpt / "state.json").read_text())
-    t = {n: v.to(device) for n, v in load_file(str(ckpt / "state.safetensors")).items()}
+    t = {n: v.to(device) for n, v in load_file(str(ckpt / state["tensors"])).items()}
     states = {k: _KindState(t[f"{k}.atoms"], t[f"{k}.energy"], t[f"{k}.last_used"], t[f"{k}.best_atoms"],
                             state["best_val"][k]) for k in KINDS}
     return state["step"], state["history"], states
@@ -386,9 +391,10 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
     out = {"k": [], "v": []}
     step = 64
     for i in tqdm(range(0, len(kept), step), desc="extract KV", unit="batch", leave=False):
-        for k, v in extract_kv(model, kept[i : i + step], prefix_ids):
-            out["k"].append(to_signals(k, layers_per_signal).reshape(-1, k.shape[-1] * layers_per_signal).half().cpu())
-            out["v"].append(to_signals(v, layers_per_signal).reshape(-1, v.shape[-1] * layers_per_signal).half().cpu())
+        for pair in extract_kv(model, kept[i : i + step], prefix_ids):
+            for kind, x in zip(KINDS, pair):
+                sig = to_signals(x, layers_per_signal)  # (G, T, L·m)
+                out[kind].append(sig.reshape(-1, sig.shape[-1]).half().cpu())
     sig = {k: torch.cat(v) for k, v in out.items()}
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ def test_resume_gives_the_same_dictionary_as_an_uninterrupted_run(tiny_model, ti
     learn(train, held, cfg, small_train(steps=20, patience=0), fp, tmp_path / "cut", progress=False)
     state = json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 10
+    assert [p.name for p in (tmp_path / "cut" / "checkpoint").glob("state-*")] == [state["tensors"]]
     resumed = learn(train, held, cfg, small_train(steps=20), fp, tmp_path / "cut", resume=True, progress=False)
     torch.testing.assert_close(resumed.keys, full.keys)
     torch.testing.assert_close(resumed.values, full.values)
