@@ -1,8 +1,10 @@
 """`sparsecache` entry point: one group; each command lives in the module of its noun."""
 
+import warnings
+
 import click
 
-from cli import bench, dictionary
+from cli import bench, dictionary, store
 from sparsecache import __version__
 
 
@@ -12,10 +14,19 @@ def cli():
     """Offline compressed KV-cache corpus builder for RAG.
 
     Learn global K/V dictionaries for a model (learn-dict) and measure them (eval-dict,
-    bench omp). Encoding a corpus into a store and querying it come next.
+    bench omp); encode a corpus into a versioned store (encode-corpus) and inspect it
+    (info, verify, search, compact).
     """
+    warnings.showwarning = _warning_line
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None):
+    """Library warnings (bad bytes in a file, a stale lock) reach the user as one line each."""
+    click.echo(f"warning: {message}", err=True)
 
 
 cli.add_command(dictionary.learn_dict_cmd)
 cli.add_command(dictionary.eval_dict_cmd)
 cli.add_command(bench.bench)
+for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd):
+    cli.add_command(command)

@@ -173,6 +173,17 @@ class Dictionary:
         return d
 
 
+DEFAULT_DICTIONARY = "smollm2-135m-n8192-s16-L1"
+
+
+def default_dictionary() -> Path:
+    """The shipped dictionary for the default model (in the repository's dictionaries/)."""
+    path = Path(__file__).resolve().parent.parent / "dictionaries" / DEFAULT_DICTIONARY
+    if not (path / META_FILE).exists():
+        raise DictionaryError(f"shipped dictionary not found at {path}; pass --dict")
+    return path
+
+
 def dictionary_dir(path: str | Path) -> Path:
     """The directory of a dictionary, given it or either of its files."""
     p = Path(path)

@@ -23,3 +23,15 @@ class ConfigError(SparseCacheError, ValueError):
 
 class TextError(SparseCacheError):
     """Input text is missing, empty or unreadable."""
+
+
+class StoreError(SparseCacheError):
+    """A store is missing, of a newer format, or does not match the model/dictionary/config given."""
+
+
+class StoreLocked(StoreError):
+    """Another writer holds the store's lock."""
+
+
+class StoreCorrupt(StoreError):
+    """Stored data fails its checksum, is missing, or disagrees with the manifest."""

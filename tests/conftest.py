@@ -69,3 +69,44 @@ def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     d = torch.randn(m, n, generator=g)
     return d / d.norm(dim=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dictionary_dir(tiny_model, tmp_path_factory) -> Path:
+    """Random unit atoms (512, s=4) fingerprinted for the tiny model: codes are codes, quality aside."""
+    from sparsecache.dictionary import DictConfig, Dictionary
+
+    d = Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), tiny_model.fingerprint())
+    return d.save(tmp_path_factory.mktemp("tiny-dict"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dictionary(tiny_dictionary_dir):
+    from sparsecache.dictionary import Dictionary
+
+    return Dictionary.load(tiny_dictionary_dir)
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from sparsecache.index import Embedder
+
+    return Embedder()
+
+
+CORPUS_TOPICS = ("assert", "break", "continue", "del", "global", "pass")
+
+
+def write_corpus(root: Path, topics=CORPUS_TOPICS) -> Path:
+    """Six short pydoc topics as .txt files (a few hundred tokens each)."""
+    from pydoc_data.topics import topics as pydoc
+
+    root.mkdir(parents=True, exist_ok=True)
+    for t in topics:
+        (root / f"{t}.txt").write_text(pydoc[t][:1500])
+    return root
+
+
+@pytest.fixture
+def corpus_dir(tmp_path) -> Path:
+    return write_corpus(tmp_path / "corpus")

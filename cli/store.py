@@ -1,0 +1,143 @@
+"""`encode-corpus`, `info`, `verify`, `compact`, `search`: building and inspecting a store."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+
+store_argument = click.argument("store", type=click.Path(file_okay=False))
+
+
+@click.command("encode-corpus")
+@click.argument("corpus", nargs=-1, required=True)
+@click.option("--store", "store", required=True, type=click.Path(file_okay=False),
+              help="Store directory (created on first use).")
+@click.option("--dict", "dictionary", default="default", show_default=True,
+              help="Dictionary directory from learn-dict; 'default' = the shipped s16 one for the default model.")
+@model_option
+@click.option("--chunk-tokens", default=512, show_default=True, help="Most tokens per chunk (fixed at creation).")
+@click.option("--prefix", default=None, help="Shared prefix text every chunk is encoded after "
+              "(default: the model's chat template up to the user's text).")
+@click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
+@click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw"]), default="auto", show_default=True,
+              help="FAISS index: exact (flat) or HNSW; auto picks HNSW above 50,000 chunks.")
+@click.option("--embedder", default="default", show_default=True,
+              help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory (fixed at creation).")
+@click.option("--compressor", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
+              help="Compressor of the code arrays (fixed at creation).")
+@click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
+@device_option
+@json_option
+@library_errors
+def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
+                      embedder, compressor, batch_tokens, device, as_json):
+    """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
+
+    Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
+    kill at any point: a rerun resumes where it stopped, and readers only ever see
+    published versions.
+    """
+    from sparsecache.dictionary import Dictionary, default_dictionary
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.model import load_model
+    from sparsecache.store import StoreConfig
+
+    config = StoreConfig(chunk_tokens=chunk_tokens, prefix=prefix, compressor=compressor, embedder=embedder)
+    dev = resolve_device(device)
+    d = Dictionary.load(default_dictionary() if dictionary == "default" else dictionary)
+    model = load_model(model_path, device=dev)
+    r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
+                      delete_missing=delete_missing, index=index_kind, progress=not as_json)
+    secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
+    emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
+                                              f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))
+
+
+@click.command("info")
+@store_argument
+@click.option("--version", "version", type=int, default=None, help="A published version (default: latest).")
+@json_option
+@library_errors
+def info_cmd(store, version, as_json):
+    """Versions, sizes and compression of a store."""
+    from sparsecache.store import Store
+
+    r = Store.open(store, version).info()
+    c = r["compression"]
+    disk = r["bytes_on_disk"]
+    lines = [
+        f"{r['path']}  version {r['version']} of {r['versions']}  (format {r['format']}, generation {r['generation']})",
+        f"model {r['model']['name']}  dictionary {r['dictionary']}  index {r['index_kind']}",
+        f"{r['documents']} documents, {r['chunks']} chunks ({r['tombstoned_chunks']} tombstoned), "
+        f"{r['tokens']} tokens ({r['stored_tokens']} stored)",
+        f"compression vs fp16 KV: theoretical {c['theoretical']}x, measured {c['measured_codes_only']}x codes only, "
+        f"{c['measured_with_dictionary']}x with dictionaries (disk/theoretical code bytes {c['disk_vs_theoretical_codes']})",
+        "bytes on disk: " + ", ".join(f"{k} {v:,}" for k, v in disk.items()),
+    ]
+    emit(r, as_json, lines)
+
+
+@click.command("verify")
+@store_argument
+@click.option("--version", "version", type=int, default=None, help="A published version (default: latest).")
+@json_option
+@library_errors
+def verify_cmd(store, version, as_json):
+    """Read every array chunk (CRC32C-checked) and check the manifest; exit 1 on damage."""
+    from sparsecache.store import verify
+
+    r = verify(store, version)
+    lines = [f"version {r['version']}: " + ("ok" if r["ok"] else f"{len(r['problems'])} problem(s)")]
+    lines += [f"  {p}" for p in r["problems"]]
+    if r["corrupt_chunks"]:
+        lines.append(f"  corrupt chunks: {', '.join(r['corrupt_chunks'])}")
+    emit(r, as_json, lines)
+    if not r["ok"]:
+        raise SystemExit(1)
+
+
+@click.command("compact")
+@store_argument
+@click.option("--keep", default=2, show_default=True, help="Published versions to keep (older ones are deleted).")
+@click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw"]), default="auto", show_default=True)
+@json_option
+@library_errors
+def compact_cmd(store, keep, index_kind, as_json):
+    """Rewrite the live chunks without tombstones as a new version; then keep the newest --keep versions."""
+    from pathlib import Path
+
+    from sparsecache.store import Writer, read_manifest
+
+    if not Path(store).is_dir():
+        raise click.ClickException(f"no store at {store}")
+    read_manifest(Path(store))
+    with Writer(store) as w:
+        m = w.compact(keep, index_kind)
+    emit({"version": m.version, "generation": m.generation, "chunks": m.chunks, "tokens": m.tokens}, as_json,
+         [f"published version {m.version} ({m.generation}): {m.chunks} chunks, {m.tokens} tokens; kept {keep} version(s)"])
+
+
+@click.command("search")
+@store_argument
+@click.argument("question")
+@click.option("--top-k", default=5, show_default=True)
+@click.option("--version", "version", type=int, default=None)
+@device_option
+@json_option
+@library_errors
+def search_cmd(store, question, top_k, version, device, as_json):
+    """The chunks the store's index retrieves for QUESTION (id, document, score, text)."""
+    from sparsecache.index import Embedder
+    from sparsecache.store import Store
+
+    s = Store.open(store, version)
+    q = Embedder(s.config.embedder, resolve_device(device)).embed([question])[0]
+    hits = s.search(q, top_k)
+    texts = s.texts([c.id for c, _ in hits])
+    rows = [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(score, 4), "text": t}
+            for (c, score), t in zip(hits, texts)]
+    emit({"chunks": rows}, as_json,
+         [f"{r['score']:.3f}  {r['id']}  {r['doc_id']}#{r['ordinal']}  {json.dumps(r['text'][:80])}" for r in rows])

@@ -1,0 +1,195 @@
+"""`encode_corpus`: the (nightly) job that brings a store up to date with a corpus.
+
+Scan and hash every document first; encode only new or changed ones, in batches of whole
+documents (model forward → Batch-OMP → append); record progress after every batch; then
+build the index over the live chunks and publish a new version. A rerun after a crash picks
+up at the last recorded batch, and because batches start at the same documents as they
+would have, it writes the same codes an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .codec import Codec
+from .corpus import Chunk, Source, chunks, scan
+from .dictionary import Dictionary
+from .index import Embedder
+from .model import KVModel, default_prefix_ids, extract_kv
+from .store import StoreConfig, Writer, pause_point
+
+
+@dataclass
+class EncodeReport:
+    store: str
+    version: int
+    published: bool
+    documents: dict = field(default_factory=dict)  # new / changed / unchanged / deleted / resumed
+    chunks: int = 0
+    tokens: int = 0
+    seconds: dict = field(default_factory=dict)  # per phase
+    message: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        busy = sum(v for k, v in self.seconds.items() if k != "total")
+        return self.tokens / busy if busy else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
+
+
+class _Timer(defaultdict):
+    def __init__(self):
+        super().__init__(float)
+
+    def phase(self, name: str):
+        timer = self
+
+        class _Span:
+            def __enter__(self):
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer[name] += time.perf_counter() - self.t
+
+        return _Span()
+
+
+def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
+    """The shared prefix: the model's chat template up to the user's text, or `prefix` tokenized."""
+    if prefix is None:
+        return default_prefix_ids(model)
+    return model.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+
+
+def encode_corpus(corpus: list[str] | tuple[str, ...], store: str | Path, dictionary: Dictionary, model: KVModel,
+                  config: StoreConfig = StoreConfig(), embedder: Embedder | None = None, device="cpu",
+                  batch_tokens: int = 8192, delete_missing: bool = False, index: str = "auto",
+                  progress: bool = True) -> EncodeReport:
+    """Bring the store at `store` up to date with `corpus`; returns what was done and how long it took."""
+    t_start = time.perf_counter()
+    timer = _Timer()
+    dictionary.check_model(model.fingerprint())
+    with timer.phase("scan"):
+        sources = scan(corpus)
+    with Writer(store) as w:
+        embedder = embedder or Embedder(config.embedder, device)
+        if w.initialised():
+            w.check_compatible(config, dictionary, model.fingerprint())
+        else:
+            ids = prefix_ids(model, config.prefix)
+            kv = extract_kv(model, [ids])[0] if ids else _empty_kv(model)
+            w.create(config, dictionary, model.fingerprint(), ids, kv, embedder.dim)
+        resumed = w.begin()
+        base = w.base
+        current = {**base.documents, **resumed}
+        work = [s for s in sources if current.get(s.id, {}).get("hash") != s.hash]
+        source_ids = {s.id for s in sources}
+        deleted = sorted(d for d in base.documents if d not in source_ids) if delete_missing else []
+        counts = {
+            "new": sum(s.id not in base.documents for s in work),
+            "changed": sum(s.id in base.documents for s in work),
+            "unchanged": len(sources) - len(work),
+            "deleted": len(deleted),
+            "resumed": len(resumed),
+        }
+        report = EncodeReport(str(store), base.version, False, counts)
+        if not work and not resumed and not deleted:
+            report.message = (f"unchanged: {len(sources)} documents match version {base.version}; "
+                              "nothing to encode, no new version")
+            report.seconds = {**timer, "total": time.perf_counter() - t_start}
+            return report
+        codec = Codec(dictionary, config.coef_dtype, device)
+        pre = prefix_ids(model, config.prefix)
+        bar = tqdm(total=len(work), unit="doc", desc="encode", disable=not progress, dynamic_ncols=True)
+        open_docs: dict[str, dict] = {}  # rows written this run, per document
+        end = (w.tokens, w.chunks)  # extents after the last finished document
+        for batch, finished in _batches(work, model.tokenizer, config.chunk_tokens, batch_tokens, timer):
+            if batch:
+                _encode_batch(w, batch, open_docs, model, codec, embedder, pre, batch_tokens, timer)
+                report.chunks += len(batch)
+                report.tokens += sum(len(c.token_ids) for c in batch)
+            if finished:
+                done = {}
+                for s in finished:
+                    d = open_docs.pop(s.id, None) or {"first": end[1], "count": 0, "tokens": 0, "token_offset": end[0]}
+                    done[s.id] = {**d, "hash": s.hash}
+                    end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
+                w.commit(done, *end)
+                pause_point("commit")
+            bar.update(len(finished))
+            busy = sum(timer.values()) or 1.0
+            bar.set_postfix(chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")
+        bar.close()
+        documents = {k: v for k, v in {**base.documents, **w.done}.items() if k not in deleted}
+        with timer.phase("index+publish"):
+            note = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+            m = w.publish(documents, index, note)
+        report.version, report.published = m.version, True
+        report.message = f"published version {m.version}: {len(documents)} documents, {len(m.live_rows())} chunks ({note})"
+    report.seconds = {**{k: round(v, 3) for k, v in timer.items()}, "total": round(time.perf_counter() - t_start, 3)}
+    return report
+
+
+def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
+    z = torch.zeros(model.n_layers, 0, model.m)
+    return z, z.clone()
+
+
+def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int, timer: _Timer):
+    """(chunks, finished sources) pairs; a batch closes at a document boundary once it holds
+    `batch_tokens`, or inside a document once it holds twice that (memory bound)."""
+    batch: list[Chunk] = []
+    finished: list[Source] = []
+    ntok = 0
+    for src in work:
+        it = chunks(src, tokenizer, chunk_tokens)
+        while True:
+            with timer.phase("chunk"):
+                c = next(it, None)
+            if c is None:
+                break
+            batch.append(c)
+            ntok += len(c.token_ids)
+            if ntok >= 2 * batch_tokens:
+                yield batch, finished
+                batch, finished, ntok = [], [], 0
+        finished.append(src)
+        if ntok >= batch_tokens:
+            yield batch, finished
+            batch, finished, ntok = [], [], 0
+    if batch or finished:
+        yield batch, finished
+
+
+def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], model: KVModel, codec: Codec, embedder: Embedder,
+                  prefix: list[int], batch_tokens: int, timer: _Timer) -> None:
+    with timer.phase("forward"):
+        kv = extract_kv(model, [list(c.token_ids) for c in batch], prefix, batch_tokens)
+        keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
+        values = torch.cat([v for _, v in kv], dim=1)
+        del kv
+    with timer.phase("omp"):
+        k_codes = codec.encode(keys, "k")
+        v_codes = codec.encode(values, "v")
+    with timer.phase("embed"):
+        emb = embedder.embed([c.text for c in batch])
+    with timer.phase("write"):
+        rows = [{"chunk_id": c.id, "doc_id": c.doc_id, "content_hash": c.hash, "text": c.text,
+                 "meta": c.meta, "ordinal": c.ordinal, "token_length": len(c.token_ids)} for c in batch]
+        tokens = np.concatenate([np.asarray(c.token_ids, np.int32) for c in batch])
+        row0, tok0 = w.chunks, w.tokens
+        w.append(rows, tokens, k_codes, v_codes, emb)
+        for i, c in enumerate(batch):
+            d = open_docs.setdefault(c.doc_id, {"first": row0 + i, "count": 0, "tokens": 0, "token_offset": tok0})
+            d["count"] += 1
+            d["tokens"] += len(c.token_ids)
+            tok0 += len(c.token_ids)

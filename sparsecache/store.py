@@ -1,0 +1,798 @@
+"""The corpus store: sparse codes in Zarr v3 arrays, published as versions by atomic manifests.
+
+Layout of a store directory (any Zarr v3 client can read the arrays):
+
+    zarr.json                  root group; attribute "sparsecache" = format, config, fingerprints
+    prefix/                    the shared prefix: token_ids [P], keys/values float32 [n_layers, P, m]
+    dictionary/                a copy of the dictionaries, so the store is self-contained
+    data/gNNNNNN/              one generation of append-only arrays (a new one per compaction):
+        tokens                 int32 [N]                  token ids on the global token axis
+        {k,v}_indices          uint8 [G, N, row_bytes]    bit-packed atom indices
+        {k,v}_coefficients     float16 [G, N, s]
+        chunk_id, doc_id, content_hash, text, meta   str [C]   the chunk table, one row per chunk
+        ordinal, token_length  int32 [C];  token_offset int64 [C]
+        embeddings             float32 [C, dim]           so the index can be rebuilt without the embedder
+    manifests/vNNNNNN.json     one per published version: generation, extents, live documents → rows
+    index/vNNNNNN.faiss        the FAISS index of that version (ids are chunk rows)
+    pending.json               a writer's progress since the last version (resume after a crash)
+    .lock                      held (flock) by the one writer; names its pid and host
+
+Writers only append past the latest manifest's extents and publish by renaming a complete
+manifest into place; every array write is a whole-file atomic replace (zarr's LocalStore),
+and chunks that hold published data are rewritten with the same bytes there. So a reader that
+pinned version N keeps reading exactly N's data while N+1 is written, and a crash at any
+point leaves the latest published version intact. Every Zarr chunk carries a CRC32C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bitpack import row_bytes
+from .codec import COEF_DTYPES, Codec, Codes
+from .dictionary import Dictionary
+from .errors import ConfigError, DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked
+from .index import build_index, index_kind, load_index, save_index, search
+
+FORMAT_VERSION = 1
+ATTR = "sparsecache"
+CODE_ARRAYS = ("k_indices", "k_coefficients", "v_indices", "v_coefficients")
+TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
+TABLE_INT = {"ordinal": "int32", "token_offset": "int64", "token_length": "int32"}
+COMPRESSORS = ("none", "zstd")
+_ROWS_PER_CHUNK = 4096  # chunk-table and embedding rows per Zarr chunk
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Fixed when a store is created; written into its root attributes."""
+
+    chunk_tokens: int = 512
+    prefix: str | None = None  # None: the model's chat template up to the user's text
+    coef_dtype: str = "float16"
+    zarr_chunk_tokens: int = 256  # tokens per Zarr chunk of the code arrays (see BENCHMARKS.md)
+    compressor: str = "none"  # codes are near-incompressible; "zstd" trades read time for ~4%
+    embedder: str = "default"  # the retrieval encoder; queries must be embedded by the same one
+
+    def __post_init__(self):
+        if not 16 <= self.chunk_tokens <= 8192:
+            raise ConfigError(f"--chunk-tokens must be in [16, 8192], got {self.chunk_tokens}")
+        if self.coef_dtype not in COEF_DTYPES:
+            raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}")
+        if self.zarr_chunk_tokens < 1:
+            raise ConfigError("zarr_chunk_tokens must be positive")
+        if self.compressor not in COMPRESSORS:
+            raise ConfigError(f"compressor must be one of {', '.join(COMPRESSORS)}")
+
+
+@dataclass
+class Manifest:
+    """One published version: which generation, how far its arrays reach, which rows are live."""
+
+    version: int
+    generation: str
+    tokens: int = 0  # extent of the token axis
+    chunks: int = 0  # extent of the chunk table
+    documents: dict[str, dict] = field(default_factory=dict)  # id → {hash, first, count, tokens}
+    index: str | None = None
+    index_kind: str | None = None
+    created: str = ""
+    note: str = ""
+
+    def live_rows(self) -> np.ndarray:
+        """int64 [n_live] chunk rows of live documents, ascending."""
+        spans = [np.arange(d["first"], d["first"] + d["count"]) for d in self.documents.values()]
+        return np.sort(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT_VERSION, **asdict(self)}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        raw = json.loads(text)
+        if raw.pop("format", 0) > FORMAT_VERSION:
+            raise StoreError("manifest written by a newer sparsecache; upgrade to read this store")
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    id: str
+    doc_id: str
+    ordinal: int
+    row: int
+    token_offset: int
+    token_length: int
+
+
+@dataclass
+class ChunkCodes:
+    """The codes of several chunks, concatenated along the token axis (in the order asked)."""
+
+    chunk_ids: list[str]
+    lengths: list[int]
+    tokens: np.ndarray  # int32 [T]
+    k: Codes  # indices [G, T, row_bytes], coefficients [G, T, s]
+    v: Codes
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.tokens.nbytes
+
+
+# ---------------------------------------------------------------- paths and small helpers
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write, fsync, rename: the file is either the old one or the complete new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _manifest_path(root: Path, version: int) -> Path:
+    return root / "manifests" / f"v{version:06d}.json"
+
+
+def versions(root: Path) -> list[int]:
+    """Published version numbers, ascending."""
+    d = Path(root) / "manifests"
+    if not d.is_dir():
+        return []
+    return sorted(int(p.stem[1:]) for p in d.glob("v*.json") if p.stem[1:].isdigit())
+
+
+def read_manifest(root: Path, version: int | None = None) -> Manifest:
+    root = Path(root)
+    vs = versions(root)
+    if not vs:
+        if not (root / "zarr.json").exists():
+            raise StoreError(f"no store at {root}")
+        raise StoreError(f"{root}: no published version yet (the first encode did not finish; rerun it)")
+    v = vs[-1] if version is None else version
+    if v not in vs:
+        raise StoreError(f"{root}: no version {v} (have {', '.join(map(str, vs))})")
+    try:
+        return Manifest.from_json(_manifest_path(root, v).read_text())
+    except (json.JSONDecodeError, TypeError, KeyError) as e:
+        raise StoreCorrupt(f"{root}: manifest v{v} unreadable: {e}") from e
+
+
+def _root_attrs(root: Path) -> dict:
+    import zarr
+
+    try:
+        attrs = dict(zarr.open_group(str(root), mode="r").attrs).get(ATTR)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        raise StoreError(f"no sparsecache store at {root}") from e
+    if not attrs:
+        raise StoreError(f"{root} is a Zarr group but not a sparsecache store")
+    if attrs.get("format", 0) > FORMAT_VERSION:
+        raise StoreError(f"{root}: written by a newer sparsecache (store format {attrs['format']}, "
+                         f"this version reads {FORMAT_VERSION}); upgrade sparsecache")
+    return attrs
+
+
+def _compressors(name: str):
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return [ZstdCodec(level=3), Crc32cCodec()] if name == "zstd" else [Crc32cCodec()]
+
+
+def array_bytes(path: Path) -> int:
+    """Bytes on disk of every file under `path`."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+async def _gather(coros):
+    return await asyncio.gather(*coros)
+
+
+def _read_all(requests: list) -> list[np.ndarray]:
+    """Run (async array, selection) reads in one round trip of zarr's event loop."""
+    from zarr.core.sync import sync
+
+    return sync(_gather([arr.getitem(sel) for arr, sel in requests]))
+
+
+# ---------------------------------------------------------------- the lock
+
+
+class Lock:
+    """One writer per store: an flock on `.lock`, which the kernel drops if the writer dies.
+
+    The file also names its holder, so a second writer can say who holds it, and a file left
+    non-empty by a writer that died is recognised (and reported) as a stale lock.
+    """
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / ".lock"
+        self.fd: int | None = None
+        self.stale: dict | None = None
+
+    def acquire(self) -> "Lock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = self._owner(fd)
+            os.close(fd)
+            who = f"pid {owner.get('pid')} on {owner.get('host')} since {owner.get('since')}" if owner else "another process"
+            raise StoreLocked(f"store is locked: {self.path.parent} is being written by {who}") from None
+        self.stale = self._owner(fd) or None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}).encode(), 0)
+        self.fd = fd
+        return self
+
+    @staticmethod
+    def _owner(fd: int) -> dict:
+        try:
+            return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except (json.JSONDecodeError, OSError):
+            return {}
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+# ---------------------------------------------------------------- reading
+
+
+class Store:
+    """A read-only view of one published version (the latest unless `version` is given)."""
+
+    def __init__(self, root: Path, attrs: dict, manifest: Manifest):
+        import zarr
+
+        self.root = Path(root)
+        self.attrs = attrs
+        self.config = StoreConfig(**attrs["config"])
+        self.manifest = manifest
+        self.group = zarr.open_group(str(self.root / "data" / manifest.generation), mode="r")
+        self._arrays = {name: self.group[name] for name in (*CODE_ARRAYS, "tokens")}
+        self._rows = manifest.live_rows()
+        table = self.group
+        ids = table["chunk_id"][: manifest.chunks] if manifest.chunks else np.zeros(0, object)
+        self._row_of = {str(ids[r]): int(r) for r in self._rows}
+        self._offset = table["token_offset"][: manifest.chunks]
+        self._length = table["token_length"][: manifest.chunks]
+        self._ids = ids
+        self._dictionary: Dictionary | None = None
+        self._codec: Codec | None = None
+        self._index = None
+
+    @classmethod
+    def open(cls, path: str | Path, version: int | None = None) -> "Store":
+        root = Path(path)
+        attrs = _root_attrs(root)
+        return cls(root, attrs, read_manifest(root, version))
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def dictionary(self) -> Dictionary:
+        if self._dictionary is None:
+            self._dictionary = Dictionary.load(self.root / "dictionary")
+            if self._dictionary.fingerprint() != self.attrs["dictionary"]:
+                raise StoreCorrupt(f"{self.root}: the dictionary copy does not match the fingerprint recorded at creation")
+        return self._dictionary
+
+    def codec(self) -> Codec:
+        if self._codec is None:
+            self._codec = Codec(self.dictionary, self.config.coef_dtype)
+        return self._codec
+
+    def chunks(self) -> list[ChunkInfo]:
+        """The live chunks of this version, in store order."""
+        doc = self.group["doc_id"][: self.manifest.chunks] if self.manifest.chunks else []
+        ordinal = self.group["ordinal"][: self.manifest.chunks] if self.manifest.chunks else []
+        return [ChunkInfo(str(self._ids[r]), str(doc[r]), int(ordinal[r]), int(r), int(self._offset[r]),
+                          int(self._length[r])) for r in self._rows]
+
+    def row(self, chunk_id: str) -> int:
+        try:
+            return self._row_of[chunk_id]
+        except KeyError:
+            raise StoreError(f"no live chunk {chunk_id!r} in version {self.version} of {self.root}") from None
+
+    def texts(self, chunk_ids: list[str]) -> list[str]:
+        return [str(self.group["text"][self.row(c)]) for c in chunk_ids]
+
+    def prefix(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m]."""
+        import zarr
+
+        g = zarr.open_group(str(self.root / "prefix"), mode="r")
+        try:
+            ids = [int(t) for t in g["token_ids"][:]]
+            return ids, torch.from_numpy(g["keys"][:]), torch.from_numpy(g["values"][:])
+        except ValueError as e:
+            raise StoreCorrupt(f"{self.root}: prefix KV unreadable: {e}") from e
+
+    def read_codes(self, chunk_ids: list[str]) -> ChunkCodes:
+        """The codes and token ids of `chunk_ids`, concatenated in the order given (disk → CPU)."""
+        rows = [self.row(c) for c in chunk_ids]
+        spans = [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in rows]
+        self._check_present(chunk_ids, spans)
+        names = (*CODE_ARRAYS, "tokens")
+        reqs = [(self._arrays[n]._async_array, (slice(a, b),) if n == "tokens" else (slice(None), slice(a, b)))
+                for n in names for a, b in spans]
+        try:
+            parts = _read_all(reqs)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise StoreCorrupt(f"{self.root}: cannot read chunk(s) {', '.join(chunk_ids)}: {e}") from e
+        n = len(spans)
+        cat = {name: np.concatenate(parts[i * n : (i + 1) * n], axis=0 if name == "tokens" else 1)
+               for i, name in enumerate(names)}
+        return ChunkCodes(list(chunk_ids), [b - a for a, b in spans], cat["tokens"],
+                          Codes(cat["k_indices"], cat["k_coefficients"]),
+                          Codes(cat["v_indices"], cat["v_coefficients"]))
+
+    def _check_present(self, chunk_ids: list[str], spans: list[tuple[int, int]]) -> None:
+        """A missing Zarr chunk would read as fill values; name it instead."""
+        for name, arr in self._arrays.items():
+            step = arr.chunks[0] if name == "tokens" else arr.chunks[1]
+            for cid, (a, b) in zip(chunk_ids, spans):
+                for i in range(a // step, (b - 1) // step + 1):
+                    coords = (i,) if name == "tokens" else (0, i, 0)
+                    key = arr.metadata.encode_chunk_key(coords)
+                    if not (self.root / "data" / self.manifest.generation / name / key).exists():
+                        raise StoreCorrupt(f"{self.root}: {name} is missing {key} (chunk {cid})")
+
+    def load_kv(self, chunk_ids: list[str], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Decoded pre-RoPE (keys, values) per chunk, each [n_layers, T_chunk, m] float32 on `device`.
+
+        All chunks are decoded in one batched call per K and V.
+        """
+        codes = self.read_codes(chunk_ids)
+        codec = self.codec()
+        k = codec.decode(codes.k, "k", device)  # (n_layers, T, m)
+        v = codec.decode(codes.v, "v", device)
+        return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
+
+    def index(self):
+        if self._index is None:
+            if not self.manifest.index:
+                raise StoreError(f"{self.root}: version {self.version} has no index")
+            path = self.root / self.manifest.index
+            try:
+                self._index = load_index(path)
+            except RuntimeError as e:
+                raise StoreCorrupt(f"{path}: unreadable FAISS index: {e}") from e
+        return self._index
+
+    def search(self, query_embedding: np.ndarray, k: int) -> list[tuple[ChunkInfo, float]]:
+        """The k live chunks nearest to a query embedding [dim], best first, with scores."""
+        doc = self.group["doc_id"]
+        out = []
+        for row, score in search(self.index(), query_embedding, k):
+            out.append((ChunkInfo(str(self._ids[row]), str(doc[row]), int(self.group["ordinal"][row]), row,
+                                  int(self._offset[row]), int(self._length[row])), score))
+        return out
+
+    def info(self) -> dict:
+        """Versions, counts, bytes on disk per array and compression ratios (see `sparsecache info`)."""
+        m = self.manifest
+        fp = self.attrs["model"]
+        G = self.group["k_indices"].shape[0]
+        code_bytes_per_token = sum(int(np.prod(self.group[n].shape[2:])) * self.group[n].dtype.itemsize
+                                   for n in CODE_ARRAYS) * G
+        fp16_per_token = 2 * fp["layers"] * fp["m"] * 2
+        data = self.root / "data" / m.generation
+        disk = {n: array_bytes(data / n) for n in sorted(os.listdir(data)) if (data / n).is_dir()}
+        codes_disk = sum(disk[n] for n in CODE_ARRAYS)
+        dict_disk = array_bytes(self.root / "dictionary")
+        live_tokens = sum(d["tokens"] for d in m.documents.values())
+
+        def ratio(num, den):
+            return round(num / den, 3) if den else None
+
+        return {
+            "path": str(self.root),
+            "version": m.version,
+            "versions": versions(self.root),
+            "generation": m.generation,
+            "documents": len(m.documents),
+            "chunks": len(self._rows),
+            "tombstoned_chunks": m.chunks - len(self._rows),
+            "tokens": live_tokens,
+            "stored_tokens": m.tokens,
+            "bytes_on_disk": {**disk, "dictionary": dict_disk, "prefix": array_bytes(self.root / "prefix"),
+                              "index": (self.root / m.index).stat().st_size if m.index else 0},
+            "compression": {
+                "theoretical": ratio(fp16_per_token, code_bytes_per_token),
+                "measured_codes_only": ratio(fp16_per_token * m.tokens, codes_disk),
+                "measured_with_dictionary": ratio(fp16_per_token * m.tokens, codes_disk + dict_disk),
+                "code_bytes_per_token": code_bytes_per_token,
+                "fp16_bytes_per_token": fp16_per_token,
+                "disk_vs_theoretical_codes": ratio(codes_disk, code_bytes_per_token * m.tokens),
+            },
+            "index_kind": m.index_kind,
+            "model": fp,
+            "dictionary": self.attrs["dictionary"],
+            "config": self.attrs["config"],
+            "created": self.attrs.get("created"),
+            "format": self.attrs["format"],
+        }
+
+
+# ---------------------------------------------------------------- writing
+
+
+class Writer:
+    """The one writer of a store: appends codes past the latest version and publishes new ones.
+
+    Use as a context manager; it holds the store's lock. Progress between versions is kept in
+    `pending.json` after every `commit`, so a crashed run resumes instead of redoing work.
+    """
+
+    def __init__(self, path: str | Path):
+        self.root = Path(path)
+        self.lock = Lock(self.root)
+
+    def __enter__(self):
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"{self.root} exists and is not a directory")
+        if self.root.is_dir() and any(self.root.iterdir()) and not (self.root / "zarr.json").exists() \
+                and not (self.root / ".lock").exists():
+            raise StoreError(f"{self.root} is a non-empty directory that is not a sparsecache store")
+        self.lock.acquire()
+        import zarr
+
+        # every chunk is written even when it equals the fill value, so a missing file always means damage
+        self._zarr_config = zarr.config.set({"array.write_empty_chunks": True})
+        self._zarr_config.__enter__()
+        if self.lock.stale:
+            s = self.lock.stale
+            warnings.warn(f"{self.root}: took over a stale lock left by pid {s.get('pid')} on {s.get('host')} "
+                          f"(since {s.get('since')}); resuming its work", stacklevel=2)
+        return self
+
+    def __exit__(self, *exc):
+        self._zarr_config.__exit__(*exc)
+        self.lock.release()
+
+    # -- creation
+
+    def initialised(self) -> bool:
+        return bool(versions(self.root))
+
+    def create(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict, prefix_ids: list[int],
+               prefix_kv: tuple[torch.Tensor, torch.Tensor], embed_dim: int) -> None:
+        """Lay out a new store and publish an empty version 1 (overwrites a half-created one)."""
+        import zarr
+
+        for sub in ("data", "prefix", "dictionary", "manifests", "index"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        (self.root / "pending.json").unlink(missing_ok=True)
+        root = zarr.open_group(str(self.root), mode="w")  # keeps .lock: zarr only removes its own keys
+        prefix = root.create_group("prefix")
+        k, v = prefix_kv
+        for name, data in (("token_ids", np.asarray(prefix_ids, np.int32)), ("keys", k.float().cpu().numpy()),
+                           ("values", v.float().cpu().numpy())):
+            prefix.create_array(name, data=data, compressors=_compressors("none"))
+        dictionary.save(self.root / "dictionary")
+        self._create_generation("g000001", config, dictionary, embed_dim)
+        root.attrs[ATTR] = {"format": FORMAT_VERSION, "config": asdict(config), "model": model_fp,
+                            "dictionary": dictionary.fingerprint(), "dictionary_config": asdict(dictionary.config),
+                            "embed_dim": embed_dim, "created": _now()}
+        (self.root / "manifests").mkdir()
+        (self.root / "index").mkdir()
+        self._publish(Manifest(1, "g000001", created=_now(), note="created"))
+
+    def _create_generation(self, name: str, config: StoreConfig, dictionary: Dictionary, embed_dim: int) -> None:
+        import zarr
+
+        g = zarr.open_group(str(self.root / "data" / name), mode="w")
+        c = dictionary.config
+        G = dictionary.model["layers"] // c.layers_per_signal
+        rb, s, zt = row_bytes(c.sparsity, c.index_bits), c.sparsity, config.zarr_chunk_tokens
+        comp = _compressors(config.compressor)
+        for kind in ("k", "v"):
+            g.create_array(f"{kind}_indices", shape=(G, 0, rb), chunks=(G, zt, rb), dtype="uint8",
+                           fill_value=0, compressors=comp)
+            g.create_array(f"{kind}_coefficients", shape=(G, 0, s), chunks=(G, zt, s), dtype=config.coef_dtype,
+                           fill_value=float("nan"), compressors=comp)
+        g.create_array("tokens", shape=(0,), chunks=(1 << 16,), dtype="int32", fill_value=-1,
+                       compressors=_compressors("zstd"))
+        for col in TABLE_STR:
+            g.create_array(col, shape=(0,), chunks=(_ROWS_PER_CHUNK,), dtype=str, compressors=_compressors("zstd"))
+        for col, dtype in TABLE_INT.items():
+            g.create_array(col, shape=(0,), chunks=(_ROWS_PER_CHUNK,), dtype=dtype, fill_value=-1,
+                           compressors=_compressors("zstd"))
+        g.create_array("embeddings", shape=(0, embed_dim), chunks=(_ROWS_PER_CHUNK // 4, embed_dim),
+                       dtype="float32", fill_value=0.0, compressors=_compressors("zstd"))
+
+    def attrs(self) -> dict:
+        return _root_attrs(self.root)
+
+    def check_compatible(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict) -> None:
+        """Refuse to append codes that would not mean the same as the ones already stored."""
+        a = self.attrs()
+        if a["dictionary"] != dictionary.fingerprint():
+            raise DictionaryMismatch(f"{self.root} was encoded with dictionary {a['dictionary']}; "
+                                     f"the one given is {dictionary.fingerprint()} (use the same --dict or a new store)")
+        for key in ("config_hash", "layers", "m"):
+            if a["model"].get(key) != model_fp.get(key):
+                raise DictionaryMismatch(f"{self.root} was encoded with model {a['model'].get('name')}, "
+                                         f"not {model_fp.get('name')}")
+        stored = StoreConfig(**a["config"])
+        for key in ("chunk_tokens", "prefix", "coef_dtype", "embedder"):
+            if getattr(stored, key) != getattr(config, key):
+                raise ConfigError(f"{self.root} was built with {key}={getattr(stored, key)!r}; "
+                                  f"got {getattr(config, key)!r} (use a new store to change it)")
+
+    # -- appending
+
+    def begin(self) -> dict[str, dict]:
+        """Start appending after the latest version; returns documents a crashed run already finished."""
+        import zarr
+
+        self.base = read_manifest(self.root)
+        self.group = zarr.open_group(str(self.root / "data" / self.base.generation), mode="r+")
+        self.tokens, self.chunks = self.base.tokens, self.base.chunks
+        self.done: dict[str, dict] = {}
+        pending = self._pending()
+        if pending and pending["base"] == self.base.version and pending["generation"] == self.base.generation:
+            self.tokens, self.chunks, self.done = pending["tokens"], pending["chunks"], pending["documents"]
+        self._open_doc: dict | None = None
+        return dict(self.done)
+
+    def _pending(self) -> dict | None:
+        p = self.root / "pending.json"
+        try:
+            return json.loads(p.read_text()) if p.exists() else None
+        except json.JSONDecodeError:
+            return None  # torn by a crash before rename cannot happen, but never trust it blindly
+
+    def append(self, chunk_rows: list[dict], tokens: np.ndarray, k: Codes, v: Codes, embeddings: np.ndarray) -> int:
+        """Append chunks (table rows), their tokens [T], codes [G, T, ·] and embeddings [n, dim].
+
+        Returns the first new chunk row. Nothing is visible to readers until `publish`.
+        """
+        n, T = len(chunk_rows), len(tokens)
+        row0, tok0 = self.chunks, self.tokens
+        offsets = tok0 + np.concatenate([[0], np.cumsum([r["token_length"] for r in chunk_rows])[:-1]])
+        _put(self.group["tokens"], tokens.astype(np.int32), tok0, axis=0)
+        for name, data in zip(CODE_ARRAYS, (k.indices, k.coefficients, v.indices, v.coefficients)):
+            _put(self.group[name], data, tok0, axis=1)
+        for col in TABLE_STR:
+            _put(self.group[col], np.array([r[col] for r in chunk_rows], dtype=object), row0, axis=0)
+        for col, dtype in TABLE_INT.items():
+            vals = offsets if col == "token_offset" else [r[col] for r in chunk_rows]
+            _put(self.group[col], np.asarray(vals, dtype=dtype), row0, axis=0)
+        _put(self.group["embeddings"], embeddings.astype(np.float32), row0, axis=0)
+        self.chunks, self.tokens = row0 + n, tok0 + T
+        return row0
+
+    def commit(self, documents: dict[str, dict], tokens: int, chunks: int) -> None:
+        """Record finished documents (and the extents they end at) so a crash does not redo them."""
+        self.done.update(documents)
+        state = {"base": self.base.version, "generation": self.base.generation, "tokens": tokens,
+                 "chunks": chunks, "documents": self.done}
+        _write_atomic(self.root / "pending.json", json.dumps(state))
+
+    def rewind(self, tokens: int, chunks: int) -> None:
+        """Continue appending at these extents (drops rows of a document that was not finished)."""
+        self.tokens, self.chunks = tokens, chunks
+
+    # -- publishing
+
+    def publish(self, documents: dict[str, dict], index_kind_name: str = "auto", note: str = "") -> Manifest:
+        """Build the index of the live chunks, then publish a new version covering them."""
+        m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks,
+                     dict(sorted(documents.items())), created=_now(), note=note)
+        self._write_index(m, self.group, index_kind_name)
+        pause_point("index")
+        self._publish(m)
+        pause_point("publish")
+        (self.root / "pending.json").unlink(missing_ok=True)
+        return m
+
+    def _write_index(self, m: Manifest, group, kind: str) -> None:
+        rows = m.live_rows()
+        emb = group["embeddings"][: m.chunks][rows] if m.chunks else np.zeros((0, group["embeddings"].shape[1]))
+        index = build_index(emb, rows, kind)
+        m.index, m.index_kind = f"index/v{m.version:06d}.faiss", index_kind(index)
+        save_index(index, self.root / m.index)
+
+    def _publish(self, m: Manifest) -> None:
+        _write_atomic(_manifest_path(self.root, m.version), m.to_json())
+
+    # -- compaction
+
+    def compact(self, keep: int = 2, index_kind_name: str = "auto") -> Manifest:
+        """Copy the live rows into a new generation, publish it, then drop versions beyond `keep`."""
+        import zarr
+
+        if keep < 1:
+            raise ConfigError("--keep must be at least 1")
+        base = read_manifest(self.root)
+        attrs = self.attrs()
+        old = zarr.open_group(str(self.root / "data" / base.generation), mode="r")
+        name = f"g{int(base.generation[1:]) + 1:06d}"
+        self._create_generation(name, StoreConfig(**attrs["config"]), Dictionary.load(self.root / "dictionary"),
+                                attrs["embed_dim"])
+        new = zarr.open_group(str(self.root / "data" / name), mode="r+")
+        docs, tok, row = {}, 0, 0
+        for doc_id, d in sorted(base.documents.items(), key=lambda kv: kv[1]["first"]):
+            rows = slice(d["first"], d["first"] + d["count"])
+            t0 = int(old["token_offset"][d["first"]])
+            span = slice(t0, t0 + d["tokens"])
+            _put(new["tokens"], old["tokens"][span], tok, axis=0)
+            for a in CODE_ARRAYS:
+                _put(new[a], old[a][:, span], tok, axis=1)
+            for col in (*TABLE_STR, "ordinal", "token_length", "embeddings"):
+                _put(new[col], old[col][rows], row, axis=0)
+            _put(new["token_offset"], old["token_offset"][rows] - t0 + tok, row, axis=0)
+            docs[doc_id] = {**d, "first": row}
+            row, tok = row + d["count"], tok + d["tokens"]
+        m = Manifest(base.version + 1, name, tok, row, docs, created=_now(), note=f"compacted from v{base.version}")
+        self._write_index(m, new, index_kind_name)
+        self._publish(m)
+        (self.root / "pending.json").unlink(missing_ok=True)  # it pointed into the old generation
+        self.prune(keep)
+        return m
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest `keep` versions, and generations/indexes none of them uses."""
+        vs = versions(self.root)
+        drop, kept = vs[:-keep], [read_manifest(self.root, v) for v in vs[-keep:]]
+        for v in drop:
+            _manifest_path(self.root, v).unlink()
+        used_gen = {m.generation for m in kept}
+        used_idx = {m.index for m in kept}
+        for g in (self.root / "data").iterdir():
+            if g.name not in used_gen:
+                shutil.rmtree(g)
+        for f in (self.root / "index").iterdir():
+            if f"index/{f.name}" not in used_idx:
+                f.unlink()
+        return drop
+
+
+def _put(arr, data: np.ndarray, at: int, axis: int) -> None:
+    """Write `data` at [at, at + len) along `axis`, growing (or trimming an unpublished tail) first."""
+    end = at + data.shape[axis]
+    shape = list(arr.shape)
+    if shape[axis] != end:
+        shape[axis] = end
+        arr.resize(tuple(shape))
+    sel = [slice(None)] * arr.ndim
+    sel[axis] = slice(at, end)
+    arr[tuple(sel)] = data
+
+
+# ---------------------------------------------------------------- verification
+
+
+def verify(path: str | Path, version: int | None = None) -> dict:
+    """Read every chunk of every array of a version and check it against the manifest.
+
+    Returns {"ok", "version", "problems": [str], "corrupt_chunks": [chunk ids]}.
+    """
+    root = Path(path)
+    attrs = _root_attrs(root)
+    m = read_manifest(root, version)
+    store = Store(root, attrs, m)
+    problems: list[str] = []
+    bad_tokens: list[tuple[int, int]] = []
+    bad_rows: list[tuple[int, int]] = []
+    data = root / "data" / m.generation
+    for name in sorted(os.listdir(data)):
+        if not (data / name).is_dir():
+            continue
+        arr = store.group[name]
+        axis = 1 if name in CODE_ARRAYS else 0
+        extent = m.tokens if name in (*CODE_ARRAYS, "tokens") else m.chunks
+        step = arr.chunks[axis]
+        for i in range((extent + step - 1) // step):
+            coords = tuple(i if a == axis else 0 for a in range(arr.ndim))
+            key = arr.metadata.encode_chunk_key(coords)
+            span = (i * step, min((i + 1) * step, extent))
+            sel = tuple(slice(*span) if a == axis else slice(None) for a in range(arr.ndim))
+            why = None
+            if not (data / name / key).exists():
+                why = "missing"
+            else:
+                try:
+                    arr[sel]
+                except (ValueError, RuntimeError, OSError) as e:
+                    why = f"unreadable ({str(e)[:80]})"
+            if why:
+                problems.append(f"{m.generation}/{name}/{key}: {why}")
+                (bad_tokens if extent == m.tokens else bad_rows).append(span)
+    problems += _check_manifest(store, root, attrs)
+    corrupt = _chunks_in(store, bad_tokens, bad_rows)
+    return {"ok": not problems, "version": m.version, "problems": problems, "corrupt_chunks": corrupt}
+
+
+def _check_manifest(store: Store, root: Path, attrs: dict) -> list[str]:
+    m, out = store.manifest, []
+    for name in (*CODE_ARRAYS, "tokens"):
+        axis = 1 if name in CODE_ARRAYS else 0
+        if store.group[name].shape[axis] < m.tokens:
+            out.append(f"{name}: shorter than the manifest's {m.tokens} tokens")
+    rows = store._rows
+    if len(rows) and rows[-1] >= m.chunks:
+        out.append(f"manifest names chunk rows beyond its extent {m.chunks}")
+    try:
+        n = store.index().ntotal
+        if n != len(rows):
+            out.append(f"index {m.index} holds {n} vectors for {len(rows)} live chunks")
+    except StoreError as e:
+        out.append(str(e))
+    try:
+        store.dictionary
+    except (StoreCorrupt, Exception) as e:  # a dictionary copy that does not load is corruption too
+        out.append(f"dictionary: {e}")
+    try:
+        store.prefix()
+    except StoreCorrupt as e:
+        out.append(str(e))
+    return out
+
+
+def _chunks_in(store: Store, bad_tokens: list[tuple[int, int]], bad_rows: list[tuple[int, int]]) -> list[str]:
+    """Ids of live chunks whose tokens or table rows fall in a damaged span."""
+    out = []
+    for r in store._rows:
+        a, b = int(store._offset[r]), int(store._offset[r] + store._length[r])
+        if any(a < hi and lo < b for lo, hi in bad_tokens) or any(lo <= r < hi for lo, hi in bad_rows):
+            out.append(str(store._ids[r]))
+    return out
+
+
+def pause_point(name: str) -> None:
+    """Failpoint for crash tests: with SPARSECACHE_PAUSE_AT="name:n", the n-th time `name` is
+    reached the process writes $SPARSECACHE_PAUSE_FILE and stops itself (SIGSTOP), so a test
+    can kill -9 it at an exact point. Costs one environment lookup otherwise."""
+    spec = os.environ.get("SPARSECACHE_PAUSE_AT", "")
+    if not spec.startswith(name + ":"):
+        return
+    _PAUSES[name] = _PAUSES.get(name, 0) + 1
+    if _PAUSES[name] == int(spec.split(":")[1]):
+        Path(os.environ["SPARSECACHE_PAUSE_FILE"]).write_text(name)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+_PAUSES: dict[str, int] = {}

@@ -1,0 +1,120 @@
+"""Finding documents (dirs, files, JSONL, HTML), their ids and hashes, and chunking them."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import pytest
+
+from sparsecache import corpus
+from sparsecache.corpus import chunks, scan
+from sparsecache.errors import TextError
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return tiny_model.tokenizer
+
+
+def test_scan_finds_every_kind_with_relative_ids(tmp_path):
+    (tmp_path / "a.md").write_text("Alpha.\n\nBeta.")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.html").write_text("<p>One <b>two</b> &amp; three</p><script>x()</script><p>Four</p>")
+    (tmp_path / "sub" / "c.jsonl").write_text(
+        json.dumps({"id": "../../etc/passwd", "text": "evil id"}) + "\n\n"
+        + json.dumps({"id": 7, "text": "seven", "meta": {"lang": "en"}}) + "\n")
+    (tmp_path / ".hidden.txt").write_text("skip me")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\x00\x00")
+    found = scan([str(tmp_path)])
+    assert [s.id for s in found] == ["../../etc/passwd", "7", "a.md", "sub/b.html"]
+    html = next(s for s in found if s.id == "sub/b.html")
+    text = "".join(html.blocks())
+    assert "One two & three" in text and "Four" in text and "x()" not in text
+    assert next(s for s in found if s.id == "7").meta == {"lang": "en"}
+
+
+def test_hash_changes_with_content_only(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("some text")
+    h1 = scan([str(f)])[0].hash
+    assert scan([str(f)])[0].hash == h1
+    f.write_text("some text!")
+    assert scan([str(f)])[0].hash != h1
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda p: None, "no documents"),
+    (lambda p: (p / "x.txt").write_bytes(b"abc\x00\x01"), "binary file"),
+    (lambda p: (p / "d.jsonl").write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n'), "duplicate document ids: a"),
+    (lambda p: (p / "d.jsonl").write_text('{"id": "a"}\n'), "needs a string \"text\""),
+    (lambda p: (p / "d.jsonl").write_text('{"text": "t"}\n'), "needs an \"id\""),
+    (lambda p: (p / "d.jsonl").write_text('not json\n'), "d.jsonl:1: not a JSON object"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, setup, message):
+    setup(tmp_path)
+    with pytest.raises(TextError, match=message):
+        scan([str(tmp_path)])
+
+
+def test_missing_path_and_nothing_given(tmp_path):
+    with pytest.raises(TextError, match="not found"):
+        scan([str(tmp_path / "nope")])
+    with pytest.raises(TextError, match="no corpus"):
+        scan([])
+
+
+def test_empty_file_is_skipped_with_a_warning(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "full.txt").write_text("text")
+    with pytest.warns(UserWarning, match="empty file skipped"):
+        assert [s.id for s in scan([str(tmp_path)])] == ["full.txt"]
+
+
+def test_invalid_utf8_is_replaced_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "BLOCK_BYTES", 8)  # the bad byte lands mid-stream, after a block boundary
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("héllo wörld, ".encode() + b"caf\xe9 " + "ünïcode after".encode())
+    with pytest.warns(UserWarning, match="invalid UTF-8"):
+        text = "".join(scan([str(f)])[0].blocks())
+    assert text == "héllo wörld, caf\ufffd ünïcode after"
+
+
+def test_chunks_respect_the_limit_and_keep_the_text(tokenizer):
+    text = "\n\n".join(f"Paragraph {i}. " + "Sentence here is short. " * (i % 7 + 1) for i in range(40))
+    src = scan_text(text)
+    got = list(chunks(src, tokenizer, 64))
+    assert all(len(c.token_ids) <= 64 for c in got)
+    assert "".join(c.text for c in got) == text  # cut only at paragraph/sentence ends
+    assert [c.ordinal for c in got] == list(range(len(got)))
+    assert len({c.id for c in got}) == len(got)
+    for c in got:  # a chunk's tokens are its text's tokens (pieces tokenised separately)
+        assert tokenizer.decode(list(c.token_ids)) == c.text
+
+
+def test_a_sentence_longer_than_a_chunk_is_cut_by_tokens(tokenizer):
+    text = "word " * 500
+    got = list(chunks(scan_text(text), tokenizer, 50))
+    assert all(len(c.token_ids) <= 50 for c in got)
+    assert sum(len(c.token_ids) for c in got) >= 500
+
+
+def test_large_document_streams(tmp_path, tokenizer, monkeypatch):
+    """Memory held while chunking stays near one block, not the file size."""
+    monkeypatch.setattr(corpus, "BLOCK_BYTES", 4096)
+    f = tmp_path / "big.txt"
+    para = "A sentence that goes on for a while. " * 5 + "\n\n"
+    f.write_text(para * 4000)  # ~750 KB
+    src = scan([str(f)])[0]
+    tracemalloc.start()
+    n = 0
+    for c in chunks(src, tokenizer, 256):
+        n += len(c.token_ids)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert n > 150_000
+    assert peak < f.stat().st_size / 4
+
+
+def scan_text(text: str):
+    return corpus.Source("doc", "h", text=text)

@@ -1,0 +1,268 @@
+"""The store: exact round trip, incremental re-index, versions, compaction, locking, damage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import write_corpus
+from sparsecache.codec import Codec
+from sparsecache.dictionary import DictConfig, Dictionary
+from sparsecache.encoder import encode_corpus, prefix_ids
+from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
+from sparsecache.model import extract_kv
+from sparsecache.store import Lock, Store, StoreConfig, Writer, verify, versions
+
+CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32)
+
+
+@pytest.fixture
+def build(tiny_model, tiny_dictionary, embedder):
+    def run(corpus, store, **kw):
+        kw.setdefault("config", CONFIG)
+        return encode_corpus([str(c) for c in corpus], store, tiny_dictionary, tiny_model, embedder=embedder,
+                             batch_tokens=kw.pop("batch_tokens", 256), progress=False, **kw)
+    return run
+
+
+@pytest.fixture
+def store(build, corpus_dir, tmp_path) -> Path:
+    build([corpus_dir], tmp_path / "store")
+    return tmp_path / "store"
+
+
+def all_codes(path: Path, version=None) -> dict[str, tuple]:
+    s = Store.open(path, version)
+    out = {}
+    for c in s.chunks():
+        codes = s.read_codes([c.id])
+        out[c.id] = (c.doc_id, codes.tokens, codes.k.indices, codes.k.coefficients, codes.v.indices,
+                     codes.v.coefficients)
+    return out
+
+
+def assert_same_codes(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for cid in a:
+        assert a[cid][0] == b[cid][0]
+        for x, y in zip(a[cid][1:], b[cid][1:]):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
+    s = Store.open(store)
+    chunks = s.chunks()
+    ids = [c.id for c in chunks]
+    codes = s.read_codes(ids)
+    tokens = np.split(codes.tokens, np.cumsum(codes.lengths)[:-1])
+    kv = extract_kv(tiny_model, [t.tolist() for t in tokens], prefix_ids(tiny_model, None))
+    codec = Codec(tiny_dictionary)
+    keys, values = (torch.cat([x[i] for x in kv], 1) for i in (0, 1))
+    ref_k, ref_v = codec.encode(keys, "k"), codec.encode(values, "v")
+    np.testing.assert_array_equal(codes.k.indices, ref_k.indices)  # bit-exact packed indices
+    np.testing.assert_array_equal(codes.k.coefficients, ref_k.coefficients)
+    np.testing.assert_array_equal(codes.v.indices, ref_v.indices)
+    np.testing.assert_array_equal(codes.v.coefficients, ref_v.coefficients)
+    decoded = s.load_kv(ids)
+    k_ref = codec.decode(ref_k, "k").split(codes.lengths, 1)
+    v_ref = codec.decode(ref_v, "v").split(codes.lengths, 1)
+    for (k, v), kr, vr in zip(decoded, k_ref, v_ref):
+        assert torch.equal(k, kr) and torch.equal(v, vr)
+    assert codes.nbytes == codes.k.nbytes + codes.v.nbytes + codes.tokens.nbytes
+
+
+def test_prefix_kv_is_exact_and_stored_once(store, tiny_model):
+    ids, k, v = Store.open(store).prefix()
+    assert ids == prefix_ids(tiny_model, None)
+    ref_k, ref_v = extract_kv(tiny_model, [ids])[0]
+    assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+
+
+def test_unchanged_corpus_does_nothing(build, store, corpus_dir):
+    before = versions(store)
+    r = build([corpus_dir], store)
+    assert not r.published and r.tokens == 0 and "nothing to encode" in r.message
+    assert versions(store) == before
+
+
+def test_incremental_reindex_encodes_only_what_changed(build, store, corpus_dir, embedder):
+    old = Store.open(store)
+    old_chunks = {c.doc_id: c.id for c in old.chunks() if c.ordinal == 0}
+    (corpus_dir / "assert.txt").write_text("Zebras graze on the savannah grasslands of Kenya every morning.")
+    (corpus_dir / "break.txt").unlink()
+    (corpus_dir / "new.txt").write_text("Volcanic eruptions in Iceland disrupted European air travel.")
+    r = build([corpus_dir], store, delete_missing=True)
+    assert r.documents == {"new": 1, "changed": 1, "unchanged": 4, "deleted": 1, "resumed": 0}
+    new = Store.open(store)
+    assert new.version == old.version + 1
+    docs = {c.doc_id for c in new.chunks()}
+    assert "break.txt" not in docs and "new.txt" in docs
+    assert r.tokens == sum(c.token_length for c in new.chunks() if c.doc_id in ("assert.txt", "new.txt"))
+    hit, _ = new.search(embedder.embed(["zebras on the savannah"])[0], 1)[0]
+    assert hit.doc_id == "assert.txt" and hit.id != old_chunks["assert.txt"]
+    live = {c.id for c in new.chunks()}
+    assert old_chunks["assert.txt"] not in live  # the old text is tombstoned, not searchable
+    hits = [c.id for c, _ in new.search(embedder.embed([old.texts([old_chunks["assert.txt"]])[0]])[0], 50)]
+    assert old_chunks["assert.txt"] not in hits
+    info = new.info()
+    assert info["tombstoned_chunks"] > 0 and info["chunks"] == len(live)
+
+
+def test_without_delete_missing_documents_stay(build, store, corpus_dir):
+    (corpus_dir / "break.txt").unlink()
+    r = build([corpus_dir], store)
+    assert not r.published
+    assert "break.txt" in {c.doc_id for c in Store.open(store).chunks()}
+
+
+def test_reader_pinned_to_a_version_is_unaffected_by_reindex(build, store, corpus_dir):
+    reader = Store.open(store)
+    before = all_codes(store, reader.version)
+    first = {c.id for c in reader.chunks()}
+    (corpus_dir / "pass.txt").write_text("Changed text about something else entirely. " * 20)
+    write_corpus(corpus_dir, ("return", "yield", "while"))
+    build([corpus_dir], store, delete_missing=True)
+    assert Store.open(store).version == reader.version + 1
+    assert {c.id for c in reader.chunks()} == first
+    for cid, (doc, tokens, *codes) in before.items():  # the old handle, reading after N+1 was published
+        got = reader.read_codes([cid])
+        np.testing.assert_array_equal(got.tokens, tokens)
+        np.testing.assert_array_equal(got.k.indices, codes[0])
+        np.testing.assert_array_equal(got.v.coefficients, codes[3])
+    assert_same_codes(all_codes(store, reader.version), before)  # and a fresh reader of version N
+
+
+def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):
+    (corpus_dir / "del.txt").write_text("Entirely different content now. " * 30)
+    (corpus_dir / "pass.txt").unlink()
+    build([corpus_dir], store, delete_missing=True)
+    live = all_codes(store)
+    with Writer(store) as w:
+        m = w.compact(keep=1)
+    s = Store.open(store)
+    assert s.version == m.version and versions(store) == [m.version]
+    assert s.info()["tombstoned_chunks"] == 0 and m.generation == "g000002"
+    assert [p.name for p in (store / "data").iterdir()] == ["g000002"]
+    assert_same_codes(all_codes(store), live)
+    assert s.index().ntotal == len(live)
+    assert verify(store)["ok"]
+
+
+def test_second_writer_is_refused_and_stale_lock_taken_over(store):
+    with Writer(store):
+        with pytest.raises(StoreLocked, match=r"store is locked: .* pid \d+ on "):
+            Writer(store).__enter__()
+    (store / ".lock").write_text(json.dumps({"pid": 999999, "host": "elsewhere", "since": "yesterday"}))
+    with pytest.warns(UserWarning, match="stale lock left by pid 999999"):
+        with Writer(store):
+            pass
+    lock = Lock(store).acquire()
+    assert lock.stale is None  # a clean release leaves no owner behind
+    lock.release()
+
+
+def test_corrupt_array_file_is_named_by_verify_and_load_kv(store):
+    s = Store.open(store)
+    target = s.chunks()[0]
+    chunk_file = store / "data" / "g000001" / "k_coefficients" / "c" / "0" / "0" / "0"
+    chunk_file.write_bytes(chunk_file.read_bytes()[:-10])  # truncated
+    r = verify(store)
+    assert not r["ok"] and any("k_coefficients/c/0/0/0" in p for p in r["problems"])
+    assert target.id in r["corrupt_chunks"]
+    with pytest.raises(StoreCorrupt, match=target.id):
+        Store.open(store).load_kv([target.id])
+
+
+def test_missing_array_file_is_damage_not_zeros(store):
+    s = Store.open(store)
+    target = s.chunks()[-1]
+    step = 32
+    key = target.token_offset // step
+    (store / "data" / "g000001" / "v_indices" / "c" / "0" / str(key) / "0").unlink()
+    assert "missing" in " ".join(verify(store)["problems"])
+    with pytest.raises(StoreCorrupt, match="missing"):
+        Store.open(store).load_kv([target.id])
+
+
+def test_newer_format_is_refused_without_damage(build, store, corpus_dir):
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["sparsecache"]["format"] = 99
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="newer sparsecache"):
+        Store.open(store)
+    write_corpus(corpus_dir, ("return",))
+    with pytest.raises(StoreError, match="newer sparsecache"):
+        build([corpus_dir], store)
+    assert versions(store) == [1, 2]
+
+
+def test_wrong_dictionary_is_refused(build, store, corpus_dir, tiny_model):
+    from conftest import unit_atoms
+
+    other = Dictionary(unit_atoms(32, 512, 7), unit_atoms(32, 512, 8), DictConfig(512, 4, 1), tiny_model.fingerprint())
+    write_corpus(corpus_dir, ("return",))
+    with pytest.raises(DictionaryMismatch, match="was encoded with dictionary"):
+        encode_corpus([str(corpus_dir)], store, other, tiny_model, CONFIG, progress=False)
+    foreign = Dictionary(other.keys, other.values, other.config, {**tiny_model.fingerprint(), "config_hash": "x"})
+    with pytest.raises(DictionaryMismatch, match="learned for"):
+        encode_corpus([str(corpus_dir)], store, foreign, tiny_model, CONFIG, progress=False)
+    assert versions(store) == [1, 2]
+
+
+def test_other_config_is_refused(build, store, corpus_dir):
+    write_corpus(corpus_dir, ("return",))
+    with pytest.raises(ValueError, match="chunk_tokens=64"):
+        build([corpus_dir], store, config=StoreConfig(chunk_tokens=128))
+
+
+def test_bad_input_leaves_the_store_alone(build, store, tmp_path):
+    before = all_codes(store)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.txt").write_bytes(b"\x00\x01binary")
+    with pytest.raises(TextError, match="binary"):
+        build([bad], store)
+    with pytest.raises(TextError, match="no documents"):
+        build([tmp_path / "bad2" if (tmp_path / "bad2").mkdir() is None else None], store)
+    assert versions(store) == [1, 2] and not (store / "pending.json").exists()
+    assert_same_codes(all_codes(store), before)
+
+
+def test_path_traversal_ids_stay_data(build, tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text(json.dumps({"id": "../../etc/passwd", "text": "An innocent text about gardens. " * 5}) + "\n")
+    before = set(tmp_path.parent.rglob("passwd"))
+    build([src], tmp_path / "s")
+    s = Store.open(tmp_path / "s")
+    assert [c.doc_id for c in s.chunks()] == ["../../etc/passwd"]
+    assert set(tmp_path.parent.rglob("passwd")) == before
+    files = {p.relative_to(tmp_path / "s").parts[0] for p in (tmp_path / "s").rglob("*")}
+    assert files <= {"zarr.json", "prefix", "dictionary", "data", "manifests", "index", ".lock"}
+
+
+def test_not_a_store(tmp_path, build, corpus_dir):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("precious")
+    with pytest.raises(StoreError, match="not a sparsecache store"):
+        build([corpus_dir], tmp_path / "mine")
+    with pytest.raises(StoreError, match="no sparsecache store"):
+        Store.open(tmp_path / "nothing")
+    assert not (tmp_path / "nothing").exists()
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+
+
+def test_info_reports_sizes_and_ratios(store, tiny_dictionary):
+    info = Store.open(store).info()
+    c = info["compression"]
+    assert info["documents"] == 6 and info["chunks"] > 6 and info["tombstoned_chunks"] == 0
+    assert c["code_bytes_per_token"] == 4 * 2 * (5 + 4 * 2)  # G=4 groups × K,V × (packed 4×9 bits + 4 fp16)
+    assert c["theoretical"] == round(2 * 4 * 32 * 2 / c["code_bytes_per_token"], 3)
+    assert 0.95 < c["disk_vs_theoretical_codes"] < 1.3  # tiny store: the last Zarr chunk is partly empty
+    assert info["dictionary"] == tiny_dictionary.fingerprint()
+    assert set(info["bytes_on_disk"]) >= {"k_indices", "k_coefficients", "v_indices", "v_coefficients", "dictionary"}
