@@ -34,3 +34,33 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, device, as_json)
         f"decode     {r['decode_vectors_per_s']:>12,.0f} signals/s",
         f"residual vs sklearn (same signals): {r['residual_ratio_vs_sklearn']:.4f} (<= 1 means ours is as good)",
     ])
+
+
+@bench.command("store")
+@click.option("--workdir", default="bench-store", show_default=True, type=click.Path(file_okay=False),
+              help="Where the corpus, store and raw-KV baseline go (a store there is reused).")
+@click.option("--chunks", "n_chunks", default=32, show_default=True, help="Chunks of ~512 tokens read per trial.")
+@click.option("--repeats", default=5, show_default=True, help="Trials per figure (the median is reported).")
+@click.option("--tokens", "min_tokens", default=20_000, show_default=True, help="Corpus size to encode.")
+@device_option
+@json_option
+@library_errors
+def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
+    """Encode throughput (and where the time goes), then reading chunks' codes from the store vs
+    their raw fp16 KV from one .safetensors file per chunk (TurboRAG/LMCache style), warm and cold."""
+    from sparsecache.benchmark import bench_store
+
+    r = bench_store(workdir, n_chunks, repeats, resolve_device(device), min_tokens)
+    e = r["encode"]
+    lines = [
+        f"encode: {e['tokens']} tokens in {e['seconds']['total']:.0f} s = {e['tokens_per_s']:.1f} tokens/s on {r['device']}; "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in e["seconds"].items() if k != "total"),
+        f"read {r['chunks']} chunks ({r['tokens']} tokens): codes {r['codes_bytes'] / 1e6:.1f} MB in {r['codes_files_touched']} files, "
+        f"raw fp16 {r['raw_bytes'] / 1e6:.1f} MB in {r['raw_files_touched']} files ({r['codes_vs_raw_bytes']:.1f}x smaller)",
+        f"  warm: codes {r['read_codes_warm_ms']:.1f} ms   raw {r['read_raw_warm_ms']:.1f} ms",
+        f"  cold: codes {r['read_codes_cold_ms']:.1f} ms   raw {r['read_raw_cold_ms']:.1f} ms   ({r['cold_method']})",
+        f"  decode on cpu: {r['decode_cpu_ms']:.1f} ms",
+        "layouts (same codes):",
+    ] + [f"  chunk {x['zarr_chunk_tokens']:>4} shard {str(x['shard_tokens']):>5} {x['compressor']:>4}: "
+         f"read {x['read_warm_ms']:.1f} ms, disk/theory {x['disk_vs_theoretical']:.4f}, {x['files']} files" for x in r["layouts"]]
+    emit(r, as_json, lines)

@@ -30,3 +30,7 @@ cli.add_command(dictionary.eval_dict_cmd)
 cli.add_command(bench.bench)
 for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd):
     cli.add_command(command)
+
+
+if __name__ == "__main__":
+    cli()

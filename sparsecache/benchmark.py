@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 
+import numpy as np
 import torch
 
 from .dictionary import Dictionary, initial_atoms
@@ -88,3 +90,169 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
         "decode_vectors_per_s": _rate(decode, big_idx.shape[0]),
         "residual_ratio_vs_sklearn": float(res_ours / max(res_sk, 1e-30)),
     }
+
+
+# ---------------------------------------------------------------- the store
+
+
+def drop_page_cache(paths) -> None:
+    """Evict files from the OS page cache (posix_fadvise DONTNEED), so the next read comes from disk."""
+    from pathlib import Path
+
+    for p in paths:
+        for f in ([Path(p)] if Path(p).is_file() else Path(p).rglob("*")):
+            if f.is_file():
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # dirty pages cannot be dropped
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
+def _median_time(fn, repeats: int, before=None) -> float:
+    times = []
+    for _ in range(repeats):
+        if before:
+            before()
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_corpus(out, min_tokens: int = 20_000) -> list:
+    """The longest Python documentation topics as .txt files, about `min_tokens` tokens in all."""
+    from pathlib import Path
+
+    from pydoc_data.topics import topics
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    chars = 0
+    for name, text in sorted(topics.items(), key=lambda kv: -len(kv[1])):
+        if chars > min_tokens * 4:  # ~4 characters per token in this text
+            break
+        (out / f"{name}.txt").write_text(text)
+        chars += len(text)
+    return sorted(out.iterdir())
+
+
+def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min_tokens: int = 20_000) -> dict:
+    """Encode throughput and its breakdown, then reading `n_chunks` full chunks: the store's
+    codes vs the same chunks' exact fp16 KV as one .safetensors file per chunk, warm and cold.
+
+    Reuses `workdir/store` if a previous run built it (the encode figures are then its own).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from .dictionary import default_dictionary
+    from .encoder import encode_corpus, prefix_ids
+    from .model import extract_kv, load_model
+    from .store import Store, StoreConfig
+
+    work = Path(workdir)
+    store_path = work / "store"
+    model = load_model(device=device)
+    d = Dictionary.load(default_dictionary())
+    report_file = work / "encode.json"
+    if not report_file.exists():
+        bench_corpus(work / "corpus", min_tokens)
+        r = encode_corpus([str(work / "corpus")], store_path, d, model, StoreConfig(), device=device)
+        report_file.write_text(json.dumps(r.to_dict()))
+    encode = json.loads(report_file.read_text())
+    store = Store.open(store_path)
+    full = sorted((c for c in store.chunks() if c.token_length >= 480), key=lambda c: c.id)[:n_chunks]
+    ids = [c.id for c in full]
+
+    raw_dir = work / "raw"
+    raw_dir.mkdir(exist_ok=True)
+    tokens = np.split(store.read_codes(ids).tokens, np.cumsum([c.token_length for c in full])[:-1])
+    for cid, toks in zip(ids, tokens):
+        if not (raw_dir / f"{cid}.safetensors").exists():
+            k, v = extract_kv(model, [toks.tolist()], prefix_ids(model, None))[0]
+            save_file({"keys": k.half().contiguous(), "values": v.half().contiguous()}, str(raw_dir / f"{cid}.safetensors"))
+    raw_files = [raw_dir / f"{cid}.safetensors" for cid in ids]
+    data_dir = store_path / "data" / store.manifest.generation
+
+    def read_codes():
+        return store.read_codes(ids)
+
+    def read_raw():
+        return [load_file(str(f)) for f in raw_files]
+
+    codes = read_codes()
+    code_files = _touched_files(store, ids)
+    result = {
+        "device": str(device),
+        "chunks": len(ids),
+        "tokens": int(sum(c.token_length for c in full)),
+        "encode": encode,
+        "codes_bytes": int(codes.nbytes),
+        "codes_files_touched": len(code_files),
+        "raw_bytes": int(sum(f.stat().st_size for f in raw_files)),
+        "raw_files_touched": len(raw_files),
+        "read_codes_warm_ms": 1e3 * _median_time(read_codes, repeats),
+        "read_raw_warm_ms": 1e3 * _median_time(read_raw, repeats),
+        "read_codes_cold_ms": 1e3 * _median_time(read_codes, repeats, lambda: drop_page_cache([data_dir])),
+        "read_raw_cold_ms": 1e3 * _median_time(read_raw, repeats, lambda: drop_page_cache(raw_files)),
+        "decode_cpu_ms": 1e3 * _median_time(lambda: (store.codec().decode(codes.k, "k", "cpu"),
+                                                      store.codec().decode(codes.v, "v", "cpu")), repeats),
+        "layouts": _layouts(store, ids, repeats, work / "layouts"),
+        "cold_method": "posix_fadvise(POSIX_FADV_DONTNEED) on every file before each read",
+    }
+    result["codes_vs_raw_bytes"] = result["raw_bytes"] / result["codes_bytes"]
+    return result
+
+
+def _touched_files(store, ids) -> set:
+    from .store import CODE_ARRAYS
+
+    out = set()
+    for cid in ids:
+        c = store._offset[store.row(cid)], store._length[store.row(cid)]
+        for name in (*CODE_ARRAYS, "tokens"):
+            arr = store._arrays[name]
+            step = arr.chunks[0] if name == "tokens" else arr.chunks[1]
+            out |= {(name, i) for i in range(int(c[0]) // step, int(c[0] + c[1] - 1) // step + 1)}
+    return out
+
+
+def _layouts(store, ids, repeats: int, out) -> list[dict]:
+    """The same codes rewritten with other Zarr chunk lengths / compressors: read time and disk/theory."""
+    import shutil
+
+    import zarr
+
+    from .store import CODE_ARRAYS, _compressors, _read_all, array_bytes
+
+    m = store.manifest
+    spans = [(int(store._offset[store.row(c)]), int(store._offset[store.row(c)] + store._length[store.row(c)]))
+             for c in ids]
+    rows = []
+    for zt, comp, shard in ((128, "none", None), (256, "none", None), (512, "none", None), (256, "zstd", None),
+                            (64, "none", 4096)):
+        shutil.rmtree(out, ignore_errors=True)
+        g = zarr.open_group(str(out), mode="w")
+        theory = 0
+        for name in CODE_ARRAYS:
+            src = store.group[name][:, : m.tokens]
+            theory += src.nbytes
+            chunks = (src.shape[0], zt, src.shape[2])
+            shards = None if shard is None else (src.shape[0], shard, src.shape[2])
+            g.create_array(name, shape=src.shape, dtype=src.dtype, chunks=chunks, shards=shards,
+                           compressors=_compressors(comp))[:] = src
+        arrays = {n: zarr.open_array(str(out / n), mode="r") for n in CODE_ARRAYS}
+
+        def read():
+            _read_all([(arrays[n]._async_array, (slice(None), slice(a, b))) for n in CODE_ARRAYS for a, b in spans])
+
+        rows.append({"zarr_chunk_tokens": zt, "shard_tokens": shard, "compressor": comp,
+                     "disk_vs_theoretical": array_bytes(out) / theory,
+                     "files": sum(1 for f in out.rglob("*") if f.is_file() and f.name != "zarr.json"),
+                     "read_warm_ms": 1e3 * _median_time(read, repeats)})
+    shutil.rmtree(out, ignore_errors=True)
+    return rows

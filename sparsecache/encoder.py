@@ -70,6 +70,16 @@ def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
     return model.tokenizer(prefix, add_special_tokens=False)["input_ids"]
 
 
+@dataclass
+class _Plan:
+    """What a run has to do, decided before any encoding."""
+
+    work: list[Source]  # new or changed documents, in id order
+    deleted: list[str]
+    counts: dict
+    resume_open: dict | None  # a document a crashed run was in the middle of: {id, hash, first, count, ...}
+
+
 def encode_corpus(corpus: list[str] | tuple[str, ...], store: str | Path, dictionary: Dictionary, model: KVModel,
                   config: StoreConfig = StoreConfig(), embedder: Embedder | None = None, device="cpu",
                   batch_tokens: int = 8192, delete_missing: bool = False, index: str = "auto",
@@ -82,61 +92,81 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store: str | Path, dictio
         sources = scan(corpus)
     with Writer(store) as w:
         embedder = embedder or Embedder(config.embedder, device)
-        if w.initialised():
-            w.check_compatible(config, dictionary, model.fingerprint())
-        else:
-            ids = prefix_ids(model, config.prefix)
-            kv = extract_kv(model, [ids])[0] if ids else _empty_kv(model)
-            w.create(config, dictionary, model.fingerprint(), ids, kv, embedder.dim)
-        resumed = w.begin()
-        base = w.base
-        current = {**base.documents, **resumed}
-        work = [s for s in sources if current.get(s.id, {}).get("hash") != s.hash]
-        source_ids = {s.id for s in sources}
-        deleted = sorted(d for d in base.documents if d not in source_ids) if delete_missing else []
-        counts = {
-            "new": sum(s.id not in base.documents for s in work),
-            "changed": sum(s.id in base.documents for s in work),
-            "unchanged": len(sources) - len(work),
-            "deleted": len(deleted),
-            "resumed": len(resumed),
-        }
-        report = EncodeReport(str(store), base.version, False, counts)
-        if not work and not resumed and not deleted:
-            report.message = (f"unchanged: {len(sources)} documents match version {base.version}; "
+        _open_store(w, config, dictionary, model, embedder)
+        plan = _plan(w, sources, delete_missing)
+        report = EncodeReport(str(store), w.base.version, False, plan.counts)
+        if not plan.work and not w.done and not plan.deleted:
+            report.message = (f"unchanged: {len(sources)} documents match version {w.base.version}; "
                               "nothing to encode, no new version")
-            report.seconds = {**timer, "total": time.perf_counter() - t_start}
-            return report
-        codec = Codec(dictionary, config.coef_dtype, device)
-        pre = prefix_ids(model, config.prefix)
-        bar = tqdm(total=len(work), unit="doc", desc="encode", disable=not progress, dynamic_ncols=True)
-        open_docs: dict[str, dict] = {}  # rows written this run, per document
-        end = (w.tokens, w.chunks)  # extents after the last finished document
-        for batch, finished in _batches(work, model.tokenizer, config.chunk_tokens, batch_tokens, timer):
-            if batch:
-                _encode_batch(w, batch, open_docs, model, codec, embedder, pre, batch_tokens, timer)
-                report.chunks += len(batch)
-                report.tokens += sum(len(c.token_ids) for c in batch)
-            if finished:
-                done = {}
-                for s in finished:
-                    d = open_docs.pop(s.id, None) or {"first": end[1], "count": 0, "tokens": 0, "token_offset": end[0]}
-                    done[s.id] = {**d, "hash": s.hash}
-                    end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
-                w.commit(done, *end)
-                pause_point("commit")
-            bar.update(len(finished))
-            busy = sum(timer.values()) or 1.0
-            bar.set_postfix(chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")
-        bar.close()
-        documents = {k: v for k, v in {**base.documents, **w.done}.items() if k not in deleted}
-        with timer.phase("index+publish"):
-            note = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-            m = w.publish(documents, index, note)
-        report.version, report.published = m.version, True
-        report.message = f"published version {m.version}: {len(documents)} documents, {len(m.live_rows())} chunks ({note})"
+        else:
+            _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device), embedder,
+                         prefix_ids(model, config.prefix), config.chunk_tokens, batch_tokens, report, timer, progress)
+            documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
+            with timer.phase("index+publish"):
+                note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
+                m = w.publish(documents, index, note)
+            report.version, report.published = m.version, True
+            report.message = (f"published version {m.version}: {len(documents)} documents, "
+                              f"{len(m.live_rows())} chunks ({note})")
     report.seconds = {**{k: round(v, 3) for k, v in timer.items()}, "total": round(time.perf_counter() - t_start, 3)}
     return report
+
+
+def _open_store(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVModel, embedder: Embedder) -> None:
+    """Check an existing store against what we were given, or lay out a new one."""
+    if w.initialised():
+        w.check_compatible(config, dictionary, model.fingerprint())
+        return
+    ids = prefix_ids(model, config.prefix)
+    kv = extract_kv(model, [ids])[0] if ids else _empty_kv(model)
+    w.create(config, dictionary, model.fingerprint(), ids, kv, embedder.dim)
+
+
+def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> _Plan:
+    done, open_doc = w.begin()
+    base = w.base.documents
+    current = {**base, **done}
+    work = [s for s in sources if current.get(s.id, {}).get("hash") != s.hash]
+    by_id = {s.id: s for s in work}
+    if open_doc and by_id.get(open_doc["id"], None) and by_id[open_doc["id"]].hash == open_doc["hash"]:
+        w.rewind(open_doc["token_offset"] + open_doc["tokens"], open_doc["first"] + open_doc["count"])
+    else:
+        open_doc = None  # it changed or went away since: its rows are dropped
+    ids = {s.id for s in sources}
+    deleted = sorted(d for d in base if d not in ids) if delete_missing else []
+    counts = {"new": sum(s.id not in base for s in work), "changed": sum(s.id in base for s in work),
+              "unchanged": len(sources) - len(work), "deleted": len(deleted), "resumed": len(done)}
+    return _Plan(work, deleted, counts, open_doc)
+
+
+def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder: Embedder, prefix: list[int],
+                 chunk_tokens: int, batch_tokens: int, report: EncodeReport, timer: _Timer, progress: bool) -> None:
+    """Encode `plan.work` batch by batch, recording progress in the store after every batch."""
+    bar = tqdm(total=len(plan.work), unit="doc", desc="encode", disable=not progress, dynamic_ncols=True)
+    open_docs: dict[str, dict] = {}  # rows written per unfinished document
+    skip = {}
+    if plan.resume_open:
+        o = plan.resume_open
+        open_docs[o["id"]] = {k: o[k] for k in ("first", "count", "tokens", "token_offset")}
+        skip[o["id"]] = o["count"]
+    end = (w.finished_tokens, w.finished_chunks)  # extents after the last finished document
+    for batch, finished in _batches(plan.work, model.tokenizer, chunk_tokens, batch_tokens, skip, timer):
+        if batch:
+            _encode_batch(w, batch, open_docs, model, codec, embedder, prefix, batch_tokens, timer)
+            report.chunks += len(batch)
+            report.tokens += sum(len(c.token_ids) for c in batch)
+        done = {}
+        for s in finished:
+            d = open_docs.pop(s.id, None) or {"first": end[1], "count": 0, "tokens": 0, "token_offset": end[0]}
+            done[s.id] = {**d, "hash": s.hash}
+            end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
+        hashes = {s.id: s.hash for s in plan.work}
+        w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
+        pause_point("commit")
+        bar.update(len(finished))
+        busy = sum(timer.values()) or 1.0
+        bar.set_postfix(chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")
+    bar.close()
 
 
 def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,9 +174,10 @@ def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
     return z, z.clone()
 
 
-def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int, timer: _Timer):
-    """(chunks, finished sources) pairs; a batch closes at a document boundary once it holds
-    `batch_tokens`, or inside a document once it holds twice that (memory bound)."""
+def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int, skip: dict[str, int],
+             timer: _Timer):
+    """(chunks, sources finished since the last batch) pairs, a batch closing once it holds
+    `batch_tokens`. The first `skip[id]` chunks of a document are already stored (resume)."""
     batch: list[Chunk] = []
     finished: list[Source] = []
     ntok = 0
@@ -157,15 +188,14 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
                 c = next(it, None)
             if c is None:
                 break
+            if c.ordinal < skip.get(src.id, 0):
+                continue
             batch.append(c)
             ntok += len(c.token_ids)
-            if ntok >= 2 * batch_tokens:
+            if ntok >= batch_tokens:
                 yield batch, finished
                 batch, finished, ntok = [], [], 0
         finished.append(src)
-        if ntok >= batch_tokens:
-            yield batch, finished
-            batch, finished, ntok = [], [], 0
     if batch or finished:
         yield batch, finished
 

@@ -220,6 +220,54 @@ def _read_all(requests: list) -> list[np.ndarray]:
     return sync(_gather([arr.getitem(sel) for arr, sel in requests]))
 
 
+def _plain_chunks(arr) -> bool:
+    """True when chunks are stored as raw little-endian bytes + CRC32C (our uncompressed layout),
+    chunked along one axis only: then `read_spans_direct` can read them without zarr's pipeline."""
+    from zarr.codecs import BytesCodec, Crc32cCodec
+
+    codecs = arr.metadata.codecs
+    return (len(codecs) == 2 and isinstance(codecs[0], BytesCodec) and codecs[0].endian in (None, "little")
+            and isinstance(codecs[1], Crc32cCodec) and sum(c != n for c, n in zip(arr.chunks, arr.shape)) <= 1)
+
+
+def read_spans_direct(arr, folder: Path, spans: list[tuple[int, int]], axis: int) -> np.ndarray:
+    """Spans along `axis` of a plain-chunked Zarr array, read straight from its chunk files.
+
+    Same result as zarr's own read (tests compare them) at a fraction of the cost: zarr's
+    async pipeline spends ~1 ms per chunk on this CPU, a file read + CRC check ~0.15 ms.
+    Each chunk file is CRC-checked; a missing or damaged one raises StoreCorrupt.
+    """
+    import google_crc32c
+
+    shape, step = arr.chunks, arr.chunks[axis]
+    dtype = arr.dtype.newbyteorder("<")
+    size = int(np.prod(shape))
+    out_shape = list(shape)
+    out_shape[axis] = sum(b - a for a, b in spans)
+    out = np.empty(out_shape, arr.dtype)
+    loaded: dict[int, np.ndarray] = {}
+    pos = 0
+    for a, b in spans:
+        for i in range(a // step, (b - 1) // step + 1):
+            if i not in loaded:
+                key = arr.metadata.encode_chunk_key(tuple(i if d == axis else 0 for d in range(arr.ndim)))
+                try:
+                    raw = (folder / key).read_bytes()
+                except FileNotFoundError:
+                    raise StoreCorrupt(f"{folder.name} is missing {key}") from None
+                body = raw[:-4]
+                if len(body) != size * dtype.itemsize or google_crc32c.value(body) != int.from_bytes(raw[-4:], "little"):
+                    raise StoreCorrupt(f"{folder.name}/{key} fails its CRC32C check (damaged or truncated)")
+                loaded[i] = np.frombuffer(body, dtype).reshape(shape)
+            lo, hi = max(a, i * step) - i * step, min(b, (i + 1) * step) - i * step
+            dst = [slice(None)] * len(shape)
+            src = [slice(None)] * len(shape)
+            dst[axis], src[axis] = slice(pos, pos + hi - lo), slice(lo, hi)
+            out[tuple(dst)] = loaded[i][tuple(src)]
+            pos += hi - lo
+    return out
+
+
 # ---------------------------------------------------------------- the lock
 
 
@@ -352,31 +400,39 @@ class Store:
         """The codes and token ids of `chunk_ids`, concatenated in the order given (disk → CPU)."""
         rows = [self.row(c) for c in chunk_ids]
         spans = [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in rows]
-        self._check_present(chunk_ids, spans)
-        names = (*CODE_ARRAYS, "tokens")
-        reqs = [(self._arrays[n]._async_array, (slice(a, b),) if n == "tokens" else (slice(None), slice(a, b)))
-                for n in names for a, b in spans]
         try:
-            parts = _read_all(reqs)
-        except (ValueError, RuntimeError, OSError) as e:
-            raise StoreCorrupt(f"{self.root}: cannot read chunk(s) {', '.join(chunk_ids)}: {e}") from e
-        n = len(spans)
-        cat = {name: np.concatenate(parts[i * n : (i + 1) * n], axis=0 if name == "tokens" else 1)
-               for i, name in enumerate(names)}
+            cat = {name: self._read_spans(name, spans) for name in (*CODE_ARRAYS, "tokens")}
+        except StoreCorrupt as e:
+            raise StoreCorrupt(f"{e} (reading chunk(s) {', '.join(chunk_ids)})") from e
         return ChunkCodes(list(chunk_ids), [b - a for a, b in spans], cat["tokens"],
                           Codes(cat["k_indices"], cat["k_coefficients"]),
                           Codes(cat["v_indices"], cat["v_coefficients"]))
 
-    def _check_present(self, chunk_ids: list[str], spans: list[tuple[int, int]]) -> None:
+    def _read_spans(self, name: str, spans: list[tuple[int, int]]) -> np.ndarray:
+        """Token spans of one array, concatenated along its token axis."""
+        arr = self._arrays[name]
+        axis = 0 if name == "tokens" else 1
+        folder = self.root / "data" / self.manifest.generation / name
+        if _plain_chunks(arr):
+            return read_spans_direct(arr, folder, spans, axis)
+        self._check_present(name, spans)
+        sel = [(slice(a, b),) if axis == 0 else (slice(None), slice(a, b)) for a, b in spans]
+        try:
+            parts = _read_all([(arr._async_array, s) for s in sel])
+        except (ValueError, RuntimeError, OSError) as e:
+            raise StoreCorrupt(f"{self.root}: {name} unreadable: {e}") from e
+        return np.concatenate(parts, axis=axis)
+
+    def _check_present(self, name: str, spans: list[tuple[int, int]]) -> None:
         """A missing Zarr chunk would read as fill values; name it instead."""
-        for name, arr in self._arrays.items():
-            step = arr.chunks[0] if name == "tokens" else arr.chunks[1]
-            for cid, (a, b) in zip(chunk_ids, spans):
-                for i in range(a // step, (b - 1) // step + 1):
-                    coords = (i,) if name == "tokens" else (0, i, 0)
-                    key = arr.metadata.encode_chunk_key(coords)
-                    if not (self.root / "data" / self.manifest.generation / name / key).exists():
-                        raise StoreCorrupt(f"{self.root}: {name} is missing {key} (chunk {cid})")
+        arr = self._arrays[name]
+        axis = 0 if name == "tokens" else 1
+        step = arr.chunks[axis]
+        for a, b in spans:
+            for i in range(a // step, (b - 1) // step + 1):
+                key = arr.metadata.encode_chunk_key(tuple(i if d == axis else 0 for d in range(arr.ndim)))
+                if not (self.root / "data" / self.manifest.generation / name / key).exists():
+                    raise StoreCorrupt(f"{self.root}: {name} is missing {key}")
 
     def load_kv(self, chunk_ids: list[str], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Decoded pre-RoPE (keys, values) per chunk, each [n_layers, T_chunk, m] float32 on `device`.
@@ -504,7 +560,7 @@ class Writer:
         for sub in ("data", "prefix", "dictionary", "manifests", "index"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         (self.root / "pending.json").unlink(missing_ok=True)
-        root = zarr.open_group(str(self.root), mode="w")  # keeps .lock: zarr only removes its own keys
+        root = zarr.open_group(str(self.root), mode="a")  # not "w": that would delete the held .lock
         prefix = root.create_group("prefix")
         k, v = prefix_kv
         for name, data in (("token_ids", np.asarray(prefix_ids, np.int32)), ("keys", k.float().cpu().numpy()),
@@ -532,8 +588,8 @@ class Writer:
                            fill_value=0, compressors=comp)
             g.create_array(f"{kind}_coefficients", shape=(G, 0, s), chunks=(G, zt, s), dtype=config.coef_dtype,
                            fill_value=float("nan"), compressors=comp)
-        g.create_array("tokens", shape=(0,), chunks=(1 << 16,), dtype="int32", fill_value=-1,
-                       compressors=_compressors("zstd"))
+        g.create_array("tokens", shape=(0,), chunks=(zt,), dtype="int32", fill_value=-1,
+                       compressors=_compressors("none"))
         for col in TABLE_STR:
             g.create_array(col, shape=(0,), chunks=(_ROWS_PER_CHUNK,), dtype=str, compressors=_compressors("zstd"))
         for col, dtype in TABLE_INT.items():
@@ -563,19 +619,25 @@ class Writer:
 
     # -- appending
 
-    def begin(self) -> dict[str, dict]:
-        """Start appending after the latest version; returns documents a crashed run already finished."""
+    def begin(self) -> tuple[dict[str, dict], dict | None]:
+        """Start appending after the latest version.
+
+        Returns the documents a crashed run already finished, and the one it was in the
+        middle of (or None); appending continues after the finished ones until `rewind`.
+        """
         import zarr
 
         self.base = read_manifest(self.root)
         self.group = zarr.open_group(str(self.root / "data" / self.base.generation), mode="r+")
         self.tokens, self.chunks = self.base.tokens, self.base.chunks
         self.done: dict[str, dict] = {}
+        open_doc = None
         pending = self._pending()
         if pending and pending["base"] == self.base.version and pending["generation"] == self.base.generation:
             self.tokens, self.chunks, self.done = pending["tokens"], pending["chunks"], pending["documents"]
-        self._open_doc: dict | None = None
-        return dict(self.done)
+            open_doc = (pending.get("open") or [None])[0]
+        self.finished_tokens, self.finished_chunks = self.tokens, self.chunks
+        return dict(self.done), open_doc
 
     def _pending(self) -> dict | None:
         p = self.root / "pending.json"
@@ -604,11 +666,13 @@ class Writer:
         self.chunks, self.tokens = row0 + n, tok0 + T
         return row0
 
-    def commit(self, documents: dict[str, dict], tokens: int, chunks: int) -> None:
-        """Record finished documents (and the extents they end at) so a crash does not redo them."""
+    def commit(self, documents: dict[str, dict], tokens: int, chunks: int, open_docs: list[dict] = ()) -> None:
+        """Record finished documents (the extents they end at) and any document still being
+        written (its rows so far), so a crashed run resumes at this batch instead of redoing it."""
         self.done.update(documents)
+        self.finished_tokens, self.finished_chunks = tokens, chunks
         state = {"base": self.base.version, "generation": self.base.generation, "tokens": tokens,
-                 "chunks": chunks, "documents": self.done}
+                 "chunks": chunks, "documents": self.done, "open": list(open_docs)}
         _write_atomic(self.root / "pending.json", json.dumps(state))
 
     def rewind(self, tokens: int, chunks: int) -> None:

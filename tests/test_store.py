@@ -76,6 +76,29 @@ def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
     assert codes.nbytes == codes.k.nbytes + codes.v.nbytes + codes.tokens.nbytes
 
 
+def test_direct_chunk_reads_equal_zarr_reads(store):
+    """The fast read path (chunk files + CRC) against zarr's own reader, on random spans."""
+    from sparsecache.store import CODE_ARRAYS, read_spans_direct
+
+    s = Store.open(store)
+    rng = np.random.default_rng(0)
+    n = s.manifest.tokens
+    starts = rng.integers(0, n - 1, 20)
+    spans = [(int(a), int(min(n, a + rng.integers(1, 100)))) for a in starts]
+    for name in (*CODE_ARRAYS, "tokens"):
+        arr = s.group[name]
+        axis = 0 if name == "tokens" else 1
+        got = read_spans_direct(arr, store / "data" / "g000001" / name, spans, axis)
+        ref = np.concatenate([arr[a:b] if axis == 0 else arr[:, a:b] for a, b in spans], axis)
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_compressed_store_reads_the_same_codes(build, store, corpus_dir, tmp_path):
+    build([corpus_dir], tmp_path / "zstd", config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, compressor="zstd"))
+    assert_same_codes(all_codes(tmp_path / "zstd"), all_codes(store))
+    assert verify(tmp_path / "zstd")["ok"]
+
+
 def test_prefix_kv_is_exact_and_stored_once(store, tiny_model):
     ids, k, v = Store.open(store).prefix()
     assert ids == prefix_ids(tiny_model, None)
@@ -154,6 +177,7 @@ def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):
 
 
 def test_second_writer_is_refused_and_stale_lock_taken_over(store):
+    assert (store / ".lock").exists()  # laying out a new store must not delete the lock it holds
     with Writer(store):
         with pytest.raises(StoreLocked, match=r"store is locked: .* pid \d+ on "):
             Writer(store).__enter__()

@@ -1,0 +1,79 @@
+"""encode-corpus, info, verify, search, compact through the CLI on a tiny corpus."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from cli.main import cli
+from sparsecache.store import Store, Writer
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def encode(corpus, store, model_dir, dict_dir, *extra):
+    return invoke("encode-corpus", corpus, "--store", store, "--model", model_dir, "--dict", dict_dir,
+                  "--chunk-tokens", 64, "--device", "cpu", *extra)
+
+
+def test_encode_info_search_verify_compact(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    store = tmp_path / "store"
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["published"] and report["documents"]["new"] == 6 and report["tokens_per_s"] > 0
+    assert {"forward", "omp", "embed", "write"} <= set(report["seconds"])
+
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
+    assert r.exit_code == 0 and "unchanged: 6 documents" in r.output
+
+    info = json.loads(invoke("info", store, "--json").stdout)
+    assert info["documents"] == 6 and info["versions"] == [1, 2]
+    text = invoke("info", store).output
+    assert "compression vs fp16 KV: theoretical" in text and "k_indices" in text
+
+    r = invoke("search", store, "the global statement declares names", "--top-k", 2, "--json")
+    hits = json.loads(r.stdout)["chunks"]
+    assert r.exit_code == 0 and hits[0]["doc_id"] == "global.txt"
+
+    r = invoke("verify", store)
+    assert r.exit_code == 0 and "version 2: ok" in r.output
+
+    (corpus_dir / "pass.txt").unlink()
+    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--delete-missing").exit_code == 0
+    r = invoke("compact", store, "--keep", 1)
+    assert r.exit_code == 0 and "published version 4" in r.output
+    assert Store.open(store).info()["versions"] == [4]
+
+
+def test_verify_exits_nonzero_and_names_the_damage(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    store = tmp_path / "store"
+    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    f = next((store / "data" / "g000001" / "v_indices").rglob("c/0/0/0"))
+    f.write_bytes(b"garbage")
+    r = invoke("verify", store)
+    assert r.exit_code == 1
+    assert "v_indices/c/0/0/0: unreadable" in r.output and "corrupt chunks:" in r.output
+
+
+def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    store = tmp_path / "store"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = encode(empty, store, tiny_model_dir, tiny_dictionary_dir)
+    assert r.exit_code == 1 and r.output.strip().startswith("Error: no documents in") and "Traceback" not in r.output
+    r = encode(corpus_dir, store, tiny_model_dir, tmp_path / "no-dict")
+    assert r.exit_code == 1 and "no dictionary at" in r.output
+    r = encode(corpus_dir, store, tiny_model_dir, "default")  # the shipped one is for SmolLM2, not the tiny model
+    assert r.exit_code == 1 and "dictionary was learned for" in r.output
+    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    with Writer(store):
+        r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
+        assert r.exit_code == 1 and "store is locked" in r.output
+        r = invoke("compact", store)
+        assert r.exit_code == 1 and "store is locked" in r.output
+    r = invoke("info", tmp_path / "nowhere")
+    assert r.exit_code == 1 and "no sparsecache store" in r.output
