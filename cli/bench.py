@@ -62,5 +62,7 @@ def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
         f"  decode on cpu: {r['decode_cpu_ms']:.1f} ms",
         "layouts (same codes):",
     ] + [f"  chunk {x['zarr_chunk_tokens']:>4} shard {str(x['shard_tokens']):>5} {x['compressor']:>4}: "
-         f"read {x['read_warm_ms']:.1f} ms, disk/theory {x['disk_vs_theoretical']:.4f}, {x['files']} files" for x in r["layouts"]]
+         f"zarr read {x['read_zarr_warm_ms']:.1f} ms, direct read "
+         + (f"{x['read_direct_warm_ms']:.1f} ms" if x["read_direct_warm_ms"] is not None else "n/a")
+         + f", disk/theory {x['disk_vs_theoretical']:.4f}, {x['files']} files" for x in r["layouts"]]
     emit(r, as_json, lines)

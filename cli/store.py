@@ -29,11 +29,13 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
 @click.option("--compressor", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
               help="Compressor of the code arrays (fixed at creation).")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
+@click.option("--keep", default=5, show_default=True,
+              help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
 @device_option
 @json_option
 @library_errors
 def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
-                      embedder, compressor, batch_tokens, device, as_json):
+                      embedder, compressor, batch_tokens, keep, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -50,7 +52,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     d = Dictionary.load(default_dictionary() if dictionary == "default" else dictionary)
     model = load_model(model_path, device=dev)
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
-                      delete_missing=delete_missing, index=index_kind, progress=not as_json)
+                      delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json)
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
     emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
                                               f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))

@@ -83,8 +83,11 @@ class _Plan:
 def encode_corpus(corpus: list[str] | tuple[str, ...], store: str | Path, dictionary: Dictionary, model: KVModel,
                   config: StoreConfig = StoreConfig(), embedder: Embedder | None = None, device="cpu",
                   batch_tokens: int = 8192, delete_missing: bool = False, index: str = "auto",
-                  progress: bool = True) -> EncodeReport:
-    """Bring the store at `store` up to date with `corpus`; returns what was done and how long it took."""
+                  keep: int = 5, progress: bool = True) -> EncodeReport:
+    """Bring the store at `store` up to date with `corpus`; returns what was done and how long it took.
+
+    After publishing, versions beyond the newest `keep` are deleted (0 keeps them all).
+    """
     t_start = time.perf_counter()
     timer = _Timer()
     dictionary.check_model(model.fingerprint())
@@ -105,6 +108,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store: str | Path, dictio
             with timer.phase("index+publish"):
                 note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
                 m = w.publish(documents, index, note)
+                if keep:
+                    w.prune(keep)
             report.version, report.published = m.version, True
             report.message = (f"published version {m.version}: {len(documents)} documents, "
                               f"{len(m.live_rows())} chunks ({note})")

@@ -63,7 +63,7 @@ class StoreConfig:
     chunk_tokens: int = 512
     prefix: str | None = None  # None: the model's chat template up to the user's text
     coef_dtype: str = "float16"
-    zarr_chunk_tokens: int = 256  # tokens per Zarr chunk of the code arrays (see BENCHMARKS.md)
+    zarr_chunk_tokens: int = 512  # tokens per Zarr chunk of the code arrays (measured: BENCHMARKS.md)
     compressor: str = "none"  # codes are near-incompressible; "zstd" trades read time for ~4%
     embedder: str = "default"  # the retrieval encoder; queries must be embedded by the same one
 
@@ -226,7 +226,8 @@ def _plain_chunks(arr) -> bool:
     from zarr.codecs import BytesCodec, Crc32cCodec
 
     codecs = arr.metadata.codecs
-    return (len(codecs) == 2 and isinstance(codecs[0], BytesCodec) and codecs[0].endian in (None, "little")
+    endian = getattr(codecs[0], "endian", None)
+    return (len(codecs) == 2 and isinstance(codecs[0], BytesCodec) and getattr(endian, "value", endian) in (None, "little")
             and isinstance(codecs[1], Crc32cCodec) and sum(c != n for c, n in zip(arr.chunks, arr.shape)) <= 1)
 
 

@@ -136,6 +136,15 @@ def test_incremental_reindex_encodes_only_what_changed(build, store, corpus_dir,
     assert info["tombstoned_chunks"] > 0 and info["chunks"] == len(live)
 
 
+def test_old_versions_beyond_keep_are_pruned(build, store, corpus_dir):
+    for i, topic in enumerate(("return", "yield", "while")):
+        write_corpus(corpus_dir, (topic,))
+        build([corpus_dir], store, keep=2)
+    assert versions(store) == [4, 5]
+    assert sorted(p.name for p in (store / "index").iterdir()) == ["v000004.faiss", "v000005.faiss"]
+    assert verify(store)["ok"] and Store.open(store, 4).chunks()
+
+
 def test_without_delete_missing_documents_stay(build, store, corpus_dir):
     (corpus_dir / "break.txt").unlink()
     r = build([corpus_dir], store)
