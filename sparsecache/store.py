@@ -383,6 +383,17 @@ class Store:
         except KeyError:
             raise StoreError(f"no live chunk {chunk_id!r} in version {self.version} of {self.root}") from None
 
+    def chunk(self, chunk_id: str) -> ChunkInfo:
+        r = self.row(chunk_id)
+        return ChunkInfo(chunk_id, str(self.group["doc_id"][r]), int(self.group["ordinal"][r]), r,
+                         int(self._offset[r]), int(self._length[r]))
+
+    def tokens(self, chunk_ids: list[str]) -> list[list[int]]:
+        """Token ids of each chunk."""
+        spans = [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in map(self.row, chunk_ids)]
+        flat = self._read_spans("tokens", spans)
+        return [t.tolist() for t in np.split(flat, np.cumsum([b - a for a, b in spans])[:-1])]
+
     def texts(self, chunk_ids: list[str]) -> list[str]:
         return [str(self.group["text"][self.row(c)]) for c in chunk_ids]
 
