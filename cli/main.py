@@ -4,7 +4,7 @@ import warnings
 
 import click
 
-from cli import bench, dictionary, store
+from cli import bench, dictionary, query, store
 from sparsecache import __version__
 
 
@@ -14,8 +14,8 @@ def cli():
     """Offline compressed KV-cache corpus builder for RAG.
 
     Learn global K/V dictionaries for a model (learn-dict) and measure them (eval-dict,
-    bench omp); encode a corpus into a versioned store (encode-corpus) and inspect it
-    (info, verify, search, compact).
+    bench omp); encode a corpus into a versioned store (encode-corpus), inspect it
+    (info, verify, search, compact) and answer questions from it (query).
     """
     warnings.showwarning = _warning_line
 
@@ -28,7 +28,8 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
 cli.add_command(dictionary.learn_dict_cmd)
 cli.add_command(dictionary.eval_dict_cmd)
 cli.add_command(bench.bench)
-for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd):
+for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd,
+                query.query_cmd):
     cli.add_command(command)
 
 

@@ -343,6 +343,7 @@ class Store:
         self._offset = table["token_offset"][: manifest.chunks]
         self._length = table["token_length"][: manifest.chunks]
         self._ids = ids
+        self._table = None
         self._dictionary: Dictionary | None = None
         self._codec: Codec | None = None
         self._index = None
@@ -385,7 +386,10 @@ class Store:
 
     def chunk(self, chunk_id: str) -> ChunkInfo:
         r = self.row(chunk_id)
-        return ChunkInfo(chunk_id, str(self.group["doc_id"][r]), int(self.group["ordinal"][r]), r,
+        if self._table is None:  # read once: a per-row zarr read costs ~5 ms
+            n = self.manifest.chunks
+            self._table = (self.group["doc_id"][:n], self.group["ordinal"][:n])
+        return ChunkInfo(chunk_id, str(self._table[0][r]), int(self._table[1][r]), r,
                          int(self._offset[r]), int(self._length[r]))
 
     def tokens(self, chunk_ids: list[str]) -> list[list[int]]:

@@ -1,0 +1,53 @@
+"""`query`: answer a question from a store, with the TTFT breakdown."""
+
+from __future__ import annotations
+
+import click
+
+from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+from sparsecache.blend import METHODS
+
+
+@click.command("query")
+@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("question")
+@click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
+@click.option("--method", type=click.Choice(METHODS), default="a3", show_default=True,
+              help="none: decoded KV as is; a3 / infoflow / cacheblend: recompute the top --recompute-ratio "
+                   "tokens they select; full: prefill everything (no cache); raw: exact uncompressed KV.")
+@click.option("--recompute-ratio", default=0.15, show_default=True, help="Fraction of chunk tokens to recompute.")
+@click.option("--group-window", default=8, show_default=True, help="CacheClip grouping window (1 = off).")
+@click.option("--group-min", default=0, show_default=True,
+              help="0: recompute the windows with most score mass up to the budget; M > 0: CacheClip's rule, "
+                   "windows holding at least M selected tokens.")
+@click.option("--score-layer", type=int, default=None, help="Layer the scorer reads (default: a3/cacheblend 1, "
+              "infoflow 3/4 of the depth).")
+@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--chunks", "chunk_list", default=None, help="Comma-separated chunk ids: skip retrieval.")
+@click.option("--order", type=click.Choice(["given", "reverse"]), default="given", show_default=True,
+              help="Context order: best chunk first, or best chunk next to the question.")
+@model_option
+@device_option
+@json_option
+@library_errors
+def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
+              max_new_tokens, chunk_list, order, model_path, device, as_json):
+    """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
+
+    Prints the answer, the chunks used and where the time to first token went.
+    """
+    from sparsecache.session import Session
+
+    s = Session(store, model_path, resolve_device(device))
+    chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
+    a = s.query(question, top_k, method, recompute_ratio, max_new_tokens, chunks, group_window, group_min,
+                score_layer, order)
+    t = a.timings_ms
+    lines = [a.answer, "", "chunks:"]
+    lines += [f"  {c['id']}  {c['doc_id']}#{c['ordinal']}" + (f"  {c['score']:.3f}" if c["score"] is not None else "")
+              for c in a.chunks]
+    lines += ["", f"TTFT {t['ttft']:.1f} ms ({a.method}, {a.context_tokens} context tokens, "
+                  f"{a.recomputed_tokens} recomputed, {a.bytes_read:,} bytes read):",
+              "  " + "  ".join(f"{k} {t[k]:.1f}" for k in t if k not in ("ttft", "generate")),
+              f"  then {t['generate']:.1f} ms to generate the rest"]
+    emit(a.to_dict(), as_json, lines)

@@ -1,0 +1,331 @@
+"""Query time: assemble retrieved chunks into one model cache, pick tokens to recompute, recompute them.
+
+The context is [shared prefix (exact KV), chunk 1, chunk 2, …] at global positions 0..S-1:
+pre-RoPE keys are rotated where they land, so positions are monotonic and there is one
+attention sink (CacheClip). Each chunk's KV was computed alone, so cross-chunk attention is
+missing; selective recomputation restores it for a fraction r of the chunk tokens:
+
+- `a3`: the question's attention to each context token at an early layer (A³ Eq. 3);
+- `infoflow`: the same attention mass at an intermediate-to-late layer, under the global
+  RoPE geometry (InfoFlow §4.2, Eq. 7);
+- `cacheblend`: the deviation of each token's layer-1 value between full-context and
+  cached KV (CacheBlend);
+- grouping (CacheClip): recompute whole windows of W tokens, so a multi-token entity is
+  never half old, half new: either CacheClip's rule (windows holding at least M of the top
+  tokens) or, by default, the windows with the most score mass until the budget is spent
+  (the strict rule recomputes almost nothing when the scores are spread out).
+
+Recomputation runs the selected tokens through every layer at their global positions,
+attending causally (by position) to the blended cache, and their new K/V overwrite the
+cached ones layer by layer (A³ Eqs. 4-5). With r = 1 that is exactly a full prefill.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .errors import ConfigError
+from .model import KVModel, kv_cache, rotate_keys
+
+SCORERS = ("a3", "infoflow", "cacheblend")
+METHODS = ("none", *SCORERS, "full", "raw")
+QUESTION_MARKER = "\u2063Q\u2063"
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """How a query fuses retrieved chunks; validated on construction."""
+
+    method: str = "a3"
+    recompute_ratio: float = 0.15
+    group_window: int = 8  # CacheClip grouping; 1 turns it off
+    group_min: int = 0  # 0: whole windows by score mass up to the budget; M > 0: CacheClip's >= M rule
+    score_layer: int | None = None  # None: a3/cacheblend layer 1, infoflow 3/4 of the depth
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 0.0 <= self.recompute_ratio <= 1.0:
+            raise ConfigError(f"--recompute-ratio must be in [0, 1], got {self.recompute_ratio}")
+        if self.group_window < 1 or (self.group_window > 1 and not 0 <= self.group_min <= self.group_window):
+            raise ConfigError(f"need 0 <= --group-min ({self.group_min}) <= --group-window ({self.group_window})")
+
+    def layer(self, n_layers: int) -> int:
+        if self.score_layer is not None:
+            if not 0 <= self.score_layer < n_layers:
+                raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
+            return self.score_layer
+        return (3 * n_layers) // 4 if self.method == "infoflow" else min(1, n_layers - 1)
+
+
+@dataclass
+class Context:
+    """Prefix + chunks in a model cache at positions 0..S-1 (post-RoPE keys, batch 1)."""
+
+    cache: DynamicCache
+    token_ids: torch.Tensor  # int64 [S] on the model's device
+    prefix_len: int
+    spans: list[tuple[int, int]]  # [start, end) positions of each chunk
+    timings_ms: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+class Stopwatch(dict):
+    """Milliseconds per named step; synchronises CUDA so a step's time is its own."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device = torch.device(device)
+
+    def step(self, name: str):
+        watch = self
+
+        class _Step:
+            def __enter__(self):
+                _sync(watch.device)
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                _sync(watch.device)
+                watch[name] = watch.get(name, 0.0) + 1e3 * (time.perf_counter() - self.t)
+
+        return _Step()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- assembly
+
+
+def assemble(prefix_ids: list[int], prefix_kv: tuple[torch.Tensor, torch.Tensor], chunk_ids: list[list[int]],
+             chunk_kv: list[tuple[torch.Tensor, torch.Tensor]], model: KVModel) -> Context:
+    """A Context from pre-RoPE K/V [n_layers, T, m] of the prefix and each chunk, in that order."""
+    dev = model.device
+    keys = torch.cat([prefix_kv[0].to(dev)] + [k.to(dev) for k, _ in chunk_kv], dim=1)  # (L, S, m)
+    values = torch.cat([prefix_kv[1].to(dev)] + [v.to(dev) for _, v in chunk_kv], dim=1)
+    S = keys.shape[1]
+    keys = rotate_keys(keys, torch.arange(S, device=dev), model)
+    spans, start = [], len(prefix_ids)
+    for ids in chunk_ids:
+        spans.append((start, start + len(ids)))
+        start += len(ids)
+    tokens = torch.tensor(list(prefix_ids) + [t for ids in chunk_ids for t in ids], dtype=torch.long, device=dev)
+    return Context(kv_cache(keys, values, model), tokens, len(prefix_ids), spans)
+
+
+def load_cache(store, chunk_ids: list[str], model: KVModel, device=None, order: str = "given") -> Context:
+    """The store's prefix and chunks (decoded on `device`) assembled into a DynamicCache.
+
+    `order` is "given" (first id first) or "reverse" (first id closest to the question).
+    `Context.timings_ms` has read (disk → CPU), transfer (CPU → device) and reconstruct
+    (unpack + gather + weighted sum + RoPE) times, and `bytes_read`.
+    """
+    if order not in ("given", "reverse"):
+        raise ConfigError(f"order must be 'given' or 'reverse', got {order!r}")
+    ids = list(chunk_ids)[::-1] if order == "reverse" else list(chunk_ids)
+    dev = torch.device(device) if device is not None else model.device
+    watch = Stopwatch(dev)
+    with watch.step("read"):
+        codes = store.read_codes(ids)
+        prefix_ids, pk, pv = store.prefix()
+    with watch.step("transfer"):
+        parts = [torch.from_numpy(x).to(dev, non_blocking=True)
+                 for x in (codes.k.indices, codes.k.coefficients, codes.v.indices, codes.v.coefficients)]
+    with watch.step("reconstruct"):
+        codec = store.codec()
+        k = codec.decode((parts[0], parts[1]), "k", dev)  # (L, T, m)
+        v = codec.decode((parts[2], parts[3]), "v", dev)
+        pieces = list(zip(k.split(codes.lengths, 1), v.split(codes.lengths, 1)))
+        tokens = [t.tolist() for t in torch.from_numpy(codes.tokens).split(codes.lengths)]
+        ctx = assemble(prefix_ids, (pk, pv), tokens, pieces, model)
+    ctx.timings_ms = dict(watch, bytes_read=int(codes.nbytes))
+    return ctx
+
+
+def question_ids(model: KVModel, question: str) -> list[int]:
+    """Tokens that follow the chunks: the question, the end of the user turn, the assistant header."""
+    tok = model.tokenizer
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": QUESTION_MARKER + "\n\n" + question}],
+                                       tokenize=False, add_generation_prompt=True)
+        suffix = text.split(QUESTION_MARKER, 1)[1]
+    else:
+        suffix = "\n\nQuestion: " + question + "\nAnswer:"
+    return tok(suffix, add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def _rope_fn(model: KVModel):
+    """The model family's own apply_rotary_pos_emb (Llama, Qwen2 and Mistral share its shape)."""
+    return sys.modules[type(model.hf.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
+
+
+def _causal_mask(q_pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """bool [1, 1, Q, kv_len]: query at position p sees keys at positions <= p."""
+    return (torch.arange(kv_len, device=q_pos.device)[None, :] <= q_pos[:, None])[None, None]
+
+
+@torch.inference_mode()
+def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int) -> torch.Tensor:
+    """float32 [S]: attention mass the question's tokens give each context position at `layer`,
+    summed over question tokens and heads (A³ Eq. 3 at an early layer, InfoFlow Eq. 7 later)."""
+    hf, S = model.hf.model, ctx.length
+    ids = torch.tensor([q_ids], device=model.device)
+    pos = torch.arange(S, S + len(q_ids), device=model.device)
+    h = hf.embed_tokens(ids)
+    pe = hf.rotary_emb(h, pos[None])
+    mask = _causal_mask(pos, S + len(q_ids))
+    try:
+        for block in hf.layers[:layer]:  # appends the question's K/V to layers < `layer`
+            h = block(h, attention_mask=mask, position_ids=pos[None], past_key_values=ctx.cache,
+                      use_cache=True, position_embeddings=pe)
+        attn = hf.layers[layer].self_attn
+        x = hf.layers[layer].input_layernorm(h)
+        shape = (1, len(q_ids), -1, attn.head_dim)
+        q = attn.q_proj(x).view(shape).transpose(1, 2)  # (1, nh, Q, D)
+        kq = attn.k_proj(x).view(shape).transpose(1, 2)  # (1, H, Q, D)
+        q, kq = _rope_fn(model)(q, kq, *pe)
+        keys = torch.cat([ctx.cache.layers[layer].keys[:, :, :S], kq], dim=2)  # (1, H, S+Q, D)
+        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # GQA: (1, nh, S+Q, D)
+        logits = (q @ keys.transpose(-1, -2)) * attn.scaling  # (1, nh, Q, S+Q)
+        probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+        return probs[0, :, :, :S].sum((0, 1)).float()
+    finally:
+        _truncate(ctx.cache, S)
+
+
+def _truncate(cache: DynamicCache, length: int) -> None:
+    for layer in cache.layers:
+        if layer.keys is not None and layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]
+
+
+@torch.inference_mode()
+def value_deviation(ctx: Context, model: KVModel, layer: int = 1) -> torch.Tensor:
+    """float32 [S]: ‖V_full − V_cached‖ per token at `layer`, V_full from a full-context
+    prefill of the layers below it (CacheBlend's selection signal)."""
+    hf = model.hf.model
+    pos = torch.arange(ctx.length, device=model.device)
+    h = hf.embed_tokens(ctx.token_ids[None])
+    pe = hf.rotary_emb(h, pos[None])
+    for block in hf.layers[:layer]:
+        h = block(h, attention_mask=None, position_ids=pos[None], past_key_values=None, use_cache=False,
+                  position_embeddings=pe)
+    attn = hf.layers[layer].self_attn
+    v_full = attn.v_proj(hf.layers[layer].input_layernorm(h))[0]  # (S, m)
+    v_cached = ctx.cache.layers[layer].values[0].transpose(0, 1).flatten(1)  # (S, m)
+    return (v_full.float() - v_cached.float()).norm(dim=-1)
+
+
+def select(scores: torch.Tensor, ctx: Context, ratio: float, window: int = 1, min_selected: int = 0) -> torch.Tensor:
+    """Sorted int64 positions to recompute among the chunk tokens, about `ratio` of them.
+
+    window == 1: the top tokens by `scores` [S]. window > 1, min_selected > 0: CacheClip's
+    rule, whole windows holding at least `min_selected` of the top tokens (or all of a shorter
+    last window); the rest of the selection is dropped, so fewer tokens may be recomputed.
+    window > 1, min_selected == 0: whole windows by their total score until the budget is spent.
+    """
+    P, S = ctx.prefix_len, ctx.length
+    n = S - P
+    k = min(n, int(round(ratio * n)))
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long, device=scores.device)
+    if window <= 1:
+        return (scores[P:].topk(k).indices + P).sort().values
+    rel = torch.arange(n, device=scores.device) // window  # window of each chunk token
+    zeros = torch.zeros(int(rel[-1]) + 1, dtype=scores.dtype, device=scores.device)
+    if min_selected == 0:
+        mass = zeros.index_add(0, rel, scores[P:].float())
+        best = mass.topk(min(len(mass), -(-k // window))).indices
+        keep = torch.zeros(len(mass), dtype=torch.bool, device=scores.device)
+        keep[best] = True
+        return (torch.nonzero(keep[rel]).flatten() + P).sort().values
+    chosen = torch.zeros(n, dtype=scores.dtype, device=scores.device)
+    chosen[scores[P:].topk(k).indices] = 1
+    counts = zeros.index_add(0, rel, chosen)
+    sizes = zeros.index_add(0, rel, torch.ones_like(chosen))  # the last window may be short
+    keep = counts[rel] >= sizes[rel].clamp(max=min_selected)
+    return (torch.nonzero(keep).flatten() + P).sort().values
+
+
+# ---------------------------------------------------------------- recomputation and generation
+
+
+class _ScatterCache(DynamicCache):
+    """A view of a cache in which a forward pass's K/V overwrite `slots` instead of appending."""
+
+    def __init__(self, cache: DynamicCache, slots: torch.Tensor):
+        super().__init__()
+        self.layers = cache.layers
+        self.slots = slots
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        layer.keys[:, :, self.slots] = key_states.to(layer.keys.dtype)
+        layer.values[:, :, self.slots] = value_states.to(layer.values.dtype)
+        return layer.keys, layer.values
+
+
+@torch.inference_mode()
+def recompute(ctx: Context, positions: torch.Tensor, model: KVModel) -> None:
+    """Recompute K/V of the tokens at `positions` (sorted) in every layer, in place."""
+    if positions.numel() == 0:
+        return
+    pos = positions.to(model.device)
+    mask = _causal_mask(pos, ctx.length)
+    model.hf.model(input_ids=ctx.token_ids[pos][None], position_ids=pos[None], attention_mask=mask,
+                   past_key_values=_ScatterCache(ctx.cache, pos), use_cache=True)
+
+
+@torch.inference_mode()
+def prefill(ctx: Context, q_ids: list[int], model: KVModel) -> torch.Tensor:
+    """Run the question through the model after the context; float32 logits [vocab] of the next token."""
+    S = ctx.length
+    ids = torch.tensor([q_ids], device=model.device)
+    pos = torch.arange(S, S + len(q_ids), device=model.device)[None]
+    out = model.hf(input_ids=ids, position_ids=pos, past_key_values=ctx.cache, use_cache=True,
+                   logits_to_keep=1)
+    return out.logits[0, -1].float()
+
+
+@torch.inference_mode()
+def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, DynamicCache]:
+    """Logits [vocab] after the whole sequence and its cache: the no-reuse baseline."""
+    ids = torch.tensor([token_ids], device=model.device)
+    out = model.hf(input_ids=ids, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1].float(), out.past_key_values
+
+
+@torch.inference_mode()
+def greedy_continue(first_token: int, cache: DynamicCache, position: int, model: KVModel,
+                    max_new_tokens: int) -> list[int]:
+    """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS."""
+    eos = set(_eos_ids(model))
+    out = [first_token]
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        ids = torch.tensor([[out[-1]]], device=model.device)
+        pos = torch.tensor([[position + len(out) - 1]], device=model.device)
+        logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        out.append(int(logits[0, -1].argmax()))
+    return [t for t in out if t not in eos]
+
+
+def _eos_ids(model: KVModel) -> list[int]:
+    eos = model.hf.generation_config.eos_token_id
+    if eos is None:
+        eos = model.tokenizer.eos_token_id
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]

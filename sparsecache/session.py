@@ -1,0 +1,147 @@
+"""`Session`: a store, its model and embedder loaded once, answering questions (`sparsecache query`).
+
+One query: retrieve → read codes → transfer → reconstruct (decode + RoPE) → select →
+recompute → question prefill → first token, each step timed (CUDA-synchronised), then
+greedy generation. The same object answers many queries, so latency is steady-state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .blend import (SCORERS, BlendConfig, Context, Stopwatch, assemble, attention_scores, full_prefill,
+                    greedy_continue, load_cache, prefill, question_ids, recompute, select, value_deviation)
+from .errors import ConfigError, DictionaryMismatch
+from .model import KVModel, extract_kv, load_model
+from .store import Store
+
+STEPS = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
+
+
+@dataclass
+class Answer:
+    answer: str
+    chunks: list[dict]  # id, doc_id, ordinal, score
+    timings_ms: dict  # every step of STEPS, "ttft" (their sum) and "generate"
+    recomputed_tokens: int
+    bytes_read: int
+    context_tokens: int
+    method: str
+    logits: torch.Tensor | None = field(default=None, repr=False)  # next-token logits after the question
+
+    def to_dict(self) -> dict:
+        return {"answer": self.answer, "chunks": self.chunks, "timings_ms": self.timings_ms,
+                "recomputed_tokens": self.recomputed_tokens, "bytes_read": self.bytes_read,
+                "context_tokens": self.context_tokens, "method": self.method}
+
+
+class Session:
+    """Keeps the store, model, codec and embedder loaded across queries."""
+
+    def __init__(self, store: str | Path | Store, model: str | KVModel = "default", device: str = "cpu",
+                 raw_dir: str | Path | None = None):
+        self.store = store if isinstance(store, Store) else Store.open(store)
+        self.device = torch.device(device)
+        self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
+        fp, want = self.model.fingerprint(), self.store.attrs["model"]
+        if any(fp.get(k) != want.get(k) for k in ("config_hash", "layers", "m")):
+            raise DictionaryMismatch(f"{self.store.root} was encoded with model {want.get('name')}, "
+                                     f"not {fp.get('name')}")
+        self.raw_dir = Path(raw_dir) if raw_dir else self.store.root.parent / (self.store.root.name + ".raw")
+        self._embedder = None
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from .index import Embedder
+
+            self._embedder = Embedder(self.store.config.embedder, self.device)
+        return self._embedder
+
+    def retrieve(self, question: str, top_k: int) -> list[dict]:
+        q = self.embedder.embed([question])[0]
+        return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
+                for c, s in self.store.search(q, top_k)]
+
+    def query(self, question: str, top_k: int = 8, method: str = "a3", recompute_ratio: float = 0.15,
+              max_new_tokens: int = 64, chunks: list[str] | None = None, group_window: int = 8,
+              group_min: int = 0, score_layer: int | None = None, order: str = "given") -> Answer:
+        """Answer `question` from the top_k retrieved chunks (or the given chunk ids)."""
+        cfg = BlendConfig(method, recompute_ratio, group_window, group_min, score_layer)
+        if top_k < 1:
+            raise ConfigError("--top-k must be at least 1")
+        watch = Stopwatch(self.device)
+        with watch.step("retrieve"):
+            hits = self.retrieve(question, top_k) if chunks is None else [
+                {"id": c, "doc_id": self.store.chunk(c).doc_id, "ordinal": self.store.chunk(c).ordinal, "score": None}
+                for c in chunks]
+        ids = [h["id"] for h in hits]
+        if order == "reverse":
+            ids = ids[::-1]
+        q_ids = question_ids(self.model, question)
+        logits, cache, position, ctx_len, recomputed, nbytes = self._first_logits(ids, q_ids, cfg, watch)
+        with watch.step("first_token"):
+            first = int(logits.argmax())
+        timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
+        timings["ttft"] = round(sum(timings.values()), 3)
+        with watch.step("generate"):
+            tokens = greedy_continue(first, cache, position, self.model, max_new_tokens)
+        timings["generate"] = round(watch["generate"], 3)
+        text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        return Answer(text, hits, timings, recomputed, nbytes, ctx_len, method, logits)
+
+    def _first_logits(self, ids: list[str], q_ids: list[int], cfg: BlendConfig, watch: Stopwatch):
+        """(next-token logits, cache, next position, context tokens, recomputed tokens, bytes read)."""
+        if cfg.method == "full":
+            with watch.step("read"):
+                prefix, _, _ = self.store.prefix()
+                tokens = self.store.tokens(ids)
+            seq = prefix + [t for c in tokens for t in c] + q_ids
+            with watch.step("prefill"):
+                logits, cache = full_prefill(seq, self.model)
+            return logits, cache, len(seq), len(seq) - len(q_ids), 0, 4 * len(seq)
+        if cfg.method == "raw":
+            ctx = self._raw_context(ids, watch)
+        else:
+            ctx = load_cache(self.store, ids, self.model, self.device)
+            for k in ("read", "transfer", "reconstruct"):
+                watch[k] = watch.get(k, 0.0) + ctx.timings_ms[k]
+        positions = torch.zeros(0, dtype=torch.long)
+        if cfg.method in SCORERS and cfg.recompute_ratio > 0:
+            with watch.step("select"):
+                layer = cfg.layer(self.model.n_layers)
+                scores = value_deviation(ctx, self.model, layer) if cfg.method == "cacheblend" else \
+                    attention_scores(ctx, q_ids, self.model, layer)
+                positions = select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
+            with watch.step("recompute"):
+                recompute(ctx, positions, self.model)
+        with watch.step("prefill"):
+            logits = prefill(ctx, q_ids, self.model)
+        return (logits, ctx.cache, ctx.length + len(q_ids), ctx.length, int(positions.numel()),
+                int(ctx.timings_ms.get("bytes_read", 0)))
+
+    def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
+        """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
+        on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
+        from safetensors.torch import load, save_file
+
+        prefix, pk, pv = self.store.prefix()
+        tokens = self.store.tokens(ids)
+        files = [self.raw_dir / f"{c}.safetensors" for c in ids]
+        for f, toks in zip(files, tokens):
+            if not f.exists():
+                self.raw_dir.mkdir(parents=True, exist_ok=True)
+                k, v = extract_kv(self.model, [toks], prefix)[0]
+                save_file({"keys": k.half().cpu().contiguous(), "values": v.half().cpu().contiguous()}, str(f))
+        with watch.step("read"):
+            blobs = [f.read_bytes() for f in files]
+            raw = [load(b) for b in blobs]
+        with watch.step("transfer"):
+            kv = [(r["keys"].to(self.device).float(), r["values"].to(self.device).float()) for r in raw]
+        with watch.step("reconstruct"):
+            ctx = assemble(prefix, (pk, pv), tokens, kv, self.model)
+        ctx.timings_ms = {"bytes_read": sum(len(b) for b in blobs)}
+        return ctx

@@ -1,0 +1,136 @@
+"""Query-time assembly, selection and recomputation against full prefill (tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparsecache.blend import (BlendConfig, Context, attention_scores, load_cache, question_ids, select)
+from sparsecache.errors import ConfigError
+from sparsecache.session import Session
+
+QUESTION = "What does the statement do?"
+
+
+@pytest.fixture(scope="module")
+def session(tiny_model, tiny_dictionary, embedder, tmp_path_factory):
+    from conftest import write_corpus
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.store import StoreConfig
+
+    root = tmp_path_factory.mktemp("blend")
+    corpus = write_corpus(root / "corpus")
+    encode_corpus([str(corpus)], root / "store", tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+                  embedder=embedder, batch_tokens=512, progress=False)
+    s = Session(root / "store", tiny_model)
+    s._embedder = embedder
+    return s
+
+
+@pytest.fixture(scope="module")
+def chunk_ids(session):
+    return [c.id for c in session.store.chunks()][:4]
+
+
+def first_logits(session, ids, method, ratio=0.0, **kw):
+    return session.query(QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1, **kw).logits
+
+
+@pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend"])
+@pytest.mark.parametrize("window", [1, 8])
+def test_recomputing_everything_reproduces_full_prefill(session, chunk_ids, method, window):
+    full = first_logits(session, chunk_ids, "full")
+    got = first_logits(session, chunk_ids, method, 1.0, group_window=window, group_min=min(5, window))
+    torch.testing.assert_close(got, full, atol=2e-5, rtol=1e-5)
+
+
+def test_compressed_kv_without_recomputation_differs(session, chunk_ids):
+    """The check above is not vacuous: decoded KV alone gives other logits."""
+    full = first_logits(session, chunk_ids, "full")
+    assert (first_logits(session, chunk_ids, "none") - full).abs().max() > 1e-2
+
+
+def test_raw_single_chunk_equals_full(session, chunk_ids):
+    """One chunk, exact KV, no fusion needed: only fp16 storage of the raw KV separates them."""
+    full = first_logits(session, chunk_ids[:1], "full")
+    raw = first_logits(session, chunk_ids[:1], "raw")
+    torch.testing.assert_close(raw, full, atol=2e-2, rtol=0)
+    assert raw.argmax() == full.argmax()
+
+
+def test_chunk_order_is_respected(session, chunk_ids):
+    shuffled = [chunk_ids[2], chunk_ids[0], chunk_ids[3], chunk_ids[1]]
+    full = first_logits(session, shuffled, "full")
+    torch.testing.assert_close(first_logits(session, shuffled, "a3", 1.0, group_window=1), full, atol=2e-5, rtol=1e-5)
+    assert (first_logits(session, chunk_ids, "full") - full).abs().max() > 1e-3  # order matters at all
+    rev = session.query(QUESTION, chunks=shuffled[::-1], method="full", max_new_tokens=1, order="reverse").logits
+    torch.testing.assert_close(rev, full)
+
+
+def test_cache_plugs_into_generate(session, chunk_ids, tiny_model):
+    ctx = load_cache(session.store, chunk_ids, tiny_model)
+    q = question_ids(tiny_model, QUESTION)
+    ids = torch.cat([ctx.token_ids, torch.tensor(q)])[None]
+    out = tiny_model.hf.generate(input_ids=ids, past_key_values=ctx.cache, max_new_tokens=4, do_sample=False,
+                                 pad_token_id=0)
+    ours = session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=4)
+    expected = tiny_model.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    assert ours.answer == expected
+
+
+def test_attention_scores_match_eager_attention(session, chunk_ids, tiny_model):
+    """The scorer's manual attention equals the model's own (eager) attention weights."""
+    q = question_ids(tiny_model, QUESTION)
+    for layer in (1, 3):
+        ctx = load_cache(session.store, chunk_ids, tiny_model)
+        scores = attention_scores(ctx, q, tiny_model, layer)
+        assert ctx.cache.get_seq_length() == ctx.length  # the question's K/V did not stay behind
+        tiny_model.hf.set_attn_implementation("eager")
+        try:
+            S = ctx.length
+            out = tiny_model.hf(input_ids=torch.tensor([q]), position_ids=torch.arange(S, S + len(q))[None],
+                                past_key_values=ctx.cache, output_attentions=True)
+        finally:
+            tiny_model.hf.set_attn_implementation("sdpa")
+        ref = out.attentions[layer][0, :, :, :S].sum((0, 1))
+        torch.testing.assert_close(scores, ref, atol=1e-4, rtol=1e-4)
+
+
+def _ctx(prefix: int, n: int) -> Context:
+    return Context(cache=None, token_ids=torch.zeros(prefix + n, dtype=torch.long), prefix_len=prefix,
+                   spans=[(prefix, prefix + n)])
+
+
+def test_select_takes_the_top_ratio_of_chunk_tokens_only():
+    ctx = _ctx(5, 100)
+    scores = torch.arange(105, dtype=torch.float).flip(0)  # the prefix scores highest
+    got = select(scores, ctx, 0.1)
+    assert got.tolist() == list(range(5, 15))
+    assert select(scores, ctx, 0.0).numel() == 0 and select(scores, ctx, 1.0).numel() == 100
+
+
+def test_grouping_keeps_whole_windows_with_enough_selected():
+    ctx = _ctx(0, 32)
+    scores = torch.zeros(32)
+    scores[[0, 1, 2, 3, 4, 9, 20, 21]] = 1.0  # window 0 has 5 selected, window 1 one, window 2 two
+    got = select(scores, ctx, 8 / 32, window=8, min_selected=5)
+    assert got.tolist() == list(range(8))
+
+
+def test_budgeted_grouping_takes_the_windows_with_most_score():
+    ctx = _ctx(0, 32)
+    scores = torch.zeros(32)
+    scores[[9, 10, 20, 21, 22]] = 1.0  # window 2 has the most mass, then window 1
+    assert select(scores, ctx, 16 / 32, window=8, min_selected=0).tolist() == list(range(8, 24))
+    assert select(scores, ctx, 8 / 32, window=8, min_selected=0).tolist() == list(range(16, 24))
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="--method"):
+        BlendConfig("magic")
+    with pytest.raises(ConfigError, match="recompute-ratio"):
+        BlendConfig("a3", 1.5)
+    with pytest.raises(ConfigError, match="group-min"):
+        BlendConfig("a3", 0.1, 4, 5)
+    assert BlendConfig("a3", 0.1, 1, 5).group_window == 1  # grouping off: M is ignored
+    assert BlendConfig("infoflow").layer(30) == 22 and BlendConfig("a3").layer(30) == 1

@@ -1,0 +1,40 @@
+"""`sparsecache query` through the CLI on a tiny store."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from cli.main import cli
+
+
+def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    store = tmp_path / "store"
+    run = CliRunner().invoke
+    r = run(cli, ["encode-corpus", str(corpus_dir), "--store", str(store), "--model", str(tiny_model_dir),
+                  "--dict", str(tiny_dictionary_dir), "--chunk-tokens", "64"])
+    assert r.exit_code == 0, r.output
+    base = ["query", str(store), "What does the global statement do?", "--model", str(tiny_model_dir),
+            "--max-new-tokens", "3", "--device", "cpu"]
+    r = run(cli, base + ["--top-k", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out) >= {"answer", "chunks", "timings_ms", "recomputed_tokens", "bytes_read"}
+    assert len(out["chunks"]) == 3 and out["chunks"][0]["doc_id"] == "global.txt"
+    t = out["timings_ms"]
+    steps = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
+    assert abs(t["ttft"] - sum(t[s] for s in steps)) < 0.01 and out["recomputed_tokens"] > 0
+    assert out["bytes_read"] > 0
+
+    ids = ",".join(c["id"] for c in out["chunks"][:2])
+    r = run(cli, base + ["--chunks", ids, "--method", "full"])
+    assert r.exit_code == 0, r.output
+    assert "TTFT" in r.output and "(full," in r.output and "0 recomputed" in r.output
+
+    r = run(cli, base + ["--chunks", "nope"])
+    assert r.exit_code == 1 and "no live chunk 'nope'" in r.output
+    r = run(cli, base + ["--recompute-ratio", "2"])
+    assert r.exit_code == 1 and "--recompute-ratio must be in [0, 1]" in r.output
+    r = run(cli, ["query", str(store), "q", "--device", "cpu"])  # the default model is not the tiny one
+    assert r.exit_code == 1 and "was encoded with model" in r.output
