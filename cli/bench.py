@@ -66,3 +66,48 @@ def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
          + (f"{x['read_direct_warm_ms']:.1f} ms" if x["read_direct_warm_ms"] is not None else "n/a")
          + f", disk/theory {x['disk_vs_theoretical']:.4f}, {x['files']} files" for x in r["layouts"]]
     emit(r, as_json, lines)
+
+
+@bench.command("passkey")
+@click.option("--workdir", default="bench-passkey", show_default=True, type=click.Path(file_okay=False))
+@click.option("--trials", default=24, show_default=True)
+@click.option("--k", "k", default=8, show_default=True, help="Chunks per trial.")
+@click.option("--keys", default=1, show_default=True, help="Needles per trial (the question asks for one).")
+@click.option("--tokens-per-chunk", default=200, show_default=True)
+@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write accuracy vs TTFT here (PNG).")
+@device_option
+@json_option
+@library_errors
+def passkey_cmd(workdir, trials, k, keys, tokens_per_chunk, plot, device, as_json):
+    """Needle accuracy and TTFT of full / raw / none / a3 / infoflow / cacheblend at several
+    recompute ratios, on the same seeded trials."""
+    from sparsecache.benchmark import bench_passkey, plot_passkey
+
+    r = bench_passkey(workdir, trials, k, keys, tokens_per_chunk, resolve_device(device))
+    if plot:
+        plot_passkey([r], plot)
+    emit(r, as_json, [f"{x['method']:>10} r={x['ratio']:<4} accuracy {x['accuracy']:.3f}  ttft {x['ttft_ms']:.0f} ms"
+                      for x in r["rows"]])
+
+
+@bench.command("ttft")
+@click.option("--store", "store_path", default="bench-store/store", show_default=True,
+              type=click.Path(file_okay=False), help="A store with >= 32 chunks of 480-512 tokens (bench store makes one).")
+@click.option("--k", "ks", default="2,4,8,16,32", show_default=True, help="Chunk counts, comma-separated.")
+@click.option("--repeats", default=2, show_default=True)
+@click.option("--cold/--no-cold", default=True, show_default=True, help="Also measure the largest k with evicted files.")
+@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write the PNG here.")
+@device_option
+@json_option
+@library_errors
+def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
+    """TTFT breakdown of full / raw / none / a3 / infoflow / cacheblend (r = 0.15) vs chunk count."""
+    from sparsecache.benchmark import bench_ttft, plot_ttft
+    from sparsecache.session import STEPS
+
+    r = bench_ttft(store_path, tuple(int(k) for k in ks.split(",")), repeats, resolve_device(device), cold)
+    if plot:
+        plot_ttft(r, plot)
+    emit(r, as_json, [f"k={x['k']:<3} {x['method']:>10} {x['page_cache']}: ttft {x['ttft']:.0f} ms  "
+                      + " ".join(f"{s} {x[s]:.0f}" for s in STEPS) + f"  bytes {x['bytes_read']:,}"
+                      for x in r["rows"]])

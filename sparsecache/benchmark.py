@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -262,3 +263,165 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
                      "read_direct_warm_ms": 1e3 * _median_time(read_direct, repeats) if direct else None})
     shutil.rmtree(out, ignore_errors=True)
     return rows
+
+
+# ---------------------------------------------------------------- query time
+
+
+PASSKEY_CONFIGS = [("full", 0.0, {}), ("raw", 0.0, {}), ("none", 0.0, {})] + [
+    (m, r, {}) for m in ("a3", "infoflow", "cacheblend") for r in (0.05, 0.15, 0.3)] + [
+    ("a3", 0.15, {"group_window": 1}), ("a3", 0.15, {"group_window": 8, "group_min": 5})]
+
+
+def bench_passkey(workdir, trials: int = 24, k: int = 8, keys: int = 1, tokens_per_chunk: int = 200,
+                  device="cpu", configs=None) -> dict:
+    """Needle accuracy and mean TTFT of every fusion method on the same trials (default model,
+    shipped s16 dictionary). The store of filler + needle chunks is built once per workdir."""
+    from pathlib import Path
+
+    from .dictionary import default_dictionary
+    from .encoder import encode_corpus
+    from .model import load_model
+    from .passkey import load_trials, make_task, run_trials
+    from .session import Session
+    from .store import StoreConfig
+
+    work = Path(workdir)
+    model = load_model(device=device)
+    if not (work / "trials.json").exists():
+        make_task(model.tokenizer, work, trials, k, tokens_per_chunk, keys)
+    task = load_trials(work)
+    encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
+                  StoreConfig(), device=device, progress=False)
+    session = Session(work / "store", model, device)
+    rows = []
+    for method, ratio, kw in configs or PASSKEY_CONFIGS:
+        r = run_trials(session, task, method, ratio, **kw)
+        rows.append({**r, **kw})
+        print(f"{method:>10} r={ratio:<4} {kw or ''} accuracy {r['accuracy']:.3f}  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
+    return {"device": str(device), "trials": len(task), "k": k, "keys": keys, "tokens_per_chunk": tokens_per_chunk,
+            "rows": rows}
+
+
+def plot_passkey(results: list[dict], out) -> None:
+    """Accuracy vs mean TTFT, one panel per task variant, one series per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for ax, res in zip(axes[0], results):
+        by_method: dict[str, list] = {}
+        for row in res["rows"]:
+            label = row["method"] + ("" if "group_window" not in row else f" W{row['group_window']}/M{row.get('group_min', 0)}")
+            by_method.setdefault(label, []).append(row)
+        for label, rows in by_method.items():
+            rows = sorted(rows, key=lambda r: r["ratio"])
+            ax.plot([r["ttft_ms"] for r in rows], [r["accuracy"] for r in rows], "o-", label=label)
+            for r in rows:
+                if r["ratio"]:
+                    ax.annotate(f"{r['ratio']:g}", (r["ttft_ms"], r["accuracy"]), fontsize=7,
+                                textcoords="offset points", xytext=(3, 3))
+        ax.set_xscale("log")
+        ax.set_xlabel("mean TTFT (ms, log)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{res['keys']}-key needle in {res['k']} chunks × ~{res['tokens_per_chunk']} tokens, "
+                     f"{res['trials']} trials")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+TTFT_METHODS = (("full", 0.0), ("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cacheblend", 0.15))
+TTFT_QUESTION = "Summarise what these sections say about special method names."
+
+
+def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu", cold: bool = True) -> dict:
+    """TTFT breakdown of every method for k chunks of 480–512 tokens, in one run.
+
+    Chunks come from a store built by `bench store`; raw KV files are made on first use
+    (not timed). Each figure is the median of `repeats` queries after one warm-up (full
+    prefill at the largest k runs once: it takes a minute on a CPU). With `cold`, the
+    largest k is also run with the store's and raw files evicted from the page cache.
+    """
+    from .model import load_model
+    from .session import STEPS, Session
+
+    model = load_model(device=device)
+    session = Session(store_path, model, device)
+    full_chunks = sorted((c for c in session.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
+    rows = []
+    for k in ks:
+        if k > len(full_chunks):
+            raise ValueError(f"the store has only {len(full_chunks)} chunks of >= 480 tokens")
+        ids = [c.id for c in full_chunks[:k]]
+        for method, ratio in TTFT_METHODS:
+            runs = 1 if (method == "full" and k == max(ks)) else repeats
+            if method != "full":
+                session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1)
+            answers = [session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio,
+                                     max_new_tokens=1) for _ in range(runs)]
+            rows.append(_ttft_row(answers, k, method, ratio, "warm", STEPS))
+            print(f"k={k:<3} {method:>10} ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
+        if cold and k == max(ks):
+            for method, ratio in (("raw", 0.0), ("none", 0.0), ("a3", 0.15)):
+                def evict():
+                    drop_page_cache([session.store.root / "data", session.raw_dir])
+                answers = []
+                for _ in range(repeats):
+                    evict()
+                    answers.append(session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio,
+                                                 max_new_tokens=1))
+                rows.append(_ttft_row(answers, k, method, ratio, "cold", STEPS))
+                print(f"k={k:<3} {method:>10} cold ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
+    q = session.embedder.embed([TTFT_QUESTION])[0]
+    retrieve_ms = 1e3 * _median_time(lambda: session.retrieve(TTFT_QUESTION, 8), 5)
+    return {"device": str(device), "question": TTFT_QUESTION, "retrieve_top8_ms": retrieve_ms, "rows": rows,
+            "cold_method": "posix_fadvise(POSIX_FADV_DONTNEED) on the store's data and the raw files before each query",
+            "embed_dim": int(q.shape[0])}
+
+
+def _ttft_row(answers, k: int, method: str, ratio: float, cache: str, steps) -> dict:
+    best = sorted(answers, key=lambda a: a.timings_ms["ttft"])[len(answers) // 2]
+    return {"k": k, "method": method, "ratio": ratio, "page_cache": cache, "runs": len(answers),
+            "context_tokens": best.context_tokens, "recomputed_tokens": best.recomputed_tokens,
+            "bytes_read": best.bytes_read, "ttft": best.timings_ms["ttft"],
+            **{s: best.timings_ms[s] for s in steps}}
+
+
+def plot_ttft(result: dict, out) -> None:
+    """Left: TTFT vs k per method (log). Right: the breakdown at the largest k (warm)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .session import STEPS
+
+    rows = [r for r in result["rows"] if r["page_cache"] == "warm"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for m in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((r["k"], r["ttft"]) for r in rows if r["method"] == m)
+        a.plot(*zip(*pts), "o-", label=m)
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("chunks (480–512 tokens each)")
+    a.set_ylabel("TTFT (ms, log)")
+    a.set_title(f"TTFT vs retrieved chunks ({result['device']})")
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    kmax = max(r["k"] for r in rows)
+    last = [r for r in rows if r["k"] == kmax]
+    bottom = [0.0] * len(last)
+    for s in STEPS:
+        vals = [r[s] for r in last]
+        b.bar([r["method"] for r in last], vals, bottom=bottom, label=s)
+        bottom = [x + y for x, y in zip(bottom, vals)]
+    b.set_yscale("log")
+    b.set_ylabel("ms (stacked, log)")
+    b.set_title(f"where the time goes at k={kmax}")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)

@@ -153,8 +153,9 @@ def load_cache(store, chunk_ids: list[str], model: KVModel, device=None, order: 
     return ctx
 
 
-def question_ids(model: KVModel, question: str) -> list[int]:
-    """Tokens that follow the chunks: the question, the end of the user turn, the assistant header."""
+def question_ids(model: KVModel, question: str, answer_prefix: str = "") -> list[int]:
+    """Tokens that follow the chunks: the question, the end of the user turn, the assistant
+    header, and `answer_prefix` (the start of the answer, as RULER-style tasks give it)."""
     tok = model.tokenizer
     if getattr(tok, "chat_template", None):
         text = tok.apply_chat_template([{"role": "user", "content": QUESTION_MARKER + "\n\n" + question}],
@@ -162,7 +163,7 @@ def question_ids(model: KVModel, question: str) -> list[int]:
         suffix = text.split(QUESTION_MARKER, 1)[1]
     else:
         suffix = "\n\nQuestion: " + question + "\nAnswer:"
-    return tok(suffix, add_special_tokens=False)["input_ids"]
+    return tok(suffix + answer_prefix, add_special_tokens=False)["input_ids"]
 
 
 # ---------------------------------------------------------------- scoring

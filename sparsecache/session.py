@@ -7,6 +7,7 @@ greedy generation. The same object answers many queries, so latency is steady-st
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,7 +69,8 @@ class Session:
 
     def query(self, question: str, top_k: int = 8, method: str = "a3", recompute_ratio: float = 0.15,
               max_new_tokens: int = 64, chunks: list[str] | None = None, group_window: int = 8,
-              group_min: int = 0, score_layer: int | None = None, order: str = "given") -> Answer:
+              group_min: int = 0, score_layer: int | None = None, order: str = "given",
+              answer_prefix: str = "") -> Answer:
         """Answer `question` from the top_k retrieved chunks (or the given chunk ids)."""
         cfg = BlendConfig(method, recompute_ratio, group_window, group_min, score_layer)
         if top_k < 1:
@@ -79,9 +81,13 @@ class Session:
                 {"id": c, "doc_id": self.store.chunk(c).doc_id, "ordinal": self.store.chunk(c).ordinal, "score": None}
                 for c in chunks]
         ids = [h["id"] for h in hits]
+        if not ids:
+            raise ConfigError("nothing to answer from: the store returned no chunks" if chunks is None
+                              else "--chunks is empty")
         if order == "reverse":
             ids = ids[::-1]
-        q_ids = question_ids(self.model, question)
+        q_ids = question_ids(self.model, question, answer_prefix)
+        self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
         logits, cache, position, ctx_len, recomputed, nbytes = self._first_logits(ids, q_ids, cfg, watch)
         with watch.step("first_token"):
             first = int(logits.argmax())
@@ -92,6 +98,13 @@ class Session:
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return Answer(text, hits, timings, recomputed, nbytes, ctx_len, method, logits)
+
+    def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        total = len(self.store.prefix()[0]) + sum(self.store.chunk(c).token_length for c in ids) + extra
+        if limit and total > limit:
+            warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
+                          "(use fewer or shorter chunks)", stacklevel=3)
 
     def _first_logits(self, ids: list[str], q_ids: list[int], cfg: BlendConfig, watch: Stopwatch):
         """(next-token logits, cache, next position, context tokens, recomputed tokens, bytes read)."""

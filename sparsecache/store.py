@@ -344,6 +344,7 @@ class Store:
         self._length = table["token_length"][: manifest.chunks]
         self._ids = ids
         self._table = None
+        self._prefix = None
         self._dictionary: Dictionary | None = None
         self._codec: Codec | None = None
         self._index = None
@@ -402,15 +403,19 @@ class Store:
         return [str(self.group["text"][self.row(c)]) for c in chunk_ids]
 
     def prefix(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m]."""
+        """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m].
+
+        Read once per Store (it never changes); treat the tensors as read-only."""
         import zarr
 
-        g = zarr.open_group(str(self.root / "prefix"), mode="r")
-        try:
-            ids = [int(t) for t in g["token_ids"][:]]
-            return ids, torch.from_numpy(g["keys"][:]), torch.from_numpy(g["values"][:])
-        except ValueError as e:
-            raise StoreCorrupt(f"{self.root}: prefix KV unreadable: {e}") from e
+        if self._prefix is None:
+            g = zarr.open_group(str(self.root / "prefix"), mode="r")
+            try:
+                ids = [int(t) for t in g["token_ids"][:]]
+                self._prefix = (ids, torch.from_numpy(g["keys"][:]), torch.from_numpy(g["values"][:]))
+            except ValueError as e:
+                raise StoreCorrupt(f"{self.root}: prefix KV unreadable: {e}") from e
+        return self._prefix
 
     def read_codes(self, chunk_ids: list[str]) -> ChunkCodes:
         """The codes and token ids of `chunk_ids`, concatenated in the order given (disk → CPU)."""
