@@ -12,7 +12,7 @@ from sparsecache.blend import METHODS
 @click.argument("store", type=click.Path(file_okay=False))
 @click.argument("question")
 @click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
-@click.option("--method", type=click.Choice(METHODS), default="a3", show_default=True,
+@click.option("--method", type=click.Choice(METHODS), default="infoflow", show_default=True,
               help="none: decoded KV as is; a3 / infoflow / cacheblend: recompute the top --recompute-ratio "
                    "tokens they select; full: prefill everything (no cache); raw: exact uncompressed KV.")
 @click.option("--recompute-ratio", default=0.15, show_default=True, help="Fraction of chunk tokens to recompute.")

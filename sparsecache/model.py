@@ -259,7 +259,7 @@ def kv_cache(keys: torch.Tensor, values: torch.Tensor, model: KVModel):
 
     def heads(x: torch.Tensor) -> torch.Tensor:
         x = x.to(model.device, model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim))
-        return x.transpose(0, 1)[None]  # (1, H, T, D)
+        return x.transpose(0, 1).contiguous()[None]  # (1, H, T, D); contiguous once, not per attention call
 
     return DynamicCache(ddp_cache_data=[(heads(k), heads(v)) for k, v in zip(keys, values)])
 

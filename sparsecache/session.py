@@ -67,7 +67,7 @@ class Session:
         return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
                 for c, s in self.store.search(q, top_k)]
 
-    def query(self, question: str, top_k: int = 8, method: str = "a3", recompute_ratio: float = 0.15,
+    def query(self, question: str, top_k: int = 8, method: str = "infoflow", recompute_ratio: float = 0.15,
               max_new_tokens: int = 64, chunks: list[str] | None = None, group_window: int = 8,
               group_min: int = 0, score_layer: int | None = None, order: str = "given",
               answer_prefix: str = "") -> Answer:
