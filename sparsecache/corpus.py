@@ -98,8 +98,9 @@ def scan(paths: list[str] | tuple[str, ...]) -> list[Source]:
 
 
 def _scan_one(p: str) -> list[Source]:
-    if p == "builtin":
-        return [Source(d.name, _text_hash(d.text), text=d.text) for d in builtin_documents("all")]
+    if p in ("builtin", "builtin:train", "builtin:heldout"):  # Python's docs; the held-out 10% is the demo corpus
+        split = p.partition(":")[2] or "all"
+        return [Source(d.name, _text_hash(d.text), text=d.text) for d in builtin_documents(split)]
     path = Path(p)
     if not path.exists():
         raise TextError(f"corpus path not found: {p}")
