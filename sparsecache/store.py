@@ -374,10 +374,7 @@ class Store:
 
     def chunks(self) -> list[ChunkInfo]:
         """The live chunks of this version, in store order."""
-        doc = self.group["doc_id"][: self.manifest.chunks] if self.manifest.chunks else []
-        ordinal = self.group["ordinal"][: self.manifest.chunks] if self.manifest.chunks else []
-        return [ChunkInfo(str(self._ids[r]), str(doc[r]), int(ordinal[r]), int(r), int(self._offset[r]),
-                          int(self._length[r])) for r in self._rows]
+        return [self.chunk(str(self._ids[r])) for r in self._rows]
 
     def row(self, chunk_id: str) -> int:
         try:
@@ -479,12 +476,7 @@ class Store:
 
     def search(self, query_embedding: np.ndarray, k: int) -> list[tuple[ChunkInfo, float]]:
         """The k live chunks nearest to a query embedding [dim], best first, with scores."""
-        doc = self.group["doc_id"]
-        out = []
-        for row, score in search(self.index(), query_embedding, k):
-            out.append((ChunkInfo(str(self._ids[row]), str(doc[row]), int(self.group["ordinal"][row]), row,
-                                  int(self._offset[row]), int(self._length[row])), score))
-        return out
+        return [(self.chunk(str(self._ids[row])), score) for row, score in search(self.index(), query_embedding, k)]
 
     def info(self) -> dict:
         """Versions, counts, bytes on disk per array and compression ratios (see `sparsecache info`)."""
