@@ -148,11 +148,12 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     import json
     from pathlib import Path
 
-    from safetensors.torch import load, save_file
+    from safetensors.torch import load
 
     from .dictionary import default_dictionary
-    from .encoder import encode_corpus, prefix_ids
-    from .model import extract_kv, load_model
+    from .encoder import encode_corpus
+    from .model import load_model
+    from .session import Session
     from .store import Store, StoreConfig
 
     work = Path(workdir)
@@ -169,14 +170,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     full = sorted((c for c in store.chunks() if c.token_length >= 480), key=lambda c: c.id)[:n_chunks]
     ids = [c.id for c in full]
 
-    raw_dir = work / "raw"
-    raw_dir.mkdir(exist_ok=True)
-    tokens = np.split(store.read_codes(ids).tokens, np.cumsum([c.token_length for c in full])[:-1])
-    for cid, toks in zip(ids, tokens):
-        if not (raw_dir / f"{cid}.safetensors").exists():
-            k, v = extract_kv(model, [toks.tolist()], prefix_ids(model, None))[0]
-            save_file({"keys": k.half().contiguous(), "values": v.half().contiguous()}, str(raw_dir / f"{cid}.safetensors"))
-    raw_files = [raw_dir / f"{cid}.safetensors" for cid in ids]
+    raw_files = Session(store, model, device, raw_dir=work / "raw").raw_files(ids)
     data_dir = store_path / "data" / store.manifest.generation
 
     def read_codes():
@@ -213,12 +207,11 @@ def _touched_files(store, ids) -> set:
     from .store import CODE_ARRAYS
 
     out = set()
-    for cid in ids:
-        c = store._offset[store.row(cid)], store._length[store.row(cid)]
+    for a, b in store.spans(ids):
         for name in (*CODE_ARRAYS, "tokens"):
             arr = store._arrays[name]
             step = arr.chunks[0] if name == "tokens" else arr.chunks[1]
-            out |= {(name, i) for i in range(int(c[0]) // step, int(c[0] + c[1] - 1) // step + 1)}
+            out |= {(name, i) for i in range(a // step, (b - 1) // step + 1)}
     return out
 
 
@@ -231,8 +224,7 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
     from .store import CODE_ARRAYS, _compressors, _plain_chunks, _read_all, array_bytes, read_spans_direct
 
     m = store.manifest
-    spans = [(int(store._offset[store.row(c)]), int(store._offset[store.row(c)] + store._length[store.row(c)]))
-             for c in ids]
+    spans = store.spans(ids)
     rows = []
     for zt, comp, shard in ((128, "none", None), (256, "none", None), (512, "none", None), (256, "zstd", None),
                             (64, "none", 4096)):

@@ -136,19 +136,28 @@ class Session:
         return (logits, ctx.cache, ctx.length + len(q_ids), ctx.length, int(positions.numel()),
                 int(ctx.timings_ms.get("bytes_read", 0)))
 
-    def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
-        """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
-        on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
-        from safetensors.torch import load, save_file
+    def raw_files(self, ids: list[str]) -> list[Path]:
+        """One fp16 .safetensors of exact pre-RoPE keys/values per chunk in `raw_dir`, computed
+        (after the shared prefix) for those not there yet."""
+        from safetensors.torch import save_file
 
-        prefix, pk, pv = self.store.prefix()
-        tokens = self.store.tokens(ids)
+        prefix = self.store.prefix()[0]
         files = [self.raw_dir / f"{c}.safetensors" for c in ids]
-        for f, toks in zip(files, tokens):
+        for f, toks in zip(files, self.store.tokens(ids)):
             if not f.exists():
                 self.raw_dir.mkdir(parents=True, exist_ok=True)
                 k, v = extract_kv(self.model, [toks], prefix)[0]
                 save_file({"keys": k.half().cpu().contiguous(), "values": v.half().cpu().contiguous()}, str(f))
+        return files
+
+    def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
+        """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
+        on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
+        from safetensors.torch import load
+
+        prefix, pk, pv = self.store.prefix()
+        tokens = self.store.tokens(ids)
+        files = self.raw_files(ids)
         with watch.step("read"):
             blobs = [f.read_bytes() for f in files]
             raw = [load(b) for b in blobs]

@@ -390,9 +390,13 @@ class Store:
         return ChunkInfo(chunk_id, str(self._table[0][r]), int(self._table[1][r]), r,
                          int(self._offset[r]), int(self._length[r]))
 
+    def spans(self, chunk_ids: list[str]) -> list[tuple[int, int]]:
+        """[start, end) of each chunk on the token axis."""
+        return [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in map(self.row, chunk_ids)]
+
     def tokens(self, chunk_ids: list[str]) -> list[list[int]]:
         """Token ids of each chunk."""
-        spans = [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in map(self.row, chunk_ids)]
+        spans = self.spans(chunk_ids)
         flat = self._read_spans("tokens", spans)
         return [t.tolist() for t in np.split(flat, np.cumsum([b - a for a, b in spans])[:-1])]
 
@@ -416,8 +420,7 @@ class Store:
 
     def read_codes(self, chunk_ids: list[str]) -> ChunkCodes:
         """The codes and token ids of `chunk_ids`, concatenated in the order given (disk → CPU)."""
-        rows = [self.row(c) for c in chunk_ids]
-        spans = [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in rows]
+        spans = self.spans(chunk_ids)
         try:
             cat = {name: self._read_spans(name, spans) for name in (*CODE_ARRAYS, "tokens")}
         except StoreCorrupt as e:
