@@ -9,6 +9,8 @@ any device) produce and read the same bytes; `reference_pack` is the plain bit l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -110,3 +112,65 @@ def unpack_rows_torch(packed: torch.Tensor, count: int, bits: int) -> torch.Tens
     byte = (start >> 3)[None].expand(p.shape[0], -1)  # (N, count)
     window = (p.gather(1, byte) << 16) | (p.gather(1, byte + 1) << 8) | p.gather(1, byte + 2)
     return (window >> (24 - bits - (start & 7))) & ((1 << bits) - 1)
+
+
+# ---------------------------------------------------------------- Rice-coded index sets
+# A sparse code's atoms are a set: sorted, its gaps g_j = i_j − i_{j−1} − 1 (i_0 = −1) are
+# small and roughly geometric, so Rice coding (quotient g >> k in unary, remainder in k
+# bits) beats fixed-width indices by up to log2(s!)/s bits per index. Remainders and
+# quotients go in two streams so both directions stay vectorised: remainders are fixed-width
+# rows (`pack_rows`), quotients one unary bit stream (q zeros, then a one).
+
+
+def sorted_codes(idx: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes [N, s] with each row's atoms ascending (the coefficients follow their atoms)."""
+    order = np.argsort(idx, axis=1, kind="stable")
+    return np.take_along_axis(idx, order, 1), np.take_along_axis(coef, order, 1)
+
+
+def _gaps(sorted_idx: np.ndarray) -> np.ndarray:
+    return np.diff(sorted_idx.astype(np.int64), axis=1, prepend=-1) - 1
+
+
+def rice_bits(sorted_idx: np.ndarray, k: int) -> int:
+    """Total bits of the Rice code with parameter k for these sorted rows."""
+    g = _gaps(sorted_idx)
+    return int(g.size * (k + 1) + (g >> k).sum())
+
+
+def rice_parameter(sorted_idx: np.ndarray, max_k: int = 16) -> int:
+    """The k in 0..max_k that codes these rows in the fewest bits."""
+    return min(range(max_k + 1), key=lambda k: rice_bits(sorted_idx, k))
+
+
+@dataclass(frozen=True)
+class RiceCode:
+    remainders: np.ndarray  # uint8 [N, row_bytes(s, k)] (empty rows when k = 0)
+    unary: np.ndarray  # uint8, the quotients' bit stream
+    k: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.remainders.nbytes + self.unary.nbytes
+
+
+def rice_encode(sorted_idx: np.ndarray, k: int) -> RiceCode:
+    g = _gaps(sorted_idx)
+    if g.size and g.min() < 0:
+        raise ValueError("rows must be strictly ascending (a sparse code never repeats an atom)")
+    q = (g >> k).ravel()
+    ones = np.cumsum(q + 1) - 1
+    stream = np.zeros(int(ones[-1]) + 1 if ones.size else 0, dtype=bool)
+    stream[ones] = True
+    rem = pack_rows(g & ((1 << k) - 1), k) if k else np.zeros((g.shape[0], 0), np.uint8)
+    return RiceCode(rem, np.packbits(stream), k)
+
+
+def rice_decode(code: RiceCode, rows: int, count: int) -> np.ndarray:
+    """int64 [rows, count] ascending atom indices from `rice_encode`'s output."""
+    ones = np.flatnonzero(np.unpackbits(code.unary))[: rows * count]
+    q = np.diff(ones, prepend=-1) - 1
+    g = q.reshape(rows, count) << code.k
+    if code.k:
+        g |= unpack_rows(code.remainders, count, code.k)
+    return np.cumsum(g + 1, axis=1) - 1

@@ -320,6 +320,25 @@ def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int
                        use_cache=True)
 
 
+def fuse(ctx: Context, q_ids: list[int], cfg: BlendConfig, model: KVModel,
+         watch: Stopwatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score, select and recompute per `cfg`, then prefill the question: (next-token logits,
+    recomputed positions). `none` (and `raw`) only prefill; `full` is not a fusion."""
+    watch = watch if watch is not None else Stopwatch(model.device)
+    positions = torch.zeros(0, dtype=torch.long)
+    if cfg.method in SCORERS and cfg.recompute_ratio > 0:
+        with watch.step("select"):
+            layer = cfg.layer(model.n_layers)
+            scores = value_deviation(ctx, model, layer) if cfg.method == "cacheblend" else \
+                attention_scores(ctx, q_ids, model, layer)
+            positions = select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
+        with watch.step("recompute"):
+            recompute(ctx, positions, model)
+    with watch.step("prefill"):
+        logits = prefill(ctx, q_ids, model)
+    return logits, positions
+
+
 @torch.inference_mode()
 def prefill(ctx: Context, q_ids: list[int], model: KVModel) -> torch.Tensor:
     """Run the question through the model after the context; float32 logits [vocab] of the next token."""

@@ -18,6 +18,25 @@ from .omp import batch_omp, gram, reconstruct
 from .signals import from_signals, to_signals
 
 COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+# Coefficient formats `bench quality` compares; bytes per signal for s coefficients.
+COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambda s: s + 2}
+
+
+def coefficient_roundtrip(coef: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Coefficients [N, s] as a reader gets them back from format `fmt` (float32).
+
+    float8 is a plain e4m3 cast (coefficients of this scale fit its range without a
+    per-signal scale); int8 is symmetric with one fp16 scale per signal."""
+    if fmt == "float16":
+        return coef.half().float()
+    if fmt == "float32":
+        return coef.float()
+    if fmt == "int8":
+        scale = (coef.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127).half().float()
+        return torch.round(coef / scale).clamp(-127, 127) * scale
+    if fmt == "float8":
+        return coef.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    raise ValueError(f"coefficient format must be one of {', '.join(COEF_FORMATS)}, got {fmt!r}")
 
 
 @dataclass

@@ -383,7 +383,6 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
     from tqdm import tqdm
 
     from .model import cache_root, extract_kv
-    from .signals import to_signals
     from .text import token_chunks
 
     chunks = token_chunks(docs, model.tokenizer, chunk_tokens)
@@ -394,24 +393,39 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
         kept.append(c)
         total += len(c)
     summary = {"documents": len(docs), "chunks": len(kept), "tokens": total, "chunk_tokens": chunk_tokens}
-    key = hashlib.sha256(json.dumps([model.fingerprint(), layers_per_signal, list(prefix_ids), kept]).encode())
+    # Cached per layer (L = 1) and regrouped on load, so each L does not re-run the model.
+    key = hashlib.sha256(json.dumps([model.fingerprint(), 1, list(prefix_ids), kept]).encode())
     path = cache_root() / "signals" / f"{key.hexdigest()[:20]}.safetensors"
     if cache and path.exists():
         t = load_file(str(path))
-        return {"k": t["k"], "v": t["v"]}, summary
-    out = {"k": [], "v": []}
-    step = 64
-    for i in tqdm(range(0, len(kept), step), desc="extract KV", unit="batch", leave=False):
-        for pair in extract_kv(model, kept[i : i + step], prefix_ids):
-            for kind, x in zip(KINDS, pair):
-                sig = to_signals(x, layers_per_signal)  # (G, T, L·m)
-                out[kind].append(sig.reshape(-1, sig.shape[-1]).half().cpu())
-    sig = {k: torch.cat(v) for k, v in out.items()}
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(sig, str(path) + ".tmp")
-        os.replace(str(path) + ".tmp", path)
+        sig = {"k": t["k"], "v": t["v"]}
+    else:
+        out = {"k": [], "v": []}
+        step = 64
+        for i in tqdm(range(0, len(kept), step), desc="extract KV", unit="batch", leave=False):
+            for pair in extract_kv(model, kept[i : i + step], prefix_ids):
+                for kind, x in zip(KINDS, pair):
+                    out[kind].append(x.reshape(-1, x.shape[-1]).half().cpu())  # (layers·T, m)
+        sig = {k: torch.cat(v) for k, v in out.items()}
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_file(sig, str(path) + ".tmp")
+            os.replace(str(path) + ".tmp", path)
+    if layers_per_signal > 1:
+        sig = {k: _regroup(v, [len(c) for c in kept], model.n_layers, layers_per_signal) for k, v in sig.items()}
     return sig, summary
+
+
+def _regroup(rows: torch.Tensor, lengths: list[int], n_layers: int, layers_per_signal: int) -> torch.Tensor:
+    """Per-layer signal rows (chunk by chunk, [layers, T, m] each) → L-layer signals."""
+    from .signals import to_signals
+
+    out, start = [], 0
+    for T in lengths:
+        x = rows[start : start + n_layers * T].view(n_layers, T, -1)
+        out.append(to_signals(x, layers_per_signal).reshape(-1, layers_per_signal * x.shape[-1]))
+        start += n_layers * T
+    return torch.cat(out)
 
 
 def learn_dict(model, texts=("builtin",), config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),

@@ -50,52 +50,81 @@ def compression_ratio(model: KVModel, codec: Codec, tokens: int) -> dict:
             "tokens": tokens}
 
 
+class _Tally:
+    """Running sums of one method's fidelity over passages."""
+
+    def __init__(self, n_layers: int):
+        self.err = {k: torch.zeros(n_layers) for k in "kv"}
+        self.ref = {k: torch.zeros(n_layers) for k in "kv"}
+        self.nll_exact = self.nll = self.kl = self.agree = self.count = 0.0
+
+    def add_kv(self, name: str, exact: torch.Tensor, rec: torch.Tensor) -> None:
+        self.err[name] += (exact - rec).square().sum((1, 2)).cpu()
+        self.ref[name] += exact.square().sum((1, 2)).cpu()
+
+    def add_logits(self, lp_exact: torch.Tensor, lp: torch.Tensor, target: torch.Tensor) -> None:
+        self.nll_exact += float(-lp_exact.gather(1, target[:, None]).sum())
+        self.nll += float(-lp.gather(1, target[:, None]).sum())
+        self.kl += float((lp_exact.exp() * (lp_exact - lp)).sum())
+        self.agree += float((lp_exact.argmax(-1) == lp.argmax(-1)).sum())
+        self.count += len(target)
+
+    def report(self) -> dict:
+        layers = {k: (self.err[k] / self.ref[k].clamp_min(1e-30)).tolist() for k in "kv"}
+        return {
+            "nmse_k": sum(layers["k"]) / len(layers["k"]),
+            "nmse_v": sum(layers["v"]) / len(layers["v"]),
+            "nmse_k_per_layer": layers["k"],
+            "nmse_v_per_layer": layers["v"],
+            "ppl_exact": float(torch.tensor(self.nll_exact / self.count).exp()),
+            "ppl_reconstructed": float(torch.tensor(self.nll / self.count).exp()),
+            "kl": self.kl / self.count,
+            "top1_agreement": self.agree / self.count,
+        }
+
+
 @torch.inference_mode()
+def fidelity(model: KVModel, methods: dict, windows: list[list[int]], prefix_tokens: int,
+             progress: bool = True) -> dict[str, dict]:
+    """NMSE/perplexity/KL/top-1 of every method (anything with `roundtrip(kv, kind)`) on the
+    same passages; the exact K/V and logits of a passage are computed once for all methods."""
+    prefix = default_prefix_ids(model)
+    P0, P = len(prefix), prefix_tokens
+    tallies = {name: _Tally(model.n_layers) for name in methods}
+    (pk, pv), = extract_kv(model, [prefix])  # the shared prefix, exact, as a store keeps it
+    pos = torch.arange(P0 + P)
+
+    def log_probs(k, v, cont):
+        keys = rotate_keys(torch.cat([pk, k], 1), pos, model)
+        return continuation_logits(model, keys, torch.cat([pv, v], 1), cont)[:-1].log_softmax(-1)
+
+    for window in tqdm(windows, desc="fidelity", unit="passage", leave=False, disable=not progress):
+        ctx, cont = window[:P], window[P:]
+        (k, v), = extract_kv(model, [ctx], prefix)
+        lp_exact = log_probs(k, v, cont)
+        target = torch.tensor(cont[1:], device=model.device)
+        for name, method in methods.items():
+            kr, vr = method.roundtrip(k, "k"), method.roundtrip(v, "v")
+            tally = tallies[name]
+            tally.add_kv("k", k, kr)
+            tally.add_kv("v", v, vr)
+            tally.add_logits(lp_exact, log_probs(kr, vr, cont), target)
+    return {name: t.report() for name, t in tallies.items()}
+
+
 def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin",),
                         cfg: EvalConfig = EvalConfig()) -> dict:
     """The fidelity report of `dictionary` on `texts` (see the module docstring for the keys)."""
     dictionary.check_model(model.fingerprint())
     codec = Codec(dictionary, cfg.coef_dtype, device=model.device)
-    prefix = default_prefix_ids(model)
-    P0, P = len(prefix), cfg.prefix_tokens
-    err = {k: torch.zeros(model.n_layers) for k in "kv"}
-    ref = {k: torch.zeros(model.n_layers) for k in "kv"}
-    nll_exact = nll_rec = kl = agree = count = 0.0
     windows = passages(model, texts, cfg)
-    (pk, pv), = extract_kv(model, [prefix])  # the shared prefix, exact, as a store keeps it
-    for window in tqdm(windows, desc="eval-dict", unit="passage", leave=False):
-        ctx, cont = window[:P], window[P:]
-        (k, v), = extract_kv(model, [ctx], prefix)
-        kr, vr = codec.roundtrip(k, "k"), codec.roundtrip(v, "v")
-        for name, exact, rec in (("k", k, kr), ("v", v, vr)):
-            err[name] += (exact - rec).square().sum((1, 2)).cpu()
-            ref[name] += exact.square().sum((1, 2)).cpu()
-        pos = torch.arange(P0 + P)
-        logits = {}
-        for label, kk, vv in (("exact", k, v), ("rec", kr, vr)):
-            keys = rotate_keys(torch.cat([pk, kk], 1), pos, model)
-            logits[label] = continuation_logits(model, keys, torch.cat([pv, vv], 1), cont)[:-1]
-        target = torch.tensor(cont[1:], device=model.device)
-        lp_e, lp_r = logits["exact"].log_softmax(-1), logits["rec"].log_softmax(-1)
-        nll_exact += float(-lp_e.gather(1, target[:, None]).sum())
-        nll_rec += float(-lp_r.gather(1, target[:, None]).sum())
-        kl += float((lp_e.exp() * (lp_e - lp_r)).sum())
-        agree += float((lp_e.argmax(-1) == lp_r.argmax(-1)).sum())
-        count += len(target)
-    nmse_layers = {k: (err[k] / ref[k].clamp_min(1e-30)).tolist() for k in "kv"}
-    n_passages = len(windows)
+    report = fidelity(model, {"codec": codec}, windows, cfg.prefix_tokens)["codec"]
+    tokens = len(windows) * cfg.prefix_tokens
     return {
-        "nmse_k": sum(nmse_layers["k"]) / model.n_layers,
-        "nmse_v": sum(nmse_layers["v"]) / model.n_layers,
-        "nmse_k_per_layer": nmse_layers["k"],
-        "nmse_v_per_layer": nmse_layers["v"],
-        "ppl_exact": float(torch.tensor(nll_exact / count).exp()),
-        "ppl_reconstructed": float(torch.tensor(nll_rec / count).exp()),
-        "kl": kl / count,
-        "top1_agreement": agree / count,
-        "ratio": compression_ratio(model, codec, n_passages * P),
-        "tokens": n_passages * P,
-        "passages": n_passages,
+        **report,
+        "ratio": compression_ratio(model, codec, tokens),
+        "tokens": tokens,
+        "passages": len(windows),
         "config": asdict(cfg),
         "dictionary": {"atoms": dictionary.config.atoms, "sparsity": dictionary.config.sparsity,
                        "layers_per_signal": dictionary.config.layers_per_signal,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .blend import (SCORERS, BlendConfig, Context, Stopwatch, assemble, attention_scores, full_prefill,
-                    greedy_continue, load_cache, prefill, question_ids, recompute, select, value_deviation)
+from .blend import (BlendConfig, Context, Stopwatch, assemble, full_prefill, fuse, greedy_continue, load_cache,
+                    question_ids)
 from .errors import ConfigError, DictionaryMismatch
 from .model import KVModel, extract_kv, load_model
 from .store import Store
@@ -122,17 +122,7 @@ class Session:
             ctx = load_cache(self.store, ids, self.model, self.device)
             for k in ("read", "transfer", "reconstruct"):
                 watch[k] = watch.get(k, 0.0) + ctx.timings_ms[k]
-        positions = torch.zeros(0, dtype=torch.long)
-        if cfg.method in SCORERS and cfg.recompute_ratio > 0:
-            with watch.step("select"):
-                layer = cfg.layer(self.model.n_layers)
-                scores = value_deviation(ctx, self.model, layer) if cfg.method == "cacheblend" else \
-                    attention_scores(ctx, q_ids, self.model, layer)
-                positions = select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
-            with watch.step("recompute"):
-                recompute(ctx, positions, self.model)
-        with watch.step("prefill"):
-            logits = prefill(ctx, q_ids, self.model)
+        logits, positions = fuse(ctx, q_ids, cfg, self.model, watch)
         return (logits, ctx.cache, ctx.length + len(q_ids), ctx.length, int(positions.numel()),
                 int(ctx.timings_ms.get("bytes_read", 0)))
 

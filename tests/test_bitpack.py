@@ -1,10 +1,13 @@
+from math import lgamma, log
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsecache.bitpack import (pack_indices, pack_rows, packed_size, reference_pack, row_bytes, unpack_indices,
+from sparsecache.bitpack import (pack_indices, pack_rows, packed_size, reference_pack, rice_bits, rice_decode,
+                                 rice_encode, rice_parameter, row_bytes, sorted_codes, unpack_indices,
                                  unpack_indices_torch, unpack_rows, unpack_rows_torch)
 
 
@@ -54,3 +57,38 @@ def test_value_too_large_and_bad_bits():
         pack_indices(np.array([1]), 17)
     with pytest.raises(ValueError):
         unpack_indices(np.zeros(1, np.uint8), 8, 13)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_bits=st.integers(4, 14), s=st.integers(1, 40), rows=st.integers(1, 30), seed=st.integers(0, 2**16))
+def test_rice_roundtrip_and_size(n_bits, s, rows, seed):
+    rng = np.random.default_rng(seed)
+    n = 2 ** n_bits
+    s = min(s, n)
+    idx = np.stack([rng.choice(n, s, replace=False) for _ in range(rows)])
+    coef = rng.standard_normal(idx.shape)
+    srt, c = sorted_codes(idx, coef)
+    assert (np.diff(srt, axis=1) > 0).all()
+    for r in range(rows):  # coefficients follow their atoms
+        assert dict(zip(idx[r], coef[r])) == dict(zip(srt[r], c[r]))
+    k = rice_parameter(srt)
+    code = rice_encode(srt, k)
+    assert np.array_equal(rice_decode(code, rows, s), srt)
+    bits = rice_bits(srt, k)
+    assert code.unary.nbytes == -(-(bits - srt.size * k) // 8)  # the quotient stream, to the byte
+    assert all(rice_bits(srt, k) <= rice_bits(srt, j) for j in range(17))
+
+
+def test_rice_beats_fixed_width_near_the_log_factorial_bound():
+    rng = np.random.default_rng(0)
+    s = 32
+    idx = np.stack([rng.choice(8192, s, replace=False) for _ in range(4000)])
+    srt, _ = sorted_codes(idx, idx)
+    per_index = rice_bits(srt, rice_parameter(srt)) / srt.size
+    bound = 13 - lgamma(s + 1) / log(2) / s  # log2(C(n, s)) / s ≈ 13 − log2(s!)/s
+    assert bound < per_index < bound + 0.3 < 13
+
+
+def test_rice_rejects_unsorted_rows():
+    with pytest.raises(ValueError, match="ascending"):
+        rice_encode(np.array([[3, 3, 5]]), 2)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sparsecache.bitpack import row_bytes
-from sparsecache.codec import Codec
+from sparsecache.codec import COEF_FORMATS, Codec, coefficient_roundtrip
 from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.omp import batch_omp, reconstruct
 from sparsecache.signals import to_signals
@@ -46,3 +46,16 @@ def test_fp32_coefficients_and_bad_dtype():
     assert c32.encode(kv, "k").coefficients.dtype == np.float32
     with pytest.raises(ValueError, match="dtype"):
         Codec(d, "int3")
+
+
+def test_coefficient_formats():
+    c = torch.randn(500, 16) * torch.logspace(-2, 1, 500)[:, None]  # signals of very different norms
+    assert torch.equal(coefficient_roundtrip(c, "float16"), c.half().float())
+    i8 = coefficient_roundtrip(c, "int8")
+    step = c.abs().amax(1, keepdim=True) / 127
+    assert ((i8 - c).abs() <= step * 0.51 + 1e-6).all()  # per-signal scale: relative to each signal
+    f8 = coefficient_roundtrip(c, "float8")
+    assert ((f8 - c).abs() <= c.abs() * 2 ** -4 + 2 ** -10).all()  # 3 mantissa bits, round to nearest
+    assert {f: COEF_FORMATS[f](16) for f in COEF_FORMATS} == {"float16": 32, "float8": 16, "int8": 18}
+    with pytest.raises(ValueError, match="coefficient format"):
+        coefficient_roundtrip(c, "int4")

@@ -1,0 +1,372 @@
+"""The compression–quality frontier (`sparsecache bench quality`): sparsecache's configurations
+and the baselines (`baselines.py`) measured on the same held-out passages and needle trials.
+
+Every method maps one chunk's K or V [n_layers, T, m] to what a reader gets back
+(`roundtrip`) and counts the bytes it would store for a chunk of T tokens (`nbytes`); the
+dictionary or any other corpus-wide state is `overhead_bytes`, spread over a stated corpus
+size for the "total" ratio. Quality per method: NMSE K/V, continuation perplexity, KL and
+top-1 agreement against exact K/V (`evaluate.fidelity`), and needle accuracy over k chunks
+with no recomputation and with the default recomputation method.
+
+sparsecache variants share one OMP encode per dictionary (codes are memoised per input):
+coefficients in fp16 (the paper), e4m3 or int8 + per-signal scale, and atom indices either
+13-bit packed or as Rice-coded sorted sets (lossless: same quality, measured size).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .baselines import default_baselines
+from .bitpack import rice_bits, rice_parameter, row_bytes
+from .blend import BlendConfig, assemble, fuse, greedy_continue, full_prefill, question_ids
+from .codec import COEF_FORMATS, coefficient_roundtrip
+from .dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
+from .evaluate import EvalConfig, fidelity, passages
+from .model import KVModel, cache_root, default_prefix_ids, extract_kv
+from .omp import batch_omp, gram, reconstruct
+from .signals import from_signals, to_signals
+
+SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 64))  # (L, s)
+COEF_VARIANTS = ("float16", "float8", "int8")
+MIXED = (((1, 8), (1, 16)), ((1, 8), (1, 32)), ((1, 16), (1, 32)))  # (K config, V config)
+SHIPPED = Path(__file__).resolve().parent.parent / "dictionaries"
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """What `bench quality` evaluates on; serialised into its JSON."""
+
+    passages: int = 8
+    prefix_tokens: int = 512  # also the chunk length T the per-chunk bytes are counted for
+    continuation_tokens: int = 64
+    trials: int = 16
+    needle_chunks: int = 4
+    needle_chunk_tokens: int = 128
+    fusion: str = "infoflow"  # the recomputation method the query issue measured best
+    recompute_ratio: float = 0.15
+    corpus_tokens: int = 1_000_000  # what dictionary/basis overhead is spread over
+    learn_steps: int = 300  # for dictionaries neither shipped nor cached
+    atoms: int = 8192
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- sparsecache methods
+
+
+def _digest(x: torch.Tensor) -> str:
+    return hashlib.blake2b(x.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
+
+
+class Coder:
+    """One dictionary's OMP codes, memoised by input, plus the Rice statistics of all codes seen."""
+
+    def __init__(self, dictionary: Dictionary, name: str, device="cpu"):
+        self.dictionary, self.name, self.device = dictionary, name, torch.device(device)
+        self.config = dictionary.config
+        self.atoms = {k: dictionary.atoms(k).to(self.device) for k in "kv"}
+        self.grams = {k: gram(a) for k, a in self.atoms.items()}
+        self._memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rice = {k: [0, 0] for k in "kv"}  # [bits at each signal's best k, indices], all codes seen
+        self._rice_k: dict[str, int] = {}
+
+    def codes(self, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (kind, _digest(x))
+        if key not in self._memo:
+            sig = to_signals(x.to(self.device).float(), self.config.layers_per_signal)
+            G, T, d = sig.shape
+            idx, coef = batch_omp(sig.reshape(-1, d), self.atoms[kind], self.config.sparsity, self.grams[kind])
+            self._memo[key] = (idx.cpu(), coef.cpu(), (G, T))
+            self._count_rice(idx.cpu().numpy(), kind)
+        return self._memo[key]
+
+    def _count_rice(self, idx, kind: str) -> None:
+        srt = np.sort(idx, axis=1)
+        k = self._rice_k.setdefault(kind, rice_parameter(srt))  # fixed by the first codes, as a store would
+        self.rice[kind][0] += rice_bits(srt, k)
+        self.rice[kind][1] += srt.size
+
+    def rice_bits_per_index(self, kind: str) -> float:
+        bits, count = self.rice[kind]
+        if not count:
+            raise ValueError(f"no codes of {self.name} seen yet: the Rice size is measured, not assumed")
+        return bits / count
+
+    def roundtrip(self, x: torch.Tensor, kind: str, coef_format: str) -> torch.Tensor:
+        idx, coef, (G, T) = self.codes(x, kind)
+        c = coefficient_roundtrip(coef, coef_format).to(self.device)
+        sig = reconstruct(idx.to(self.device), c, self.atoms[kind])
+        return from_signals(sig.view(G, T, -1), self.config.layers_per_signal).to(x.device)
+
+
+@dataclass(frozen=True, eq=False)
+class Sparse:
+    """A sparsecache configuration: K and V coders (usually one dictionary), coefficient
+    format and index coding."""
+
+    k: Coder
+    v: Coder
+    coef: str = "float16"
+    index: str = "packed"
+    rice_bits: dict | None = None  # measured bits per index {"k", "v"}; None: from the coders
+    family = "sparsecache"
+
+    def coder(self, kind: str) -> Coder:
+        return self.k if kind == "k" else self.v
+
+    @property
+    def label(self) -> str:
+        k, v = self.k.config, self.v.config
+        base = f"L{k.layers_per_signal}-s{k.sparsity}" if self.k is self.v else \
+            f"L{k.layers_per_signal}-k{k.sparsity}v{v.sparsity}"
+        fmt = {"float16": "", "float8": "-fp8", "int8": "-int8"}[self.coef]
+        return base + fmt + ("+rice" if self.index == "rice" else "")
+
+    @property
+    def quality_key(self) -> str:
+        """What decides quality (index coding is lossless, so it is not part of it)."""
+        return json.dumps([self.k.dictionary.fingerprint(), self.v.dictionary.fingerprint(), self.coef])
+
+    def roundtrip(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        return self.coder(kind).roundtrip(x, kind, self.coef)
+
+    def nbytes(self, n_layers: int, T: int, m: int, kind: str) -> float:
+        c = self.coder(kind)
+        s = c.config.sparsity
+        if self.index == "packed":
+            index = row_bytes(s, c.config.index_bits)
+        else:
+            index = s / 8 * (self.rice_bits[kind] if self.rice_bits else c.rice_bits_per_index(kind))
+        per_signal = index + COEF_FORMATS[self.coef](s)
+        return n_layers // c.config.layers_per_signal * T * per_signal
+
+    def overhead_bytes(self) -> float:
+        return float(self.k.atoms["k"].numel() * 4 + self.v.atoms["v"].numel() * 4)  # fp32, as stored
+
+
+def dictionary_name(L: int, s: int, atoms: int = 8192) -> str:
+    return f"smollm2-135m-n{atoms}-s{s}-L{L}"
+
+
+def frontier_dictionary(model: KVModel, L: int, s: int, learn_steps: int, atoms: int = 8192, device="cpu",
+                        progress: bool = True) -> tuple[Dictionary, str]:
+    """(dictionary, where it came from): shipped, cached, or learned now into the cache (and
+    resumed from its checkpoint if an earlier run was interrupted)."""
+    name = dictionary_name(L, s, atoms)
+    if model.name == "SmolLM2-135M-Instruct" and (SHIPPED / name / META_FILE).exists():
+        return Dictionary.load(SHIPPED / name), f"shipped ({name})"
+    prefix = "smollm2-135m" if model.name == "SmolLM2-135M-Instruct" else model.fingerprint()["config_hash"]
+    out = cache_root() / "dictionaries" / name.replace("smollm2-135m", prefix)
+    if not (out / META_FILE).exists():
+        tcfg = TrainConfig(steps=learn_steps, batch=1024)
+        learn_dict(model, ("builtin",), DictConfig(atoms, s, L), tcfg, out, device,
+                   resume=(out / "checkpoint").exists(), progress=progress)
+    d = Dictionary.load(out)
+    d.check_model(model.fingerprint())
+    return d, f"learned ({d.meta.get('train', {}).get('steps', '?')} steps, {out})"
+
+
+def sparse_methods(coders: dict[tuple[int, int], Coder]) -> list[Sparse]:
+    """Every coefficient format of every dictionary, and the mixed K/V sparsities."""
+    out = [Sparse(c, c, fmt) for c in coders.values() for fmt in COEF_VARIANTS]
+    for kc, vc in MIXED:
+        if kc in coders and vc in coders:
+            out.append(Sparse(coders[kc], coders[vc], "float8"))
+    return out
+
+
+# ---------------------------------------------------------------- needle trials, in memory
+
+
+@dataclass
+class Needles:
+    trials: list  # passkey.Trial
+    tokens: dict[str, list[int]]  # doc id → token ids
+    kv: dict[str, tuple[torch.Tensor, torch.Tensor]]  # doc id → exact pre-RoPE K/V
+    prefix: list[int]
+    prefix_kv: tuple[torch.Tensor, torch.Tensor]
+
+
+def needles(model: KVModel, cfg: FrontierConfig) -> Needles:
+    """The needle task of `passkey.make_task`, with every chunk's exact K/V computed once."""
+    from .passkey import make_task
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trials = make_task(model.tokenizer, tmp, cfg.trials, cfg.needle_chunks, cfg.needle_chunk_tokens,
+                           seed=cfg.seed)
+        docs = [json.loads(line) for line in (Path(tmp) / "corpus.jsonl").read_text().splitlines()]
+    tokens = {d["id"]: model.tokenizer(d["text"], add_special_tokens=False)["input_ids"] for d in docs}
+    prefix = default_prefix_ids(model)
+    ids = list(tokens)
+    kv = dict(zip(ids, extract_kv(model, [tokens[i] for i in ids], prefix)))
+    (pk, pv), = extract_kv(model, [prefix])
+    return Needles(trials, tokens, kv, prefix, (pk, pv))
+
+
+def _answer(model: KVModel, n: Needles, trial, chunk_kv, fusion: BlendConfig | None) -> bool:
+    from .passkey import ANSWER_PREFIX
+
+    q_ids = question_ids(model, trial.question, ANSWER_PREFIX.format(key=trial.key))
+    chunk_tokens = [n.tokens[d] for d in trial.chunk_docs]
+    if fusion is None:  # full prefill: the exact reference
+        seq = n.prefix + [t for c in chunk_tokens for t in c] + q_ids
+        logits, cache = full_prefill(seq, model)
+        position = len(seq)
+    else:
+        ctx = assemble(n.prefix, n.prefix_kv, chunk_tokens, chunk_kv, model)
+        logits, _ = fuse(ctx, q_ids, fusion, model)
+        cache, position = ctx.cache, ctx.length + len(q_ids)
+    out = greedy_continue(int(logits.argmax()), cache, position, model, 12)
+    return trial.value in model.tokenizer.decode(out, skip_special_tokens=True)
+
+
+@torch.inference_mode()
+def needle_accuracy(model: KVModel, n: Needles, method, fusions: dict[str, BlendConfig]) -> dict[str, float]:
+    """Accuracy of `method`'s K/V under each fusion (None as a method: full prefill)."""
+    if method is None:
+        return {"full": sum(_answer(model, n, t, None, None) for t in n.trials) / len(n.trials)}
+    docs = {d for t in n.trials for d in t.chunk_docs}
+    kv = {d: (method.roundtrip(n.kv[d][0], "k"), method.roundtrip(n.kv[d][1], "v")) for d in docs}
+    return {name: sum(_answer(model, n, t, [kv[d] for d in t.chunk_docs], f) for t in n.trials) / len(n.trials)
+            for name, f in fusions.items()}
+
+
+# ---------------------------------------------------------------- the frontier
+
+
+def series(method) -> str:
+    """The plot series a method belongs to (one line per family and variant)."""
+    if not isinstance(method, Sparse):
+        return {"fp16": "fp16 (raw)", "fp8": "fp8 e4m3", "kivi": "KIVI", "svd": "per-layer SVD",
+                "xkv": "xKV (cross-layer SVD)"}[method.family]
+    name = "sparsecache" + (" K/V mixed" if method.k is not method.v else "")
+    return f"{name} {method.coef}" + (" + Rice" if method.index == "rice" else "")
+
+
+def ratios(method, model: KVModel, cfg: FrontierConfig) -> dict:
+    """fp16 bytes ÷ stored bytes for a chunk of `prefix_tokens` tokens: codes only, and with
+    the method's corpus-wide overhead spread over `corpus_tokens`."""
+    T, L, m = cfg.prefix_tokens, model.n_layers, model.m
+    raw = 2 * 2.0 * L * T * m
+    chunk = sum(method.nbytes(L, T, m, kind) for kind in "kv")
+    overhead = method.overhead_bytes() if hasattr(method, "overhead_bytes") else 0.0
+    chunks = cfg.corpus_tokens / T
+    return {"ratio": raw / chunk, "ratio_total": raw * chunks / (chunk * chunks + overhead),
+            "bytes_per_token": chunk / T, "overhead_bytes": overhead}
+
+
+def _quality_key(method) -> str:
+    return getattr(method, "quality_key", method.label)
+
+
+def _cached(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs=SPARSE_CONFIGS,
+                 baselines=None, texts=("builtin",), device="cpu", progress: bool = True, log=print) -> dict:
+    """Every method's ratios and quality; quality results are cached per method and settings
+    under the user cache, so adding a method or re-plotting does not redo the others."""
+    baselines = default_baselines() if baselines is None else baselines
+    sources, coders = {}, {}
+    for L, s in configs:
+        d, source = frontier_dictionary(model, L, s, cfg.learn_steps, cfg.atoms, device, progress)
+        coders[(L, s)] = Coder(d, dictionary_name(L, s, cfg.atoms), device)
+        sources[f"L{L}-s{s}"] = source
+    quality_methods = [*baselines, *sparse_methods(coders)]
+    ecfg = EvalConfig(cfg.passages, cfg.prefix_tokens, cfg.continuation_tokens)
+    settings = json.dumps([asdict(cfg), model.fingerprint(), list(texts)], sort_keys=True)
+    cache_dir = cache_root() / "bench-quality"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def cache_path(key: str) -> Path:
+        return cache_dir / (hashlib.sha256((settings + key).encode()).hexdigest()[:24] + ".json")
+
+    results = {m: _cached(cache_path(_quality_key(m))) for m in quality_methods}
+    todo = [m for m in quality_methods if results[m] is None]
+    reference = _cached(cache_path("full-prefill"))
+    log(f"{len(quality_methods) - len(todo)} of {len(quality_methods)} methods cached; evaluating {len(todo)}")
+    if todo or reference is None:
+        windows = passages(model, texts, ecfg)
+        fid = fidelity(model, {m.label: m for m in todo}, windows, cfg.prefix_tokens, progress)
+        n = needles(model, cfg)
+        fusions = {"none": BlendConfig("none", 0.0),
+                   cfg.fusion: BlendConfig(cfg.fusion, cfg.recompute_ratio)}
+        if reference is None:
+            reference = needle_accuracy(model, n, None, fusions)
+            cache_path("full-prefill").write_text(json.dumps(reference))
+        for m in tqdm(todo, desc="needles", unit="method", leave=False, disable=not progress):
+            r = {**fid[m.label], "needle": needle_accuracy(model, n, m, fusions)}
+            if isinstance(m, Sparse):
+                r["rice_bits_per_index"] = {k: m.coder(k).rice_bits_per_index(k) for k in "kv"}
+            cache_path(_quality_key(m)).write_text(json.dumps(r))
+            results[m] = r
+    rows = []
+    for m in quality_methods:
+        variants = [m]
+        if isinstance(m, Sparse):  # Rice bits were measured when the codes were made, maybe in an earlier run
+            variants.append(Sparse(m.k, m.v, m.coef, "rice", results[m]["rice_bits_per_index"]))
+        for v in variants:
+            rows.append({"method": v.label, "family": v.family, "series": series(v), **ratios(v, model, cfg),
+                         **{k: x for k, x in results[m].items() if not k.endswith("per_layer")}})
+    return {"config": asdict(cfg), "model": model.fingerprint(), "dictionaries": sources,
+            "needle_full_prefill": reference, "rows": rows}
+
+
+PANELS = (("top1_agreement", "top-1 agreement"), ("needle.none", "needle accuracy, no recomputation"),
+          ("needle.{fusion}", "needle accuracy, {fusion} r={ratio}"))
+
+
+def _metric(row: dict, path: str):
+    head, _, tail = path.partition(".")
+    return row[head][tail] if tail else row[head]
+
+
+def plot_frontier(result: dict, out) -> None:
+    """The Pareto chart: x total compression ratio (log), y each quality panel, one series
+    per method family/variant, points labelled with their configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = result["config"]
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(7 * len(PANELS), 5.5))
+    by_series: dict[str, list] = {}
+    for row in result["rows"]:
+        by_series.setdefault(row["series"], []).append(row)
+    for ax, (path, title) in zip(axes, PANELS):
+        path = path.format(fusion=cfg["fusion"])
+        for name, rows in by_series.items():
+            rows = sorted(rows, key=lambda r: r["ratio_total"])
+            style = "o-" if name.startswith("sparsecache") else "s--"
+            ax.plot([r["ratio_total"] for r in rows], [_metric(r, path) for r in rows], style, label=name,
+                    markersize=4, linewidth=1)
+            if name in ("sparsecache float16", "sparsecache float8 + Rice") or not name.startswith("sparsecache"):
+                for r in rows:
+                    ax.annotate(r["method"], (r["ratio_total"], _metric(r, path)), fontsize=6,
+                                textcoords="offset points", xytext=(3, 2))
+        if path.startswith("needle"):
+            ax.axhline(result["needle_full_prefill"]["full"], color="k", linestyle=":", linewidth=1,
+                       label="full prefill")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"compression ratio (log; dictionaries/bases spread over {cfg['corpus_tokens']:,} tokens)")
+        ax.set_title(title.format(fusion=cfg["fusion"], ratio=cfg["recompute_ratio"]))
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{result['model']['name']}: {cfg['passages']} held-out passages × {cfg['prefix_tokens']} tokens, "
+                 f"{cfg['trials']} needle trials in {cfg['needle_chunks']} chunks × ~{cfg['needle_chunk_tokens']} tokens")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)

@@ -1,0 +1,66 @@
+"""`bench quality`: ratios counted by hand, memoised codes, and the command end to end (tiny model)."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cli.main import cli
+from sparsecache.baselines import Kivi
+from sparsecache.frontier import Coder, FrontierConfig, Sparse, ratios, series
+
+
+class _Model:  # what `ratios` reads
+    n_layers, m = 4, 32
+
+
+def test_sparse_bytes_and_ratios_by_hand(tiny_dictionary):
+    c = Coder(tiny_dictionary, "tiny")
+    cfg = FrontierConfig(prefix_tokens=100, corpus_tokens=10_000)
+    # 512 atoms → 9-bit indices; s = 4: 5 bytes of indices + 8 bytes of fp16 coefficients per signal
+    r = ratios(Sparse(c, c), _Model, cfg)
+    assert r["bytes_per_token"] == 2 * 4 * 13
+    assert r["ratio"] == pytest.approx((2 * 32) / 13)
+    raw_corpus = 2 * 2 * 4 * 32 * 10_000
+    assert r["ratio_total"] == pytest.approx(raw_corpus / (10_000 * 2 * 4 * 13 + 2 * 32 * 512 * 4))
+    assert ratios(Sparse(c, c, "float8"), _Model, cfg)["bytes_per_token"] == 2 * 4 * (5 + 4)
+    with pytest.raises(ValueError, match="measured"):  # Rice sizes come from real codes only
+        ratios(Sparse(c, c, "float16", "rice"), _Model, cfg)
+    rice = Sparse(c, c, "float16", "rice", {"k": 6.0, "v": 7.0})
+    assert ratios(rice, _Model, cfg)["bytes_per_token"] == 4 * (4 * 6 / 8 + 8) + 4 * (4 * 7 / 8 + 8)
+    assert series(rice) == "sparsecache float16 + Rice" and series(Kivi(2)) == "KIVI"
+    assert rice.label == "L1-s4+rice" and Sparse(c, c, "int8").label == "L1-s4-int8"
+
+
+def test_coder_memoises_and_counts_rice(tiny_dictionary):
+    c = Coder(tiny_dictionary, "tiny")
+    x = torch.randn(4, 20, 32)
+    a = c.roundtrip(x, "k", "float16")
+    assert c.rice["k"][1] == 4 * 20 * 4
+    b = c.roundtrip(x, "k", "float8")  # same codes, other coefficient format: no new encode
+    assert c.rice["k"][1] == 4 * 20 * 4
+    assert a.shape == x.shape and not torch.equal(a, b)
+    assert 0 < c.rice_bits_per_index("k") < 12
+    assert ((a - x).square().sum() < x.square().sum())  # a code, not noise
+
+
+def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
+    args = ["bench", "quality", "--model", str(tiny_model_dir), "--config", "1,4", "--config", "2,4",
+            "--atoms", "64", "--learn-steps", "2", "--passages", "2", "--prefix-tokens", "48",
+            "--continuation-tokens", "8", "--trials", "2", "--needle-chunks", "2", "--needle-chunk-tokens", "40",
+            "--corpus-tokens", "1000", "--plot", str(tmp_path / "f.png"), "--json"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    labels = {row["method"] for row in out["rows"]}
+    assert {"fp16", "kivi-int2", "svd-r8", "xkv4-r16", "L1-s4", "L2-s4-fp8+rice", "L1-s4-int8"} <= labels
+    fp16 = next(row for row in out["rows"] if row["method"] == "fp16")
+    assert fp16["ratio"] == 1 and fp16["top1_agreement"] > 0.99 and fp16["nmse_k"] < 1e-5
+    for row in out["rows"]:
+        assert 0 <= row["top1_agreement"] <= 1 and set(row["needle"]) == {"none", "infoflow"}
+        assert row["ratio_total"] <= row["ratio"] + 1e-9
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+    again = CliRunner().invoke(cli, args)  # every method cached now
+    assert again.exit_code == 0 and "evaluating 0" in again.stderr
+    assert json.loads(again.stdout)["rows"] == out["rows"]
