@@ -170,4 +170,16 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
                      f"{row['needle'][fusion]:>12.2f}")
     lines.append(f"full prefill needle accuracy {r['needle_full_prefill']['full']:.2f}; dictionaries: "
                  + "; ".join(f"{k} {v}" for k, v in r["dictionaries"].items()))
+    t = r["targets"]
+    for d in t["dominance"]:
+        lines.append(f"{d['baseline']} ({d['ratio']:.1f}x) dominated by: {', '.join(d['dominated_by']) or 'NONE'}")
+    if "high" in t:
+        h = t["high"]
+        lines.append(f">=10x best {h['method']} ({h['ratio']:.1f}x): top-1 {100 * h['top1']:.1f}%, ppl {100 * h['ppl']:+.1f}%, "
+                     f"needle vs exact " + ", ".join(f"{k} {v:.2f}" for k, v in h["needle_vs_exact"].items() if v is not None)
+                     + ("  met" if h["met"] else "  NOT met"))
+    if "low" in t:
+        lo = t["low"]
+        lines.append(f"<=4x best {lo['method']}: top-1 {100 * lo['top1']:.1f}% vs KIVI-int4 {100 * lo['kivi_int4_top1']:.1f}% "
+                     f"({lo['gap_points']:+.1f} points)" + ("  met" if lo["met"] else "  NOT met"))
     emit(r, as_json, lines)

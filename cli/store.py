@@ -28,6 +28,8 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
               help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory (fixed at creation).")
 @click.option("--compressor", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
               help="Compressor of the code arrays (fixed at creation).")
+@click.option("--coefficients", "coef_dtype", type=click.Choice(["float16", "float8", "float32"]), default="float16",
+              show_default=True, help="How code coefficients are stored (fixed at creation); see BENCHMARKS.md.")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,
               help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
@@ -35,7 +37,7 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
 @json_option
 @library_errors
 def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
-                      embedder, compressor, batch_tokens, keep, device, as_json):
+                      embedder, compressor, coef_dtype, batch_tokens, keep, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -47,7 +49,8 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     from sparsecache.model import load_model
     from sparsecache.store import StoreConfig
 
-    config = StoreConfig(chunk_tokens=chunk_tokens, prefix=prefix, compressor=compressor, embedder=embedder)
+    config = StoreConfig(chunk_tokens=chunk_tokens, prefix=prefix, coef_dtype=coef_dtype, compressor=compressor,
+                         embedder=embedder)
     dev = resolve_device(device)
     d = Dictionary.load(default_dictionary() if dictionary == "default" else dictionary)
     model = load_model(model_path, device=dev)

@@ -17,7 +17,9 @@ from .dictionary import Dictionary
 from .omp import batch_omp, gram, reconstruct
 from .signals import from_signals, to_signals
 
-COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float8": torch.float8_e4m3fn}
+# numpy has no fp8: e4m3 coefficients are stored as their bytes.
+STORAGE_DTYPES = {"float16": "float16", "float32": "float32", "float8": "uint8"}
 # Coefficient formats `bench quality` compares; bytes per signal for s coefficients.
 COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambda s: s + 2}
 
@@ -83,8 +85,12 @@ class Codec:
         G, T, d = sig.shape
         idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], s, self.gram(kind))
         packed = pack_rows(idx.cpu().numpy(), self.bits).reshape(G, T, -1)
-        coefs = coef.to(self.coef_dtype).cpu().numpy().reshape(G, T, s)
-        return Codes(packed, coefs)
+        return Codes(packed, self._stored(coef).cpu().numpy().reshape(G, T, s))
+
+    def _stored(self, coef: torch.Tensor) -> torch.Tensor:
+        if self.coef_dtype == torch.float8_e4m3fn:
+            return coef.clamp(-448, 448).to(self.coef_dtype).view(torch.uint8)  # saturate, never NaN
+        return coef.to(self.coef_dtype)
 
     def decode(self, codes: Codes | tuple, kind: str, device=None) -> torch.Tensor:
         """[n_layers, T, m] float32 on `device` (default: the codec's) from Codes or (indices, coefficients)."""
@@ -92,6 +98,8 @@ class Codec:
         dev = torch.device(device) if device is not None else self.device
         packed = torch.as_tensor(packed).to(dev)
         coef = torch.as_tensor(coef).to(dev)
+        if coef.dtype == torch.uint8:  # stored e4m3 bytes
+            coef = coef.view(torch.float8_e4m3fn)
         G, T, nb = packed.shape
         idx = unpack_rows_torch(packed.reshape(-1, nb), self.config.sparsity, self.bits)  # (G·T, s)
         atoms = self._atoms[kind].to(dev)

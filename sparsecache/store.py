@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from .bitpack import row_bytes
-from .codec import COEF_DTYPES, Codec, Codes
+from .codec import COEF_DTYPES, STORAGE_DTYPES, Codec, Codes
 from .dictionary import Dictionary
 from .errors import ConfigError, DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked
 from .index import build_index, index_kind, load_index, save_index, search
@@ -602,8 +602,10 @@ class Writer:
         for kind in ("k", "v"):
             g.create_array(f"{kind}_indices", shape=(G, 0, rb), chunks=(G, zt, rb), dtype="uint8",
                            fill_value=0, compressors=comp)
-            g.create_array(f"{kind}_coefficients", shape=(G, 0, s), chunks=(G, zt, s), dtype=config.coef_dtype,
-                           fill_value=float("nan"), compressors=comp)
+            fp8 = config.coef_dtype == "float8"  # stored as e4m3 bytes; 0x7F is its NaN
+            g.create_array(f"{kind}_coefficients", shape=(G, 0, s), chunks=(G, zt, s),
+                           dtype=STORAGE_DTYPES[config.coef_dtype], fill_value=0x7F if fp8 else float("nan"),
+                           compressors=comp)
         g.create_array("tokens", shape=(0,), chunks=(zt,), dtype="int32", fill_value=-1,
                        compressors=_compressors("none"))
         for col in TABLE_STR:

@@ -59,3 +59,14 @@ def test_coefficient_formats():
     assert {f: COEF_FORMATS[f](16) for f in COEF_FORMATS} == {"float16": 32, "float8": 16, "int8": 18}
     with pytest.raises(ValueError, match="coefficient format"):
         coefficient_roundtrip(c, "int4")
+
+
+def test_float8_codec_stores_e4m3_bytes_and_decodes_like_the_bench_format():
+    d = Dictionary(unit_atoms(32, 128, 1), unit_atoms(32, 128, 2), DictConfig(128, 4, 1), {})
+    x = torch.randn(4, 10, 32) * 3
+    c8, c16 = Codec(d, "float8"), Codec(d, "float16")
+    codes = c8.encode(x, "k")
+    assert codes.coefficients.dtype == np.uint8 and c8.bytes_per_signal() == c16.bytes_per_signal() - 4
+    idx, coef = batch_omp(to_signals(x, 1).reshape(-1, 32), d.keys, 4)
+    want = reconstruct(idx, coefficient_roundtrip(coef, "float8"), d.keys).view(4, 10, 32)
+    torch.testing.assert_close(c8.decode(codes, "k"), want)

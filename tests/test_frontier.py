@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from sparsecache.baselines import Kivi
-from sparsecache.frontier import Coder, FrontierConfig, Sparse, ratios, series
+from sparsecache.frontier import Coder, FrontierConfig, Sparse, ratios, series, targets
 
 
 class _Model:  # what `ratios` reads
@@ -64,3 +64,20 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     again = CliRunner().invoke(cli, args)  # every method cached now
     assert again.exit_code == 0 and "evaluating 0" in again.stderr
     assert json.loads(again.stdout)["rows"] == out["rows"]
+
+
+def _row(method, family, ratio, top1, ppl, needle):
+    return {"method": method, "family": family, "ratio_total": ratio, "top1_agreement": top1,
+            "ppl_exact": 10.0, "ppl_reconstructed": 10.0 * (1 + ppl), "needle": {"none": needle, "infoflow": needle}}
+
+
+def test_targets_are_checked_not_assumed():
+    rows = [_row("fp16", "fp16", 1, 1.0, 0, 0.8), _row("kivi-int4", "kivi", 3.2, 0.97, 0.01, 0.8),
+            _row("kivi-int2", "kivi", 5.3, 0.80, 0.2, 0.5), _row("xkv4-r32", "xkv", 9.2, 0.7, 0.4, 0.2),
+            _row("svd-r8", "svd", 17, 0.6, 1.0, 0.0),
+            _row("L1-s32", "sparsecache", 3.3, 0.955, 0.01, 0.8), _row("L1-s16+rice", "sparsecache", 10.4, 0.9, 0.05, 0.75)]
+    t = targets({"rows": rows, "config": {"fusion": "infoflow"}})
+    assert [d["dominated_by"] for d in t["dominance"]] == [["L1-s16+rice"], ["L1-s16+rice"], []]
+    assert not t["dominance_met"]  # nothing of ours reaches svd-r8's 17x
+    assert t["high"]["method"] == "L1-s16+rice" and t["high"]["met"]  # 0.75 / 0.8 ≥ 0.9
+    assert t["low"]["gap_points"] == pytest.approx(-1.5) and not t["low"]["met"]

@@ -299,3 +299,21 @@ def test_info_reports_sizes_and_ratios(store, tiny_dictionary):
     assert 0.95 < c["disk_vs_theoretical_codes"] < 1.3  # tiny store: the last Zarr chunk is partly empty
     assert info["dictionary"] == tiny_dictionary.fingerprint()
     assert set(info["bytes_on_disk"]) >= {"k_indices", "k_coefficients", "v_indices", "v_coefficients", "dictionary"}
+
+
+def test_float8_coefficient_store(build, store, corpus_dir, tmp_path):
+    """e4m3 coefficients (stored as bytes): same indices, values within e4m3's rounding."""
+    fp8 = tmp_path / "fp8"
+    build([corpus_dir], fp8, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float8"))
+    a, b = Store.open(store), Store.open(fp8)
+    ids = [c.id for c in a.chunks()]
+    ca, cb = a.read_codes(ids), b.read_codes(ids)
+    np.testing.assert_array_equal(ca.k.indices, cb.k.indices)
+    assert cb.k.coefficients.dtype == np.uint8 and cb.k.nbytes < ca.k.nbytes
+    c16 = torch.as_tensor(ca.v.coefficients).float()
+    c8 = torch.as_tensor(cb.v.coefficients).view(torch.float8_e4m3fn).float()
+    assert ((c8 - c16).abs() <= c16.abs() * 2 ** -4 + 2 ** -9).all()
+    for (k16, _), (k8, _) in zip(a.load_kv(ids), b.load_kv(ids)):
+        assert ((k8 - k16).square().sum() / k16.square().sum()).item() < 0.01
+    assert verify(fp8)["ok"]
+    assert b.info()["compression"]["code_bytes_per_token"] == 4 * 2 * (5 + 4)  # 1-byte coefficients
