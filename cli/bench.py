@@ -119,7 +119,7 @@ def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
               help="Held-out text for the fidelity passages ('builtin' = the held-out split of Python's docs).")
 @click.option("--config", "configs", multiple=True, metavar="L,S",
               help="sparsecache configurations (layers per signal, sparsity); repeatable. Default: "
-                   "L1 s8/16/32, L2 s16/32, L3 s32/64, L5 s32/64.")
+                   "L1 s8/16/32, L2 s16/32, L3 s32 (others are learned on first use).")
 @click.option("--passages", default=8, show_default=True, help="Held-out passages for NMSE/perplexity/KL/top-1.")
 @click.option("--prefix-tokens", default=512, show_default=True, help="Passage (= chunk) length in tokens.")
 @click.option("--continuation-tokens", default=64, show_default=True)

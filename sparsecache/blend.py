@@ -360,11 +360,12 @@ def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, Dy
 
 @torch.inference_mode()
 def greedy_continue(first_token: int, cache: DynamicCache, position: int, model: KVModel,
-                    max_new_tokens: int) -> list[int]:
-    """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS."""
+                    max_new_tokens: int, until=None) -> list[int]:
+    """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS, or
+    once `until(tokens so far)` is true."""
     eos = set(_eos_ids(model))
     out = [first_token]
-    while len(out) < max_new_tokens and out[-1] not in eos:
+    while len(out) < max_new_tokens and out[-1] not in eos and not (until and until(out)):
         ids = torch.tensor([[out[-1]]], device=model.device)
         pos = torch.tensor([[position + len(out) - 1]], device=model.device)
         logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
