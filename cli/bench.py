@@ -33,6 +33,8 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, device, as_json)
         f"sklearn    {r['sklearn_vectors_per_s']:>12,.1f} signals/s   speedup {r['speedup']:,.0f}x",
         f"decode     {r['decode_vectors_per_s']:>12,.0f} signals/s",
         f"residual vs sklearn (same signals): {r['residual_ratio_vs_sklearn']:.4f} (<= 1 means ours is as good)",
+        f"indices: packed {r['index_coding']['packed_bits_per_index']:.2f} bits, unpack {r['index_coding']['packed_indices_per_s']:,.0f}/s; "
+        f"Rice (k={r['index_coding']['rice_k']}) {r['index_coding']['rice_bits_per_index']:.2f} bits, decode {r['index_coding']['rice_indices_per_s']:,.0f}/s",
     ])
 
 

@@ -16,7 +16,7 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
 @click.option("--store", "store", required=True, type=click.Path(file_okay=False),
               help="Store directory (created on first use).")
 @click.option("--dict", "dictionary", default="default", show_default=True,
-              help="Dictionary directory from learn-dict; 'default' = the shipped s16 one for the default model.")
+              help="Dictionary directory from learn-dict; 'default' = the shipped L3 s32 one for the default model.")
 @model_option
 @click.option("--chunk-tokens", default=512, show_default=True, help="Most tokens per chunk (fixed at creation).")
 @click.option("--prefix", default=None, help="Shared prefix text every chunk is encoded after "
@@ -28,7 +28,7 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
               help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory (fixed at creation).")
 @click.option("--compressor", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
               help="Compressor of the code arrays (fixed at creation).")
-@click.option("--coefficients", "coef_dtype", type=click.Choice(["float16", "float8", "float32"]), default="float16",
+@click.option("--coefficients", "coef_dtype", type=click.Choice(["float16", "float8", "float32"]), default="float8",
               show_default=True, help="How code coefficients are stored (fixed at creation); see BENCHMARKS.md.")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,

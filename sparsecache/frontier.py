@@ -325,18 +325,21 @@ def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs
             r = {**fid[m.label], "needle": needle_accuracy(model, n, m, fusions)}
             cache_path(_quality_key(m)).write_text(json.dumps(r))
             results[m] = r
-    rows = []
-    for m in quality_methods:
-        variants = [m]
-        if isinstance(m, Sparse):  # Rice bits were measured when the codes were made, maybe in an earlier run
-            variants.append(Sparse(m.k, m.v, m.coef, "rice", results[m]["rice_bits_per_index"]))
-        for v in variants:
-            rows.append({"method": v.label, "family": v.family, "series": series(v), **ratios(v, model, cfg),
-                         **{k: x for k, x in results[m].items() if not k.endswith("per_layer")}})
+    rows = [row for m in quality_methods for row in _rows(m, results[m], model, cfg)]
     result = {"config": asdict(cfg), "model": model.fingerprint(), "dictionaries": sources,
               "needle_full_prefill": reference, "rows": rows}
     result["targets"] = targets(result)
     return result
+
+
+def _rows(method, quality: dict, model: KVModel, cfg: FrontierConfig) -> list[dict]:
+    """Table rows of one evaluated method: itself, plus its Rice-coded twin for sparsecache
+    (same quality; the bits were measured when its codes were made, maybe in an earlier run)."""
+    variants = [method]
+    if isinstance(method, Sparse):
+        variants.append(Sparse(method.k, method.v, method.coef, "rice", quality["rice_bits_per_index"]))
+    return [{"method": v.label, "family": v.family, "series": series(v), **ratios(v, model, cfg),
+             **{k: x for k, x in quality.items() if not k.endswith("per_layer")}} for v in variants]
 
 
 def _ppl(row: dict) -> float:

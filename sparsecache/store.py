@@ -8,7 +8,7 @@ Layout of a store directory (any Zarr v3 client can read the arrays):
     data/gNNNNNN/              one generation of append-only arrays (a new one per compaction):
         tokens                 int32 [N]                  token ids on the global token axis
         {k,v}_indices          uint8 [G, N, row_bytes]    bit-packed atom indices
-        {k,v}_coefficients     float16 [G, N, s]
+        {k,v}_coefficients     e4m3 bytes (uint8; or float16/float32) [G, N, s]
         chunk_id, doc_id, content_hash, text, meta   str [C]   the chunk table, one row per chunk
         ordinal, token_length  int32 [C];  token_offset int64 [C]
         embeddings             float32 [C, dim]           so the index can be rebuilt without the embedder
@@ -62,7 +62,7 @@ class StoreConfig:
 
     chunk_tokens: int = 512
     prefix: str | None = None  # None: the model's chat template up to the user's text
-    coef_dtype: str = "float16"
+    coef_dtype: str = "float8"  # e4m3: same quality as fp16 on the frontier, 1.38x smaller (BENCHMARKS.md)
     zarr_chunk_tokens: int = 512  # tokens per Zarr chunk of the code arrays (measured: BENCHMARKS.md)
     compressor: str = "none"  # codes are near-incompressible; "zstd" trades read time for ~4%
     embedder: str = "default"  # the retrieval encoder; queries must be embedded by the same one

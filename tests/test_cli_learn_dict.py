@@ -37,10 +37,11 @@ def one_line_error(r, fragment):
 
 
 def test_bad_input_is_one_line(tiny_model_dir, text_file, tmp_path):
-    base = ["learn-dict", "--model", tiny_model_dir, "--out", tmp_path / "o", "--steps", 1]
+    base = ["learn-dict", "--model", tiny_model_dir, "--out", tmp_path / "o", "--steps", 1, "--layers-per-signal", 1]
     one_line_error(run(*base, "--text", text_file, "--layers-per-signal", 3), "must divide")
     one_line_error(run(*base, "--text", text_file, "--atoms", 70000), "65536")
-    one_line_error(run(*base, "--text", text_file, "--sparsity", 65), "exceeds the signal size")
+    one_line_error(run(*base, "--text", text_file, "--layers-per-signal", 1, "--sparsity", 65),
+                   "exceeds the signal size")
     one_line_error(run(*base, "--text", tmp_path / "missing.txt"), "not found")
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")

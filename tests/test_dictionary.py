@@ -88,7 +88,7 @@ def test_signal_checks():
     with pytest.raises(ConfigError, match="divide"):
         DictConfig(layers_per_signal=7).check_signal(30, 192)
     with pytest.raises(ConfigError, match="exceeds"):
-        DictConfig(sparsity=200).check_signal(30, 192)
+        DictConfig(sparsity=200, layers_per_signal=1).check_signal(30, 192)
     DictConfig(layers_per_signal=3, sparsity=200).check_signal(30, 192)
 
 

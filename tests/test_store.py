@@ -18,7 +18,7 @@ from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, Sto
 from sparsecache.model import extract_kv
 from sparsecache.store import Lock, Store, StoreConfig, Writer, verify, versions
 
-CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32)
+CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
 
 @pytest.fixture
@@ -94,7 +94,8 @@ def test_direct_chunk_reads_equal_zarr_reads(store):
 
 
 def test_compressed_store_reads_the_same_codes(build, store, corpus_dir, tmp_path):
-    build([corpus_dir], tmp_path / "zstd", config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, compressor="zstd"))
+    build([corpus_dir], tmp_path / "zstd", config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
+                                                                   compressor="zstd"))
     assert_same_codes(all_codes(tmp_path / "zstd"), all_codes(store))
     assert verify(tmp_path / "zstd")["ok"]
 
