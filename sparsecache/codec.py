@@ -24,6 +24,11 @@ STORAGE_DTYPES = {"float16": "float16", "float32": "float32", "float8": "uint8"}
 COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambda s: s + 2}
 
 
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x as float8 e4m3, saturating at ±448 (a plain cast would turn larger values into NaN)."""
+    return x.clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
 def coefficient_roundtrip(coef: torch.Tensor, fmt: str) -> torch.Tensor:
     """Coefficients [N, s] as a reader gets them back from format `fmt` (float32).
 
@@ -37,7 +42,7 @@ def coefficient_roundtrip(coef: torch.Tensor, fmt: str) -> torch.Tensor:
         scale = (coef.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127).half().float()
         return torch.round(coef / scale).clamp(-127, 127) * scale
     if fmt == "float8":
-        return coef.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        return to_e4m3(coef).float()
     raise ValueError(f"coefficient format must be one of {', '.join(COEF_FORMATS)}, got {fmt!r}")
 
 
@@ -89,7 +94,7 @@ class Codec:
 
     def _stored(self, coef: torch.Tensor) -> torch.Tensor:
         if self.coef_dtype == torch.float8_e4m3fn:
-            return coef.clamp(-448, 448).to(self.coef_dtype).view(torch.uint8)  # saturate, never NaN
+            return to_e4m3(coef).view(torch.uint8)
         return coef.to(self.coef_dtype)
 
     def decode(self, codes: Codes | tuple, kind: str, device=None) -> torch.Tensor:
