@@ -33,9 +33,16 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, device, as_json)
         f"sklearn    {r['sklearn_vectors_per_s']:>12,.1f} signals/s   speedup {r['speedup']:,.0f}x",
         f"decode     {r['decode_vectors_per_s']:>12,.0f} signals/s",
         f"residual vs sklearn (same signals): {r['residual_ratio_vs_sklearn']:.4f} (<= 1 means ours is as good)",
-        f"indices: packed {r['index_coding']['packed_bits_per_index']:.2f} bits, unpack {r['index_coding']['packed_indices_per_s']:,.0f}/s; "
-        f"Rice (k={r['index_coding']['rice_k']}) {r['index_coding']['rice_bits_per_index']:.2f} bits, decode {r['index_coding']['rice_indices_per_s']:,.0f}/s",
+        *index_coding_lines(r["index_coding"]),
     ])
+
+
+def index_coding_lines(ic: dict) -> list[str]:
+    return ["indices (bits per index; decoded per second, numpy / torch):",
+            f"  packed       {ic['packed_bits_per_index']:5.2f}  {ic['packed_indices_per_s']:>13,.0f} / "
+            f"{ic['packed_torch_indices_per_s']:,.0f}",
+            f"  Elias-Fano   {ic['ef_bits_per_index']:5.2f}  {ic['ef_indices_per_s']:>13,.0f} / {ic['ef_torch_indices_per_s']:,.0f}",
+            f"  Rice (k={ic['rice_k']})   {ic['rice_bits_per_index']:5.2f}  {ic['rice_indices_per_s']:>13,.0f}"]
 
 
 @bench.command("store")

@@ -15,21 +15,25 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
 @click.argument("corpus", nargs=-1, required=True)
 @click.option("--store", "store", required=True, type=click.Path(file_okay=False),
               help="Store directory (created on first use).")
-@click.option("--dict", "dictionary", default="default", show_default=True,
-              help="Dictionary directory from learn-dict; 'default' = the shipped L3 s32 one for the default model.")
+@click.option("--dict", "dictionary", default=None,
+              help="Dictionary directory from learn-dict. Default: the store's own for an existing store, "
+              "else the shipped L3 s32 one for the default model.")
 @model_option
-@click.option("--chunk-tokens", default=512, show_default=True, help="Most tokens per chunk (fixed at creation).")
+@click.option("--chunk-tokens", type=int, default=None, help="Most tokens per chunk.  [default: 512]")
 @click.option("--prefix", default=None, help="Shared prefix text every chunk is encoded after "
               "(default: the model's chat template up to the user's text).")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
 @click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw"]), default="auto", show_default=True,
               help="FAISS index: exact (flat) or HNSW; auto picks HNSW above 50,000 chunks.")
-@click.option("--embedder", default="default", show_default=True,
-              help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory (fixed at creation).")
-@click.option("--compressor", type=click.Choice(["none", "zstd"]), default="none", show_default=True,
-              help="Compressor of the code arrays (fixed at creation).")
-@click.option("--coefficients", "coef_dtype", type=click.Choice(["float16", "float8", "float32"]), default="float8",
-              show_default=True, help="How code coefficients are stored (fixed at creation); see BENCHMARKS.md.")
+@click.option("--embedder", default=None,
+              help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory.  [default: default]")
+@click.option("--compressor", type=click.Choice(["none", "zstd"]), default=None,
+              help="Compressor of the code arrays.  [default: none]")
+@click.option("--coefficients", "coef_dtype", type=click.Choice(["float16", "float8", "float32"]), default=None,
+              help="How code coefficients are stored; see BENCHMARKS.md.  [default: float8]")
+@click.option("--indices", "index_coding", type=click.Choice(["elias-fano", "packed"]), default=None,
+              help="Atom indices as Elias-Fano sorted sets (10 bits each at s=32) or 13-bit packed in OMP "
+              "order (the paper's layout); lossless either way.  [default: elias-fano]")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,
               help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
@@ -37,22 +41,28 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
 @json_option
 @library_errors
 def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
-                      embedder, compressor, coef_dtype, batch_tokens, keep, device, as_json):
+                      embedder, compressor, coef_dtype, index_coding, batch_tokens, keep, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
     kill at any point: a rerun resumes where it stopped, and readers only ever see
     published versions.
+
+    The dictionary, chunking, prefix, embedder, compressor and code formats are fixed when
+    a store is created: an existing store keeps its own, and an option that contradicts
+    them is refused.
     """
     from sparsecache.dictionary import Dictionary, default_dictionary
     from sparsecache.encoder import encode_corpus
     from sparsecache.model import load_model
-    from sparsecache.store import StoreConfig
+    from sparsecache.store import config_for, existing_dictionary
 
-    config = StoreConfig(chunk_tokens=chunk_tokens, prefix=prefix, coef_dtype=coef_dtype, compressor=compressor,
-                         embedder=embedder)
+    config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, coef_dtype=coef_dtype,
+                        index_coding=index_coding, compressor=compressor, embedder=embedder)
     dev = resolve_device(device)
-    d = Dictionary.load(default_dictionary() if dictionary == "default" else dictionary)
+    if dictionary in (None, "default"):
+        dictionary = (dictionary is None and existing_dictionary(store)) or default_dictionary()
+    d = Dictionary.load(dictionary)
     model = load_model(model_path, device=dev)
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
                       delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json)

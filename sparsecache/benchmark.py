@@ -91,25 +91,33 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
         "torch_path_vectors_per_s": torch_rate,
         "decode_vectors_per_s": _rate(decode, big_idx.shape[0]),
         "residual_ratio_vs_sklearn": float(res_ours / max(res_sk, 1e-30)),
-        "index_coding": bench_index_coding(big_idx.cpu().numpy(), max(1, math.ceil(math.log2(atoms)))),
+        "index_coding": bench_index_coding(big_idx.cpu().numpy(), max(1, math.ceil(math.log2(atoms))), atoms),
     }
 
 
-def bench_index_coding(idx, bits: int) -> dict:
-    """Bits per index and CPU unpack speed (indices/s) of fixed-width packed rows vs Rice-coded
-    sorted sets, on the same codes."""
-    from .bitpack import pack_rows, rice_decode, rice_encode, rice_parameter, unpack_rows
+def bench_index_coding(idx, bits: int, atoms: int) -> dict:
+    """Bits per index and CPU decode speed (indices/s) of the index codings on the same codes:
+    13-bit packed rows, Elias–Fano sorted-set rows (the store's; numpy and the codec's torch
+    path beside packed's torch path), and variable-length Rice-coded sorted sets."""
+    from .bitpack import (pack_rows, pack_sorted_rows, rice_decode, rice_encode, rice_parameter, unpack_rows,
+                          unpack_rows_torch, unpack_sorted_rows, unpack_sorted_rows_torch)
 
     rows, s = idx.shape
     packed = pack_rows(idx, bits)
     srt = np.sort(idx, axis=1)
+    ef = pack_sorted_rows(srt, atoms)
     k = rice_parameter(srt)
     code = rice_encode(srt, k)
+    packed_t, ef_t = torch.from_numpy(packed), torch.from_numpy(ef)
     return {"signals": rows, "rice_k": k,
             "packed_bits_per_index": packed.nbytes * 8 / idx.size,
+            "ef_bits_per_index": ef.nbytes * 8 / idx.size,
             "rice_bits_per_index": code.nbytes * 8 / idx.size,
             "packed_indices_per_s": _rate(lambda: unpack_rows(packed, s, bits), idx.size),
-            "rice_indices_per_s": _rate(lambda: rice_decode(code, rows, s), idx.size)}
+            "ef_indices_per_s": _rate(lambda: unpack_sorted_rows(ef, s, atoms), idx.size),
+            "rice_indices_per_s": _rate(lambda: rice_decode(code, rows, s), idx.size),
+            "packed_torch_indices_per_s": _rate(lambda: unpack_rows_torch(packed_t, s, bits), idx.size),
+            "ef_torch_indices_per_s": _rate(lambda: unpack_sorted_rows_torch(ef_t, s, atoms), idx.size)}
 
 
 # ---------------------------------------------------------------- the store

@@ -102,7 +102,7 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store: str | Path, dictio
             report.message = (f"unchanged: {len(sources)} documents match version {w.base.version}; "
                               "nothing to encode, no new version")
         else:
-            _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device), embedder,
+            _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device, config.index_coding), embedder,
                          prefix_ids(model, config.prefix), config.chunk_tokens, batch_tokens, report, timer, progress)
             documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
             with timer.phase("index+publish"):

@@ -9,8 +9,9 @@ top-1 agreement against exact K/V (`evaluate.fidelity`), and needle accuracy ove
 with no recomputation and with the default recomputation method.
 
 sparsecache variants share one OMP encode per dictionary (codes are memoised per input):
-coefficients in fp16 (the paper), e4m3 or int8 + per-signal scale, and atom indices either
-13-bit packed or as Rice-coded sorted sets (lossless: same quality, measured size).
+coefficients in fp16 (the paper), e4m3 or int8 + per-signal scale, and atom indices 13-bit
+packed, Elias–Fano sorted sets (the store's default, fixed width) or Rice-coded sorted sets
+(variable width, measured size); index coding is lossless, so all three share one quality.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from .baselines import default_baselines
-from .bitpack import rice_bits, rice_parameter, row_bytes
+from .bitpack import ef_row_bytes, rice_bits, rice_parameter, row_bytes
 from .blend import BlendConfig, assemble, fuse, greedy_continue, full_prefill, question_ids
 from .codec import COEF_FORMATS, coefficient_roundtrip
 from .dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
@@ -129,7 +130,7 @@ class Sparse:
         base = f"L{k.layers_per_signal}-s{k.sparsity}" if self.k is self.v else \
             f"L{k.layers_per_signal}-k{k.sparsity}v{v.sparsity}"
         fmt = {"float16": "", "float8": "-fp8", "int8": "-int8"}[self.coef]
-        return base + fmt + ("+rice" if self.index == "rice" else "")
+        return base + fmt + {"packed": "", "elias-fano": "+ef", "rice": "+rice"}[self.index]
 
     @property
     def quality_key(self) -> str:
@@ -144,6 +145,8 @@ class Sparse:
         s = c.config.sparsity
         if self.index == "packed":
             index = row_bytes(s, c.config.index_bits)
+        elif self.index == "elias-fano":
+            index = ef_row_bytes(s, c.config.atoms)
         else:
             index = s / 8 * (self.rice_bits[kind] if self.rice_bits else c.rice_bits_per_index(kind))
         per_signal = index + COEF_FORMATS[self.coef](s)
@@ -254,7 +257,7 @@ def series(method) -> str:
         return {"fp16": "fp16 (raw)", "fp8": "fp8 e4m3", "kivi": "KIVI", "svd": "per-layer SVD",
                 "xkv": "xKV (cross-layer SVD)"}[method.family]
     name = "sparsecache" + (" K/V mixed" if method.k is not method.v else "")
-    return f"{name} {method.coef}" + (" + Rice" if method.index == "rice" else "")
+    return f"{name} {method.coef}" + {"packed": "", "elias-fano": " + Elias–Fano", "rice": " + Rice"}[method.index]
 
 
 def ratios(method, model: KVModel, cfg: FrontierConfig) -> dict:
@@ -333,11 +336,13 @@ def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs
 
 
 def _rows(method, quality: dict, model: KVModel, cfg: FrontierConfig) -> list[dict]:
-    """Table rows of one evaluated method: itself, plus its Rice-coded twin for sparsecache
-    (same quality; the bits were measured when its codes were made, maybe in an earlier run)."""
+    """Table rows of one evaluated method: itself, plus its Elias–Fano and Rice-coded twins for
+    sparsecache (same quality; Rice bits were measured when its codes were made, maybe in an
+    earlier run)."""
     variants = [method]
     if isinstance(method, Sparse):
-        variants.append(Sparse(method.k, method.v, method.coef, "rice", quality["rice_bits_per_index"]))
+        variants += [Sparse(method.k, method.v, method.coef, "elias-fano"),
+                     Sparse(method.k, method.v, method.coef, "rice", quality["rice_bits_per_index"])]
     return [{"method": v.label, "family": v.family, "series": series(v), **ratios(v, model, cfg),
              **{k: x for k, x in quality.items() if not k.endswith("per_layer")}} for v in variants]
 
@@ -414,7 +419,7 @@ def plot_frontier(result: dict, out) -> None:
             style = "o-" if name.startswith("sparsecache") else "s--"
             ax.plot([r["ratio_total"] for r in rows], [_metric(r, path) for r in rows], style, label=name,
                     markersize=4, linewidth=1)
-            if name in ("sparsecache float16", "sparsecache float8 + Rice") or not name.startswith("sparsecache"):
+            if name in ("sparsecache float16", "sparsecache float8 + Elias–Fano") or not name.startswith("sparsecache"):
                 for r in rows:
                     ax.annotate(r["method"], (r["ratio_total"], _metric(r, path)), fontsize=6,
                                 textcoords="offset points", xytext=(3, 2))

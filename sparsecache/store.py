@@ -7,7 +7,7 @@ Layout of a store directory (any Zarr v3 client can read the arrays):
     dictionary/                a copy of the dictionaries, so the store is self-contained
     data/gNNNNNN/              one generation of append-only arrays (a new one per compaction):
         tokens                 int32 [N]                  token ids on the global token axis
-        {k,v}_indices          uint8 [G, N, row_bytes]    bit-packed atom indices
+        {k,v}_indices          uint8 [G, N, row_bytes]    atom indices: Elias–Fano sorted sets (or 13-bit packed)
         {k,v}_coefficients     e4m3 bytes (uint8; or float16/float32) [G, N, s]
         chunk_id, doc_id, content_hash, text, meta   str [C]   the chunk table, one row per chunk
         ordinal, token_length  int32 [C];  token_offset int64 [C]
@@ -41,13 +41,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .bitpack import row_bytes
-from .codec import COEF_DTYPES, STORAGE_DTYPES, Codec, Codes
+from .codec import COEF_DTYPES, INDEX_CODINGS, STORAGE_DTYPES, Codec, Codes
 from .dictionary import Dictionary
 from .errors import ConfigError, DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked
 from .index import build_index, index_kind, load_index, save_index, search
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: config.index_coding (format-1 stores have packed indices and still read)
 ATTR = "sparsecache"
 CODE_ARRAYS = ("k_indices", "k_coefficients", "v_indices", "v_coefficients")
 TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
@@ -63,6 +62,7 @@ class StoreConfig:
     chunk_tokens: int = 512
     prefix: str | None = None  # None: the model's chat template up to the user's text
     coef_dtype: str = "float8"  # e4m3: same quality as fp16 on the frontier, 1.38x smaller (BENCHMARKS.md)
+    index_coding: str = "elias-fano"  # lossless; 10 instead of 13 bits per index at s = 32 (BENCHMARKS.md)
     zarr_chunk_tokens: int = 512  # tokens per Zarr chunk of the code arrays (measured: BENCHMARKS.md)
     compressor: str = "none"  # codes are near-incompressible; "zstd" trades read time for ~4%
     embedder: str = "default"  # the retrieval encoder; queries must be embedded by the same one
@@ -72,6 +72,8 @@ class StoreConfig:
             raise ConfigError(f"--chunk-tokens must be in [16, 8192], got {self.chunk_tokens}")
         if self.coef_dtype not in COEF_DTYPES:
             raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}")
+        if self.index_coding not in INDEX_CODINGS:
+            raise ConfigError(f"index coding must be one of {', '.join(INDEX_CODINGS)}")
         if self.zarr_chunk_tokens < 1:
             raise ConfigError("zarr_chunk_tokens must be positive")
         if self.compressor not in COMPRESSORS:
@@ -196,6 +198,30 @@ def _root_attrs(root: Path) -> dict:
         raise StoreError(f"{root}: written by a newer sparsecache (store format {attrs['format']}, "
                          f"this version reads {FORMAT_VERSION}); upgrade sparsecache")
     return attrs
+
+
+def store_config(attrs: dict) -> StoreConfig:
+    """The StoreConfig a store was created with (format-1 stores predate index_coding: packed)."""
+    return StoreConfig(**{"index_coding": "packed", **attrs["config"]})
+
+
+def config_for(path: str | Path, **given) -> StoreConfig:
+    """The config to encode into `path` with: an existing store's own settings overridden by the
+    non-None `given` ones (the writer refuses any that differ), else the defaults with `given`.
+
+    So a nightly re-index keeps a store's settings when newer defaults change."""
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        stored = asdict(store_config(_root_attrs(Path(path))))
+    except StoreError:
+        stored = {}
+    return StoreConfig(**{**stored, **given})
+
+
+def existing_dictionary(path: str | Path) -> Path | None:
+    """The dictionary copy of the store at `path`, or None where there is no store yet."""
+    d = Path(path) / "dictionary"
+    return d if (Path(path) / "zarr.json").exists() and d.is_dir() else None
 
 
 def _compressors(name: str):
@@ -332,7 +358,7 @@ class Store:
 
         self.root = Path(root)
         self.attrs = attrs
-        self.config = StoreConfig(**attrs["config"])
+        self.config = store_config(attrs)
         self.manifest = manifest
         self.group = zarr.open_group(str(self.root / "data" / manifest.generation), mode="r")
         self._arrays = {name: self.group[name] for name in (*CODE_ARRAYS, "tokens")}
@@ -369,7 +395,7 @@ class Store:
 
     def codec(self) -> Codec:
         if self._codec is None:
-            self._codec = Codec(self.dictionary, self.config.coef_dtype)
+            self._codec = Codec(self.dictionary, self.config.coef_dtype, indices=self.config.index_coding)
         return self._codec
 
     def chunks(self) -> list[ChunkInfo]:
@@ -597,7 +623,8 @@ class Writer:
         g = zarr.open_group(str(self.root / "data" / name), mode="w")
         c = dictionary.config
         G = dictionary.model["layers"] // c.layers_per_signal
-        rb, s, zt = row_bytes(c.sparsity, c.index_bits), c.sparsity, config.zarr_chunk_tokens
+        rb = Codec(dictionary, config.coef_dtype, indices=config.index_coding).index_row_bytes()
+        s, zt = c.sparsity, config.zarr_chunk_tokens
         comp = _compressors(config.compressor)
         for kind in ("k", "v"):
             g.create_array(f"{kind}_indices", shape=(G, 0, rb), chunks=(G, zt, rb), dtype="uint8",
@@ -629,8 +656,8 @@ class Writer:
             if a["model"].get(key) != model_fp.get(key):
                 raise DictionaryMismatch(f"{self.root} was encoded with model {a['model'].get('name')}, "
                                          f"not {model_fp.get('name')}")
-        stored = StoreConfig(**a["config"])
-        for key in ("chunk_tokens", "prefix", "coef_dtype", "embedder"):
+        stored = store_config(a)
+        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder"):
             if getattr(stored, key) != getattr(config, key):
                 raise ConfigError(f"{self.root} was built with {key}={getattr(stored, key)!r}; "
                                   f"got {getattr(config, key)!r} (use a new store to change it)")
@@ -732,7 +759,7 @@ class Writer:
         attrs = self.attrs()
         old = zarr.open_group(str(self.root / "data" / base.generation), mode="r")
         name = f"g{int(base.generation[1:]) + 1:06d}"
-        self._create_generation(name, StoreConfig(**attrs["config"]), Dictionary.load(self.root / "dictionary"),
+        self._create_generation(name, store_config(attrs), Dictionary.load(self.root / "dictionary"),
                                 attrs["embed_dim"])
         new = zarr.open_group(str(self.root / "data" / name), mode="r+")
         docs, tok, row = {}, 0, 0

@@ -77,3 +77,20 @@ def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
         assert r.exit_code == 1 and "store is locked" in r.output
     r = invoke("info", tmp_path / "nowhere")
     assert r.exit_code == 1 and "no sparsecache store" in r.output
+
+
+def test_existing_store_keeps_its_settings_when_options_are_left_out(corpus_dir, tmp_path, tiny_model_dir,
+                                                                      tiny_dictionary_dir):
+    """A nightly re-index must not break when sparsecache's defaults change: settings fixed at
+    creation come from the store unless given, and a contradicting one is refused."""
+    store = tmp_path / "store"
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "packed",
+               "--coefficients", "float16")
+    assert r.exit_code == 0, r.output
+    (corpus_dir / "new.txt").write_text("The nonlocal statement rebinds names in the enclosing scope. " * 4)
+    r = invoke("encode-corpus", corpus_dir, "--store", store, "--model", tiny_model_dir, "--device", "cpu")
+    assert r.exit_code == 0 and "published version 3: 7 documents" in r.output, r.output
+    config = Store.open(store).config
+    assert (config.index_coding, config.coef_dtype, config.chunk_tokens) == ("packed", "float16", 64)
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "elias-fano")
+    assert r.exit_code == 1 and "index_coding='packed'" in r.output and "Traceback" not in r.output

@@ -70,3 +70,17 @@ def test_float8_codec_stores_e4m3_bytes_and_decodes_like_the_bench_format():
     idx, coef = batch_omp(to_signals(x, 1).reshape(-1, 32), d.keys, 4)
     want = reconstruct(idx, coefficient_roundtrip(coef, "float8"), d.keys).view(4, 10, 32)
     torch.testing.assert_close(c8.decode(codes, "k"), want)
+
+
+@pytest.mark.parametrize("L", [1, 2])
+def test_elias_fano_codec_decodes_like_packed(L):
+    """Sorted-set indices are lossless: the same atoms and coefficients, in another order."""
+    d = make_dict(L=L, atoms=8192, s=16, m=16)
+    kv = torch.randn(4, 9, 16)
+    packed, ef = Codec(d, "float16"), Codec(d, "float16", indices="elias-fano")
+    a, b = packed.encode(kv, "v"), ef.encode(kv, "v")
+    assert b.indices.shape[-1] == 22 < a.indices.shape[-1] == 26  # 11 instead of 13 bits per index
+    assert ef.bytes_per_signal() == packed.bytes_per_signal() - 4
+    torch.testing.assert_close(ef.decode(b, "v"), packed.decode(a, "v"), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="index coding"):
+        Codec(d, indices="rice")

@@ -50,8 +50,9 @@ def test_bench_omp_on_real_signals():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["speedup"] > 10 and out["residual_ratio_vs_sklearn"] < 1.01
-    ic = out["index_coding"]  # real codes: Rice-coded sets beat 13-bit packing
-    assert ic["packed_bits_per_index"] == 13 and ic["rice_bits_per_index"] < 11.5 and ic["rice_indices_per_s"] > 0
+    ic = out["index_coding"]  # real codes: sorted sets beat 13-bit packing; Rice is variable-length, EF fixed
+    assert ic["packed_bits_per_index"] == 13 and ic["rice_bits_per_index"] < ic["ef_bits_per_index"] < 12
+    assert min(ic[k] for k in ic if k.endswith("indices_per_s")) > 0
 
 
 def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp_path):

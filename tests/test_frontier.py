@@ -31,6 +31,9 @@ def test_sparse_bytes_and_ratios_by_hand(tiny_dictionary):
     assert ratios(rice, _Model, cfg)["bytes_per_token"] == 4 * (4 * 6 / 8 + 8) + 4 * (4 * 7 / 8 + 8)
     assert series(rice) == "sparsecache float16 + Rice" and series(Kivi(2)) == "KIVI"
     assert rice.label == "L1-s4+rice" and Sparse(c, c, "int8").label == "L1-s4-int8"
+    ef = Sparse(c, c, "float8", "elias-fano")  # 4 of 512 atoms: 7 low bits + 4 + 3 upper bits each → 5 bytes
+    assert ratios(ef, _Model, cfg)["bytes_per_token"] == 2 * 4 * (5 + 4)
+    assert ef.label == "L1-s4-fp8+ef" and series(ef) == "sparsecache float8 + Elias–Fano"
 
 
 def test_coder_memoises_and_counts_rice(tiny_dictionary):
@@ -54,7 +57,7 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     labels = {row["method"] for row in out["rows"]}
-    assert {"fp16", "kivi-int2", "svd-r8", "xkv4-r16", "L1-s4", "L2-s4-fp8+rice", "L1-s4-int8"} <= labels
+    assert {"fp16", "kivi-int2", "svd-r8", "xkv4-r16", "L1-s4", "L2-s4-fp8+rice", "L2-s4-fp8+ef", "L1-s4-int8"} <= labels
     fp16 = next(row for row in out["rows"] if row["method"] == "fp16")
     assert fp16["ratio"] == 1 and fp16["top1_agreement"] > 0.99 and fp16["nmse_k"] < 1e-5
     for row in out["rows"]:

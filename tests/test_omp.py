@@ -74,3 +74,13 @@ def test_decode_is_weighted_gather():
     coef = torch.tensor([[1.0, -2.0, 0.5], [0.25, 0.0, 3.0]])
     expected = torch.stack([(D[:, i] * c).sum(1) for i, c in zip(idx, coef)])
     torch.testing.assert_close(reconstruct(idx, coef, D), expected)
+
+
+def test_zero_signals_get_distinct_atoms():
+    """Sorted-set index coding needs each code's atoms distinct, even when every correlation is 0."""
+    D = unit_atoms(16, 64)
+    Y = torch.cat([torch.zeros(2, 16), torch.randn(3, 16)])
+    for block in (_omp_block_cpu, _omp_block):
+        idx, coef = block(Y @ D, gram(D), 8)
+        assert all(len(set(r.tolist())) == 8 for r in idx)
+        assert coef[:2].abs().max() == 0

@@ -61,10 +61,10 @@ def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
     codes = s.read_codes(ids)
     tokens = np.split(codes.tokens, np.cumsum(codes.lengths)[:-1])
     kv = extract_kv(tiny_model, [t.tolist() for t in tokens], prefix_ids(tiny_model, None))
-    codec = Codec(tiny_dictionary)
+    codec = Codec(tiny_dictionary, CONFIG.coef_dtype, indices=CONFIG.index_coding)
     keys, values = (torch.cat([x[i] for x in kv], 1) for i in (0, 1))
     ref_k, ref_v = codec.encode(keys, "k"), codec.encode(values, "v")
-    np.testing.assert_array_equal(codes.k.indices, ref_k.indices)  # bit-exact packed indices
+    np.testing.assert_array_equal(codes.k.indices, ref_k.indices)  # bit-exact coded indices
     np.testing.assert_array_equal(codes.k.coefficients, ref_k.coefficients)
     np.testing.assert_array_equal(codes.v.indices, ref_v.indices)
     np.testing.assert_array_equal(codes.v.coefficients, ref_v.coefficients)
@@ -318,3 +318,47 @@ def test_float8_coefficient_store(build, store, corpus_dir, tmp_path):
         assert ((k8 - k16).square().sum() / k16.square().sum()).item() < 0.01
     assert verify(fp8)["ok"]
     assert b.info()["compression"]["code_bytes_per_token"] == 4 * 2 * (5 + 4)  # 1-byte coefficients
+
+
+def test_elias_fano_and_packed_stores_hold_the_same_codes(build, store, corpus_dir, tmp_path):
+    """Index coding is lossless: each token's atom set and its coefficients are the same."""
+    from sparsecache.bitpack import unpack_rows, unpack_sorted_rows
+
+    packed = tmp_path / "packed"
+    build([corpus_dir], packed, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
+                                                   index_coding="packed"))
+    ef, pk = Store.open(store), Store.open(packed)
+    assert (ef.config.index_coding, pk.config.index_coding) == ("elias-fano", "packed")
+    ids = [c.id for c in ef.chunks()]
+    a, b = ef.read_codes(ids), pk.read_codes(ids)
+    s, n = ef.dictionary.config.sparsity, ef.dictionary.config.atoms
+    G, T, _ = a.k.indices.shape
+    ia = unpack_sorted_rows(a.k.indices.reshape(G * T, -1), s, n)
+    ib = unpack_rows(b.k.indices.reshape(G * T, -1), s, ef.dictionary.config.index_bits)
+    ca, cb = a.k.coefficients.reshape(G * T, s), b.k.coefficients.reshape(G * T, s)
+    assert (np.diff(ia, axis=1) > 0).all()
+    for r in range(0, G * T, 7):
+        assert dict(zip(ia[r], ca[r])) == dict(zip(ib[r], cb[r]))
+    for (k1, v1), (k2, v2) in zip(ef.load_kv(ids), pk.load_kv(ids)):
+        torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-6)
+
+
+def test_format_1_store_reads_as_packed(build, corpus_dir, tmp_path):
+    """Stores written before index_coding existed (format 1) have packed indices and still read."""
+    old = tmp_path / "old"
+    build([corpus_dir], old, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
+                                                index_coding="packed"))
+    before = all_codes(old)
+    meta = old / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["sparsecache"]["format"] = 1
+    del doc["attributes"]["sparsecache"]["config"]["index_coding"]
+    meta.write_text(json.dumps(doc))
+    s = Store.open(old)
+    assert s.config.index_coding == "packed" and s.codec().indices == "packed"
+    assert_same_codes(all_codes(old), before)
+    write_corpus(corpus_dir, ("return",))
+    build([corpus_dir], old, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
+                                                index_coding="packed"))
+    assert verify(old)["ok"] and versions(old) == [1, 2, 3]
