@@ -128,7 +128,8 @@ def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
               help="Held-out text for the fidelity passages ('builtin' = the held-out split of Python's docs).")
 @click.option("--config", "configs", multiple=True, metavar="L,S",
               help="sparsecache configurations (layers per signal, sparsity); repeatable. Default: "
-                   "L1 s8/16/32, L2 s16/32, L3 s32 (others are learned on first use).")
+                   "L1 s8/16/32/64, L2 s16/32, L3 s32/64, L5 s32/64. Dictionaries not shipped are learned "
+                   "once into the user cache (~10-40 min each on 2 CPU cores).")
 @click.option("--passages", default=8, show_default=True, help="Held-out passages for NMSE/perplexity/KL/top-1.")
 @click.option("--prefix-tokens", default=512, show_default=True, help="Passage (= chunk) length in tokens.")
 @click.option("--continuation-tokens", default=64, show_default=True)
@@ -149,7 +150,7 @@ def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
 def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuation_tokens, trials, needle_chunks,
                 needle_chunk_tokens, recompute_ratio, corpus_tokens, learn_steps, atoms, no_baselines, plot, device, as_json):
     """The compression–quality frontier: sparsecache configurations (fp16/fp8/int8 coefficients,
-    packed or Rice-coded indices) against KIVI int4/int2, per-layer SVD, xKV, fp8 and raw fp16,
+    packed, Elias–Fano or Rice-coded indices) against KIVI int4/int2, per-layer SVD, xKV, fp8 and raw fp16,
     all on the same held-out passages and needle trials.
 
     Quality results are cached per method under the user cache, so a re-run only evaluates

@@ -229,21 +229,19 @@ def unpack_sorted_rows(packed: np.ndarray, count: int, universe: int) -> np.ndar
 def unpack_sorted_rows_torch(packed: torch.Tensor, count: int, universe: int) -> torch.Tensor:
     """`unpack_sorted_rows` on a uint8 tensor [N, row_bytes], on its device; int64 [N, count].
 
-    Each set bit of the upper vector at position p with running count r is value r − 1's
-    high part, p − (r − 1): one cumsum and one scatter, nothing that waits on the device."""
+    `nonzero` lists each row's set bits in order; the j-th one's column minus j is value j's
+    high part. (A sync-free cumsum + scatter version was 6x slower on the CPU.)"""
     l = ef_low_bits(count, universe)
     N, U = packed.shape[0], ef_row_bits(count, universe) - count * l
     low = unpack_rows_torch(packed, count, l) if l else 0  # (N, count)
-    first = count * l // 8
+    first = count * l // 8  # the upper vector starts in this byte
     shifts = torch.arange(7, -1, -1, device=packed.device, dtype=torch.uint8)
     bits = ((packed[:, first:, None] >> shifts) & 1).reshape(N, -1)  # (N, 8·(row_bytes − first))
-    bits = bits[:, count * l - 8 * first:][:, :U].long()  # (N, U) the upper vector
-    rank = bits.cumsum(1)
-    p = torch.arange(U, device=packed.device)
-    slot = torch.where(bits.bool(), rank - 1, count)  # zeros go to a spare column
-    high = torch.empty(N, count + 1, dtype=torch.long, device=packed.device)
-    high.scatter_(1, slot, p - rank + 1)
-    return (high[:, :count] << l) | low
+    upper = bits[:, count * l - 8 * first:][:, :U]  # (N, U)
+    cols = upper.nonzero()[:, 1]
+    if cols.numel() != N * count:
+        raise ValueError(f"not Elias–Fano rows of {count} values: {cols.numel()} set bits in {N} rows")
+    return ((cols.view(N, count) - torch.arange(count, device=packed.device)) << l) | low
 
 
 def reference_sorted_pack(values: list[int], universe: int) -> bytes:

@@ -123,3 +123,5 @@ def test_elias_fano_rejects_unsorted_repeated_or_out_of_range():
     for bad in ([[3, 3, 5]], [[5, 3, 4]], [[0, 1, 8]], [[-1, 2, 3]]):
         with pytest.raises(ValueError):
             pack_sorted_rows(np.array(bad), 8)
+    with pytest.raises(ValueError, match="set bits"):  # a damaged row is an error, never wrong indices
+        unpack_sorted_rows_torch(torch.zeros(3, ef_row_bytes(4, 64), dtype=torch.uint8), 4, 64)
