@@ -13,7 +13,7 @@ from cli.options import device_option, emit, json_option, library_errors, model_
               help="Calibration text: files, directories of .txt/.md/.rst, or 'builtin' (Python's docs). Repeatable.")
 @click.option("--atoms", default=8192, show_default=True, help="Atoms per dictionary (2..65536).")
 @click.option("--sparsity", default=32, show_default=True, help="Atoms per coded signal (s).")
-@click.option("--layers-per-signal", default=3, show_default=True, help="Consecutive layers per signal (L); must divide the layer count.")
+@click.option("--layers-per-signal", default=5, show_default=True, help="Consecutive layers per signal (L); must divide the layer count.")
 @click.option("--steps", default=3000, show_default=True, help="Training steps (early stopping may end sooner).")
 @click.option("--batch", default=4096, show_default=True, help="Signals per step, per K and per V.")
 @click.option("--lr", default=0.5, show_default=True, help="Peak learning rate of K (cosine decay).")

@@ -17,7 +17,7 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
               help="Store directory (created on first use).")
 @click.option("--dict", "dictionary", default=None,
               help="Dictionary directory from learn-dict. Default: the store's own for an existing store, "
-              "else the shipped L3 s32 one for the default model.")
+              "else the shipped L5 s32 one for the default model.")
 @model_option
 @click.option("--chunk-tokens", type=int, default=None, help="Most tokens per chunk.  [default: 512]")
 @click.option("--prefix", default=None, help="Shared prefix text every chunk is encoded after "

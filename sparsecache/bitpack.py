@@ -107,6 +107,9 @@ def unpack_rows(packed: np.ndarray, count: int, bits: int) -> np.ndarray:
 def unpack_rows_torch(packed: torch.Tensor, count: int, bits: int) -> torch.Tensor:
     """`unpack_rows` on a uint8 tensor [N, row_bytes], on its device; returns int64 [N, count]."""
     _check_bits(bits)
+    if bits in (8, 16):  # byte-aligned (Elias–Fano's low bits at s = 32 over 8192 atoms): no bit arithmetic
+        rows = packed[:, : count * bits // 8].long()
+        return rows if bits == 8 else (rows[:, 0::2] << 8) | rows[:, 1::2]
     p = torch.nn.functional.pad(packed.long(), (0, 3))  # (N, row_bytes + 3)
     start = torch.arange(count, device=packed.device) * bits
     byte = (start >> 3)[None].expand(p.shape[0], -1)  # (N, count)

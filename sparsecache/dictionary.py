@@ -39,8 +39,8 @@ class DictConfig:
     """What a dictionary is: its size, the codes' sparsity and the layer grouping."""
 
     atoms: int = 8192
-    sparsity: int = 32  # with layers_per_signal 3: the frontier's pick (BENCHMARKS.md)
-    layers_per_signal: int = 3
+    sparsity: int = 32  # with layers_per_signal 5: the frontier's pick (BENCHMARKS.md)
+    layers_per_signal: int = 5
 
     def __post_init__(self):
         if not 2 <= self.atoms <= 65536:
@@ -173,7 +173,7 @@ class Dictionary:
         return d
 
 
-DEFAULT_DICTIONARY = "smollm2-135m-n8192-s32-L3"  # chosen by `bench quality` (BENCHMARKS.md)
+DEFAULT_DICTIONARY = "smollm2-135m-n8192-s32-L5"  # chosen by `bench quality` (BENCHMARKS.md)
 
 
 def default_dictionary() -> Path:
