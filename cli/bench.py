@@ -143,12 +143,15 @@ def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
               help="Training steps for a dictionary that is neither shipped nor cached (learned once, then cached).")
 @click.option("--atoms", default=8192, show_default=True, help="Dictionary size of the sparsecache configurations.")
 @click.option("--no-baselines", is_flag=True, help="Only sparsecache configurations.")
+@click.option("--skip-needles", is_flag=True,
+              help="Measure fidelity only for methods not cached yet (a later run adds their needle trials).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write the Pareto chart (PNG).")
 @device_option
 @json_option
 @library_errors
 def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuation_tokens, trials, needle_chunks,
-                needle_chunk_tokens, recompute_ratio, corpus_tokens, learn_steps, atoms, no_baselines, plot, device, as_json):
+                needle_chunk_tokens, recompute_ratio, corpus_tokens, learn_steps, atoms, no_baselines, skip_needles, plot,
+                device, as_json):
     """The compression–quality frontier: sparsecache configurations (fp16/fp8/int8 coefficients,
     packed, Elias–Fano or Rice-coded indices) against KIVI int4/int2, per-layer SVD, xKV, fp8 and raw fp16,
     all on the same held-out passages and needle trials.
@@ -167,18 +170,20 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
     dev = resolve_device(device)
     model = load_model(model_path, device=dev)
     r = run_frontier(model, cfg, parsed, [] if no_baselines else None, texts, dev,
-                     log=lambda msg: click.echo(msg, err=True))
+                     log=lambda msg: click.echo(msg, err=True), needles=not skip_needles)
     if plot:
         plot_frontier(r, plot)
     fusion = cfg.fusion
     lines = [f"{'method':<22}{'ratio':>7}{'total':>7}{'nmse_k':>8}{'nmse_v':>8}{'ppl':>8}{'KL':>7}{'top1':>7}"
              f"{'needle':>8}{fusion[:6] + ' r' + format(recompute_ratio, 'g'):>12}"]
     for row in sorted(r["rows"], key=lambda x: x["ratio_total"]):
+        needle = row["needle"] or {}
         lines.append(f"{row['method']:<22}{row['ratio']:>7.2f}{row['ratio_total']:>7.2f}{row['nmse_k']:>8.4f}"
                      f"{row['nmse_v']:>8.4f}{100 * (row['ppl_reconstructed'] / row['ppl_exact'] - 1):>+7.1f}%"
-                     f"{row['kl']:>7.3f}{100 * row['top1_agreement']:>6.1f}%{row['needle']['none']:>8.2f}"
-                     f"{row['needle'][fusion]:>12.2f}")
-    lines.append(f"full prefill needle accuracy {r['needle_full_prefill']['full']:.2f}; dictionaries: "
+                     f"{row['kl']:>7.3f}{100 * row['top1_agreement']:>6.1f}%{_num(needle.get('none')):>8}"
+                     f"{_num(needle.get(fusion)):>12}")
+    full = (r["needle_full_prefill"] or {}).get("full")
+    lines.append(f"full prefill needle accuracy {_num(full)}; dictionaries: "
                  + "; ".join(f"{k} {v}" for k, v in r["dictionaries"].items()))
     t = r["targets"]
     for d in t["dominance"]:
@@ -193,3 +198,7 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
         lines.append(f"<=4x best {lo['method']}: top-1 {100 * lo['top1']:.1f}% vs KIVI-int4 {100 * lo['kivi_int4_top1']:.1f}% "
                      f"({lo['gap_points']:+.1f} points)" + ("  met" if lo["met"] else "  NOT met"))
     emit(r, as_json, lines)
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"

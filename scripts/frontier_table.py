@@ -17,6 +17,10 @@ def base_label(method: str) -> str:
     return re.sub(r"\+(ef|rice)$", "", method)
 
 
+def _num(x) -> str:
+    return "not run" if x is None else f"{x:.2f}"
+
+
 def table(result: dict) -> str:
     fusion = result["config"]["fusion"]
     ratio = result["config"]["recompute_ratio"]
@@ -34,7 +38,7 @@ def table(result: dict) -> str:
         ppl = r["ppl_reconstructed"] / r["ppl_exact"] - 1
         lines.append("| " + " | ".join([name, *ratios, f"{r['nmse_k']:.4f}", f"{r['nmse_v']:.4f}", f"{100 * ppl:+.1f}%",
                                          f"{r['kl']:.3f}", f"{100 * r['top1_agreement']:.1f}%",
-                                         f"{r['needle']['none']:.2f}", f"{r['needle'][fusion]:.2f}"]) + " |")
+                                         *(_num((r["needle"] or {}).get(f)) for f in ("none", fusion))]) + " |")
     return "\n".join(lines)
 
 

@@ -67,6 +67,11 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     again = CliRunner().invoke(cli, args)  # every method cached now
     assert again.exit_code == 0 and "evaluating 0" in again.stderr
     assert json.loads(again.stdout)["rows"] == out["rows"]
+    quick = CliRunner().invoke(cli, [*args[:4], "--config", "1,2", *args[4:], "--skip-needles"])
+    assert quick.exit_code == 0 and "needle trials skipped for 3 methods" in quick.stderr, quick.output
+    rows = {row["method"]: row for row in json.loads(quick.stdout)["rows"]}
+    assert rows["L1-s2"]["needle"] is None and 0 <= rows["L1-s2"]["top1_agreement"] <= 1
+    assert rows["L1-s4"]["needle"] == next(r for r in out["rows"] if r["method"] == "L1-s4")["needle"]
 
 
 def _row(method, family, ratio, top1, ppl, needle):
