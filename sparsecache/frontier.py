@@ -369,7 +369,9 @@ def targets(result: dict) -> dict:
       an equal or higher ratio with better top-1 and perplexity;
     - high: the sparsecache point at ≥ 10× that meets most of top-1 ≥ 88%, perplexity ≤ +8%
       and needle accuracy ≥ 90% of exact K/V's (fp16, same fusion), ties by top-1;
-    - low: the best sparsecache top-1 at ≤ 4× against KIVI-int4's, within 1 point."""
+    - low: the best sparsecache top-1 at ≤ 4× against KIVI-int4's, within 1 point; "met" asks
+      it of the points at KIVI-int4's ratio or above (a lower ratio buys quality), and
+      `any_ratio` reports the best at any ratio ≤ 4× too."""
     rows = result["rows"]
     fusion = result["config"]["fusion"]
     ours = [r for r in rows if r["family"] == "sparsecache"]
@@ -397,13 +399,17 @@ def targets(result: dict) -> dict:
         out["high"] = {"method": best_high["method"], "ratio": best_high["ratio_total"],
                        "top1": best_high["top1_agreement"], "ppl": _ppl(best_high),
                        "needle_vs_exact": needle(best_high), "met": all(passed(best_high))}
-    low = [r for r in ours if r["ratio_total"] <= 4]
     int4 = next((r for r in rows if r["method"] == "kivi-int4"), None)
-    if low and int4:
-        best = max(low, key=lambda r: r["top1_agreement"])
-        gap = best["top1_agreement"] - int4["top1_agreement"]
-        out["low"] = {"method": best["method"], "top1": best["top1_agreement"],
-                      "kivi_int4_top1": int4["top1_agreement"], "gap_points": 100 * gap, "met": gap >= -0.01}
+    if int4:
+        low = {"any_ratio": [r for r in ours if r["ratio_total"] <= 4],
+               "equal_ratio": [r for r in ours if int4["ratio_total"] <= r["ratio_total"] <= 4]}
+        best = {k: max(v, key=lambda r: (r["top1_agreement"], r["ratio_total"])) for k, v in low.items() if v}
+        gap = {k: 100 * (r["top1_agreement"] - int4["top1_agreement"]) for k, r in best.items()}
+        if best:
+            out["low"] = {"kivi_int4_top1": int4["top1_agreement"], "kivi_int4_ratio": int4["ratio_total"],
+                          "met": gap.get("equal_ratio", -100) >= -1,
+                          **{k: {"method": r["method"], "ratio": r["ratio_total"], "top1": r["top1_agreement"],
+                                 "gap_points": gap[k]} for k, r in best.items()}}
     return out
 
 

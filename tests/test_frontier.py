@@ -83,9 +83,13 @@ def test_targets_are_checked_not_assumed():
     rows = [_row("fp16", "fp16", 1, 1.0, 0, 0.8), _row("kivi-int4", "kivi", 3.2, 0.97, 0.01, 0.8),
             _row("kivi-int2", "kivi", 5.3, 0.80, 0.2, 0.5), _row("xkv4-r32", "xkv", 9.2, 0.7, 0.4, 0.2),
             _row("svd-r8", "svd", 17, 0.6, 1.0, 0.0),
-            _row("L1-s32", "sparsecache", 3.3, 0.955, 0.01, 0.8), _row("L1-s16+rice", "sparsecache", 10.4, 0.9, 0.05, 0.75)]
+            _row("L1-s32", "sparsecache", 3.3, 0.955, 0.01, 0.8), _row("L1-s16+rice", "sparsecache", 10.4, 0.9, 0.05, 0.75),
+            _row("L1-s64", "sparsecache", 1.9, 0.968, 0.01, 0.8)]
     t = targets({"rows": rows, "config": {"fusion": "infoflow"}})
     assert [d["dominated_by"] for d in t["dominance"]] == [["L1-s16+rice"], ["L1-s16+rice"], []]
     assert not t["dominance_met"]  # nothing of ours reaches svd-r8's 17x
     assert t["high"]["method"] == "L1-s16+rice" and t["high"]["met"]  # 0.75 / 0.8 ≥ 0.9
-    assert t["low"]["gap_points"] == pytest.approx(-1.5) and not t["low"]["met"]
+    low = t["low"]  # within 1 point only at a lower ratio than int4's: not met
+    assert low["equal_ratio"]["method"] == "L1-s32" and low["equal_ratio"]["gap_points"] == pytest.approx(-1.5)
+    assert low["any_ratio"]["method"] == "L1-s64" and low["any_ratio"]["gap_points"] == pytest.approx(-0.2)
+    assert not low["met"]
