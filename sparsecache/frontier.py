@@ -368,7 +368,7 @@ def targets(result: dict) -> dict:
     - dominance: every KIVI-int2 / SVD / xKV point at ≥ 5× must have a sparsecache point at
       an equal or higher ratio with better top-1 and perplexity;
     - high: the sparsecache point at ≥ 10× that meets most of top-1 ≥ 88%, perplexity ≤ +8%
-      and needle accuracy ≥ 90% of exact K/V's (fp16, same fusion), ties by top-1;
+      and needle accuracy ≥ 90% of exact K/V's (fp16, same fusion), ties by top-1, then ratio;
     - low: the best sparsecache top-1 at ≤ 4× against KIVI-int4's, within 1 point; "met" asks
       it of the points at KIVI-int4's ratio or above (a lower ratio buys quality), and
       `any_ratio` reports the best at any ratio ≤ 4× too."""
@@ -393,7 +393,7 @@ def targets(result: dict) -> dict:
                 *(v is not None and v >= 0.9 for v in needle(r).values())]
 
     high = [r for r in ours if r["ratio_total"] >= 10]
-    best_high = max(high, key=lambda r: (sum(passed(r)), r["top1_agreement"]), default=None)
+    best_high = max(high, key=lambda r: (sum(passed(r)), r["top1_agreement"], r["ratio_total"]), default=None)
     out = {"dominance": dominance, "dominance_met": all(d["dominated_by"] for d in dominance)}
     if best_high:
         out["high"] = {"method": best_high["method"], "ratio": best_high["ratio_total"],
