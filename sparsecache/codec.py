@@ -29,6 +29,13 @@ COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambd
 INDEX_CODINGS = ("packed", "elias-fano")
 
 
+def index_row_bytes(config, indices: str) -> int:
+    """Bytes of one signal's atom indices for a DictConfig under an index coding."""
+    if indices == "elias-fano":
+        return ef_row_bytes(config.sparsity, config.atoms)
+    return row_bytes(config.sparsity, config.index_bits)
+
+
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     """x as float8 e4m3, saturating at ±448 (a plain cast would turn larger values into NaN)."""
     return x.clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -83,12 +90,8 @@ class Codec:
     def bits(self) -> int:
         return self.config.index_bits
 
-    def index_row_bytes(self) -> int:
-        s = self.config.sparsity
-        return ef_row_bytes(s, self.config.atoms) if self.indices == "elias-fano" else row_bytes(s, self.bits)
-
     def bytes_per_signal(self) -> int:
-        return self.index_row_bytes() + self.config.sparsity * self.coef_dtype.itemsize
+        return index_row_bytes(self.config, self.indices) + self.config.sparsity * self.coef_dtype.itemsize
 
     def gram(self, kind: str) -> torch.Tensor:
         if kind not in self._gram:

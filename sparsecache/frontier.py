@@ -28,9 +28,9 @@ import torch
 from tqdm import tqdm
 
 from .baselines import default_baselines
-from .bitpack import ef_row_bytes, rice_bits, rice_parameter, row_bytes
+from .bitpack import rice_bits, rice_parameter
 from .blend import BlendConfig, assemble, fuse, greedy_continue, full_prefill, question_ids
-from .codec import COEF_FORMATS, coefficient_roundtrip
+from .codec import COEF_FORMATS, coefficient_roundtrip, index_row_bytes
 from .dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
 from .evaluate import EvalConfig, fidelity, passages
 from .model import KVModel, cache_root, default_prefix_ids, extract_kv
@@ -145,12 +145,10 @@ class Sparse:
     def nbytes(self, n_layers: int, T: int, m: int, kind: str) -> float:
         c = self.coder(kind)
         s = c.config.sparsity
-        if self.index == "packed":
-            index = row_bytes(s, c.config.index_bits)
-        elif self.index == "elias-fano":
-            index = ef_row_bytes(s, c.config.atoms)
-        else:
+        if self.index == "rice":
             index = s / 8 * (self.rice_bits[kind] if self.rice_bits else c.rice_bits_per_index(kind))
+        else:
+            index = index_row_bytes(c.config, self.index)
         per_signal = index + COEF_FORMATS[self.coef](s)
         return n_layers // c.config.layers_per_signal * T * per_signal
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .codec import COEF_DTYPES, INDEX_CODINGS, STORAGE_DTYPES, Codec, Codes
+from .codec import COEF_DTYPES, INDEX_CODINGS, STORAGE_DTYPES, Codec, Codes, index_row_bytes
 from .dictionary import Dictionary
 from .errors import ConfigError, DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked
 from .index import build_index, index_kind, load_index, save_index, search
@@ -623,7 +623,7 @@ class Writer:
         g = zarr.open_group(str(self.root / "data" / name), mode="w")
         c = dictionary.config
         G = dictionary.model["layers"] // c.layers_per_signal
-        rb = Codec(dictionary, config.coef_dtype, indices=config.index_coding).index_row_bytes()
+        rb = index_row_bytes(c, config.index_coding)
         s, zt = c.sparsity, config.zarr_chunk_tokens
         comp = _compressors(config.compressor)
         for kind in ("k", "v"):
