@@ -7,14 +7,9 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 
-CODINGS = (("", "packed"), ("+ef", "Elias–Fano"), ("+rice", "Rice"))
-
-
-def base_label(method: str) -> str:
-    return re.sub(r"\+(ef|rice)$", "", method)
+from sparsecache.frontier import INDEX_NAMES
 
 
 def _num(x) -> str:
@@ -24,17 +19,16 @@ def _num(x) -> str:
 def table(result: dict) -> str:
     fusion = result["config"]["fusion"]
     ratio = result["config"]["recompute_ratio"]
-    by_base: dict[str, dict[str, dict]] = {}
+    by_quality: dict[str, dict] = {}  # quality label → index coding → row; a baseline's one size sits under packed
     for row in result["rows"]:
-        suffix = row["method"][len(base_label(row["method"])):]
-        by_base.setdefault(base_label(row["method"]), {})[suffix] = row
-    head = ["method", *(f"total ratio, {name}" for _, name in CODINGS), "NMSE K", "NMSE V", "ppl vs exact", "KL",
+        by_quality.setdefault(row["quality"], {})[row["index"] or "packed"] = row
+    head = ["method", *(f"total ratio, {name}" for name in INDEX_NAMES.values()), "NMSE K", "NMSE V", "ppl vs exact", "KL",
             "top-1", "needle, none", f"needle, {fusion} r={ratio:g}"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for base, rows in sorted(by_base.items(), key=lambda kv: kv[1].get("+ef", kv[1][""])["ratio_total"]):
-        r = rows[""]
-        name = base if r["family"] == "sparsecache" else f"*{base}*"
-        ratios = [f"{rows[s]['ratio_total']:.2f}×" if s in rows else "" for s, _ in CODINGS]
+    for label, rows in sorted(by_quality.items(), key=lambda kv: kv[1].get("elias-fano", kv[1]["packed"])["ratio_total"]):
+        r = rows["packed"]
+        name = label if r["family"] == "sparsecache" else f"*{label}*"
+        ratios = [f"{rows[c]['ratio_total']:.2f}×" if c in rows else "" for c in INDEX_NAMES]
         ppl = r["ppl_reconstructed"] / r["ppl_exact"] - 1
         lines.append("| " + " | ".join([name, *ratios, f"{r['nmse_k']:.4f}", f"{r['nmse_v']:.4f}", f"{100 * ppl:+.1f}%",
                                          f"{r['kl']:.3f}", f"{100 * r['top1_agreement']:.1f}%",

@@ -43,6 +43,10 @@ COEF_VARIANTS = ("float16", "float8", "int8")
 MIXED = (((1, 8), (1, 16)), ((1, 8), (1, 32)), ((1, 16), (1, 32)),  # (K config, V config)
          ((3, 64), (3, 32)), ((5, 64), (5, 32)))
 SHIPPED = Path(__file__).resolve().parent.parent / "dictionaries"
+# how labels and plot series name a coefficient format and an index coding
+COEF_SUFFIX = {"float16": "", "float8": "-fp8", "int8": "-int8"}
+INDEX_SUFFIX = {"packed": "", "elias-fano": "+ef", "rice": "+rice"}
+INDEX_NAMES = {"packed": "packed", "elias-fano": "Elias–Fano", "rice": "Rice"}
 
 
 @dataclass(frozen=True)
@@ -127,12 +131,16 @@ class Sparse:
         return self.k if kind == "k" else self.v
 
     @property
-    def label(self) -> str:
+    def quality_label(self) -> str:
+        """The label without the index coding, which is lossless: the same for all codings."""
         k, v = self.k.config, self.v.config
         base = f"L{k.layers_per_signal}-s{k.sparsity}" if self.k is self.v else \
             f"L{k.layers_per_signal}-k{k.sparsity}v{v.sparsity}"
-        fmt = {"float16": "", "float8": "-fp8", "int8": "-int8"}[self.coef]
-        return base + fmt + {"packed": "", "elias-fano": "+ef", "rice": "+rice"}[self.index]
+        return base + COEF_SUFFIX[self.coef]
+
+    @property
+    def label(self) -> str:
+        return self.quality_label + INDEX_SUFFIX[self.index]
 
     @property
     def quality_key(self) -> str:
@@ -257,7 +265,7 @@ def series(method) -> str:
         return {"fp16": "fp16 (raw)", "fp8": "fp8 e4m3", "kivi": "KIVI", "svd": "per-layer SVD",
                 "xkv": "xKV (cross-layer SVD)"}[method.family]
     name = "sparsecache" + (" K/V mixed" if method.k is not method.v else "")
-    return f"{name} {method.coef}" + {"packed": "", "elias-fano": " + Elias–Fano", "rice": " + Rice"}[method.index]
+    return f"{name} {method.coef}" + ("" if method.index == "packed" else f" + {INDEX_NAMES[method.index]}")
 
 
 def ratios(method, model: KVModel, cfg: FrontierConfig) -> dict:
@@ -352,7 +360,8 @@ def _rows(method, quality: dict, model: KVModel, cfg: FrontierConfig) -> list[di
     if isinstance(method, Sparse):
         variants += [Sparse(method.k, method.v, method.coef, "elias-fano"),
                      Sparse(method.k, method.v, method.coef, "rice", quality["rice_bits_per_index"])]
-    return [{"method": v.label, "family": v.family, "series": series(v), **ratios(v, model, cfg),
+    return [{"method": v.label, "quality": getattr(v, "quality_label", v.label), "index": getattr(v, "index", None),
+             "family": v.family, "series": series(v), **ratios(v, model, cfg),
              **{k: x for k, x in quality.items() if not k.endswith("per_layer")}} for v in variants]
 
 
@@ -420,9 +429,20 @@ def _metric(row: dict, path: str):
     return (row[head] or {}).get(tail) if tail else row[head]
 
 
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (ratio, quality) points no other point matches or beats on both, by ratio."""
+    front, best = [], float("-inf")
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if y > best:
+            front.append((x, y))
+            best = y
+    return front[::-1]
+
+
 def plot_frontier(result: dict, out) -> None:
-    """The Pareto chart: x total compression ratio (log), y each quality panel, one series
-    per method family/variant, points labelled with their configuration."""
+    """The Pareto chart: x total compression ratio (log), y each quality panel; per method
+    family/variant every point as a marker and its Pareto envelope as a line (a series mixes
+    L and s, so joining its points by ratio would zigzag), points labelled with their configuration."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -436,10 +456,14 @@ def plot_frontier(result: dict, out) -> None:
     for ax, (path, title) in zip(axes, PANELS):
         path = path.format(fusion=cfg["fusion"])
         for name, rows in by_series.items():
-            rows = sorted((r for r in rows if _metric(r, path) is not None), key=lambda r: r["ratio_total"])
-            style = "o-" if name.startswith("sparsecache") else "s--"
-            ax.plot([r["ratio_total"] for r in rows], [_metric(r, path) for r in rows], style, label=name,
-                    markersize=4, linewidth=1)
+            rows = [r for r in rows if _metric(r, path) is not None]
+            if not rows:
+                continue
+            ours = name.startswith("sparsecache")
+            dots = ax.plot([r["ratio_total"] for r in rows], [_metric(r, path) for r in rows], "o" if ours else "s",
+                           markersize=4, alpha=0.6)[0]
+            front = pareto([(r["ratio_total"], _metric(r, path)) for r in rows])
+            ax.plot(*zip(*front), "-" if ours else "--", color=dots.get_color(), label=name, linewidth=1.2)
             if name in ("sparsecache float16", "sparsecache float8 + Elias–Fano") or not name.startswith("sparsecache"):
                 for r in rows:
                     ax.annotate(r["method"], (r["ratio_total"], _metric(r, path)), fontsize=6,

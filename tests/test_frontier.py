@@ -1,6 +1,8 @@
 """`bench quality`: ratios counted by hand, memoised codes, and the command end to end (tiny model)."""
 
 import json
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +10,10 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from sparsecache.baselines import Kivi
-from sparsecache.frontier import Coder, FrontierConfig, Sparse, ratios, series, targets
+from sparsecache.frontier import Coder, FrontierConfig, Sparse, pareto, ratios, series, targets
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Model:  # what `ratios` reads
@@ -72,6 +77,13 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     rows = {row["method"]: row for row in json.loads(quick.stdout)["rows"]}
     assert rows["L1-s2"]["needle"] is None and 0 <= rows["L1-s2"]["top1_agreement"] <= 1
     assert rows["L1-s4"]["needle"] == next(r for r in out["rows"] if r["method"] == "L1-s4")["needle"]
+    # BENCHMARKS' table: one line per quality, its three index codings side by side, "not run" for skipped needles
+    table = runpy.run_path(str(ROOT / "scripts" / "frontier_table.py"))["table"](json.loads(quick.stdout))
+    line = next(x for x in table.splitlines() if x.startswith("| L2-s4-fp8 |"))
+    ef = rows["L2-s4-fp8+ef"]
+    assert ef["quality"] == "L2-s4-fp8" and ef["index"] == "elias-fano" and f"{ef['ratio_total']:.2f}×" in line
+    assert "| L2-s4-fp8+ef |" not in table and "| *fp16* | 1.00× |" in table
+    assert next(x for x in table.splitlines() if x.startswith("| L1-s2 |")).endswith("| not run | not run |")
 
 
 def _row(method, family, ratio, top1, ppl, needle):
@@ -93,3 +105,9 @@ def test_targets_are_checked_not_assumed():
     assert low["equal_ratio"]["method"] == "L1-s32" and low["equal_ratio"]["gap_points"] == pytest.approx(-1.5)
     assert low["any_ratio"]["method"] == "L1-s64" and low["any_ratio"]["gap_points"] == pytest.approx(-0.2)
     assert not low["met"]
+
+
+def test_pareto_keeps_only_undominated_points_by_ratio():
+    pts = [(2, 0.9), (4, 0.95), (8, 0.7), (8, 0.8), (16, 0.5), (3, 0.6), (16, 0.5)]
+    assert pareto(pts) == [(4, 0.95), (8, 0.8), (16, 0.5)]
+    assert pareto([]) == []
