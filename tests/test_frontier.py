@@ -86,8 +86,8 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     assert next(x for x in table.splitlines() if x.startswith("| L1-s2 |")).endswith("| not run | not run |")
 
 
-def _row(method, family, ratio, top1, ppl, needle):
-    return {"method": method, "family": family, "ratio_total": ratio, "top1_agreement": top1,
+def _row(method, family, ratio, top1, ppl, needle, index=None):
+    return {"method": method, "family": family, "index": index, "ratio_total": ratio, "top1_agreement": top1,
             "ppl_exact": 10.0, "ppl_reconstructed": 10.0 * (1 + ppl), "needle": {"none": needle, "infoflow": needle}}
 
 
@@ -95,12 +95,13 @@ def test_targets_are_checked_not_assumed():
     rows = [_row("fp16", "fp16", 1, 1.0, 0, 0.8), _row("kivi-int4", "kivi", 3.2, 0.97, 0.01, 0.8),
             _row("kivi-int2", "kivi", 5.3, 0.80, 0.2, 0.5), _row("xkv4-r32", "xkv", 9.2, 0.7, 0.4, 0.2),
             _row("svd-r8", "svd", 17, 0.6, 1.0, 0.0),
-            _row("L1-s32", "sparsecache", 3.3, 0.955, 0.01, 0.8), _row("L1-s16+rice", "sparsecache", 10.4, 0.9, 0.05, 0.75),
+            _row("L1-s32", "sparsecache", 3.3, 0.955, 0.01, 0.8), _row("L1-s16+ef", "sparsecache", 10.1, 0.9, 0.05, 0.75, "elias-fano"),
+            _row("L1-s16+rice", "sparsecache", 10.4, 0.9, 0.05, 0.75, "rice"),  # a bound: no store writes it
             _row("L1-s64", "sparsecache", 1.9, 0.968, 0.01, 0.8)]
     t = targets({"rows": rows, "config": {"fusion": "infoflow"}})
-    assert [d["dominated_by"] for d in t["dominance"]] == [["L1-s16+rice"], ["L1-s16+rice"], []]
+    assert [d["dominated_by"] for d in t["dominance"]] == [["L1-s16+ef"], ["L1-s16+ef"], []]
     assert not t["dominance_met"]  # nothing of ours reaches svd-r8's 17x
-    assert t["high"]["method"] == "L1-s16+rice" and t["high"]["met"]  # 0.75 / 0.8 ≥ 0.9
+    assert t["high"]["method"] == "L1-s16+ef" and t["high"]["met"]  # 0.75 / 0.8 ≥ 0.9
     low = t["low"]  # within 1 point only at a lower ratio than int4's: not met
     assert low["equal_ratio"]["method"] == "L1-s32" and low["equal_ratio"]["gap_points"] == pytest.approx(-1.5)
     assert low["any_ratio"]["method"] == "L1-s64" and low["any_ratio"]["gap_points"] == pytest.approx(-0.2)
