@@ -1,0 +1,27 @@
+"""scripts/ttft_table.py: BENCHMARKS' TTFT tables from `bench ttft --json` rows."""
+
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
+
+
+def _row(k, method, ratio, cache, ttft):
+    return {"k": k, "method": method, "ratio": ratio, "page_cache": cache, "context_tokens": 1000 * k,
+            "recomputed_tokens": int(ratio * 1000 * k), "bytes_read": 2_500_000 * k, "ttft": ttft,
+            **{p: ttft / len(PHASES) for p in PHASES}}
+
+
+def test_ttft_tables_put_each_method_and_k_in_its_cell():
+    script = runpy.run_path(str(ROOT / "scripts" / "ttft_table.py"))
+    rows = [_row(2, "full", 0, "warm", 3000), _row(2, "infoflow", 0.15, "warm", 1200),
+            _row(8, "full", 0, "warm", 15000), _row(8, "infoflow", 0.15, "warm", 5100),
+            _row(8, "infoflow", 0.15, "cold", 6100)]
+    grid = script["ttft_table"](rows).splitlines()
+    assert grid[0] == "| method | k=2 | k=8 |"
+    assert grid[2:] == ["| full | 3.00 s | 15.00 s |", "| infoflow | 1.20 s | 5.10 s |"]  # cold rows kept out
+    lines = script["breakdown_table"](rows, [8]).splitlines()[2:]
+    assert [line.split(" | ")[:3] for line in lines] == [["| 8", "full", "warm"], ["| 8", "infoflow r=0.15", "warm"],
+                                                         ["| 8", "infoflow r=0.15", "cold"]]
+    assert lines[1].endswith("| 20.0 MB | " + " | ".join(["729"] * len(PHASES)) + " | **5,100** |")
