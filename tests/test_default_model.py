@@ -72,3 +72,37 @@ def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp
            for m in ("none", "a3", "infoflow", "full")}
     assert (acc["a3"] + acc["infoflow"]) / 2 >= acc["none"], acc
     assert acc["full"] >= max(acc["none"], 0.5), acc
+
+
+def test_bench_ttft_end_to_end(default_model, tmp_path):
+    """`bench ttft` on a small real store: every method at every k, cold rows at the largest,
+    phases that add up to the TTFT, the same context for every method, and the codes reading
+    far fewer bytes than the raw fp16 files."""
+    import runpy
+
+    from sparsecache.dictionary import default_dictionary
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.session import STEPS
+    from sparsecache.text import read_documents
+
+    doc = max(read_documents(["builtin"], split="heldout"), key=lambda d: len(d.text))
+    ids = default_model.tokenizer(doc.text, add_special_tokens=False)["input_ids"][:2000]
+    (tmp_path / "doc.txt").write_text(default_model.tokenizer.decode(ids))
+    encode_corpus([str(tmp_path / "doc.txt")], tmp_path / "store", Dictionary.load(default_dictionary()),
+                  default_model, progress=False)
+    r = CliRunner().invoke(cli, ["bench", "ttft", "--store", str(tmp_path / "store"), "--k", "1,2",
+                                 "--repeats", "1", "--plot", str(tmp_path / "t.png"), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    methods = ("full", "raw", "none", "a3", "infoflow", "cacheblend")
+    assert [(x["k"], x["method"], x["page_cache"]) for x in rows] == \
+        [(k, m, "warm") for k in (1, 2) for m in methods] + [(2, m, "cold") for m in ("raw", "none", "a3")]
+    for x in rows:
+        assert x["ttft"] == pytest.approx(sum(x[s] for s in STEPS), abs=0.01)
+        assert x["context_tokens"] == next(y["context_tokens"] for y in rows if y["k"] == x["k"])
+        assert (x["recomputed_tokens"] > 0) == (x["method"] in ("a3", "infoflow", "cacheblend"))
+    at = {(x["k"], x["method"], x["page_cache"]): x for x in rows}
+    assert at[2, "none", "warm"]["bytes_read"] * 10 < at[2, "raw", "warm"]["bytes_read"]
+    assert (tmp_path / "t.png").stat().st_size > 10_000
+    table = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "ttft_table.py"))["ttft_table"](rows)
+    assert table.splitlines()[0] == "| method | k=1 | k=2 |" and len(table.splitlines()) == 2 + len(methods)
