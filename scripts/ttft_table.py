@@ -10,7 +10,9 @@ import json
 
 import click
 
-PHASES = ("read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
+from sparsecache.session import STEPS
+
+PHASES = tuple(s for s in STEPS if s != "retrieve")  # `bench ttft` bypasses retrieval (timed once, apart)
 
 
 def _name(row: dict) -> str:
