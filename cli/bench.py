@@ -18,14 +18,23 @@ def bench():
 @click.option("--n", "count", default=8192, show_default=True, help="Signals coded by Batch-OMP.")
 @click.option("--sklearn-n", default=64, show_default=True, help="Signals coded by scikit-learn (it is slow).")
 @click.option("--kind", type=click.Choice(["k", "v"]), default="k", show_default=True)
+@click.option("--layers-per-signal", "layers", default=1, show_default=True,
+              help="Signal size L·192 when no --dict is given (a dictionary brings its own).")
 @device_option
 @json_option
 @library_errors
-def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, device, as_json):
-    """Batch-OMP vs scikit-learn's orthogonal_mp_gram on the same real KV signals (m = 192)."""
+def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, layers, device, as_json):
+    """Batch-OMP vs scikit-learn's orthogonal_mp_gram on the same real KV signals (m = L·192).
+
+    On a GPU it also times every torch formulation (GEMM correlations in fp32/fp16/bf16,
+    Gram-row Batch-OMP) and the fused CPU kernel on the same machine."""
     from sparsecache.benchmark import bench_omp
 
-    r = bench_omp(dict_path, atoms, sparsity, count, sklearn_n, kind, resolve_device(device))
+    r = bench_omp(dict_path, atoms, sparsity, count, sklearn_n, kind, resolve_device(device), layers)
+    forms = [f"  {name:<20} {f['vectors_per_s']:>12,.0f} signals/s  batch {f['batch']:>5}  "
+             f"residual {f['residual_vs_gemm_fp32']:.4f} of gemm-float32" for name, f in r.get("formulations", {}).items()]
+    if "cpu_kernel_vectors_per_s" in r:
+        forms.append(f"  {'cpu kernel (numba)':<20} {r['cpu_kernel_vectors_per_s']:>12,.0f} signals/s")
     emit(r, as_json, [
         f"device {r['device']}  atoms {r['atoms']}  dim {r['dim']}  sparsity {r['sparsity']}",
         f"batch_omp  {r['vectors_per_s']:>12,.0f} signals/s",
@@ -34,6 +43,28 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, device, as_json)
         f"decode     {r['decode_vectors_per_s']:>12,.0f} signals/s",
         f"residual vs sklearn (same signals): {r['residual_ratio_vs_sklearn']:.4f} (<= 1 means ours is as good)",
         *index_coding_lines(r["index_coding"]),
+        *(["formulations on this device:"] + forms if forms else []),
+    ])
+
+
+@bench.command("decode")
+@click.option("--store", "store_path", default="bench-store/store", show_default=True,
+              type=click.Path(file_okay=False), help="A store (bench store makes one).")
+@click.option("--chunks", "n_chunks", default=32, show_default=True, help="Longest chunks decoded together.")
+@device_option
+@json_option
+@library_errors
+def decode_cmd(store_path, n_chunks, device, as_json):
+    """Decode speed of retrieved chunks (unpack + embedding_bag, codes already on the device)
+    against a device-to-device copy of the same bytes."""
+    from sparsecache.benchmark import bench_decode
+
+    r = bench_decode(store_path, n_chunks, resolve_device(device))
+    emit(r, as_json, [
+        f"decode {r['chunks']} chunks ({r['tokens']} tokens, {r['signals']:,} signals) on {r['device']}: "
+        f"{r['decode_ms']:.2f} ms = {r['signals_per_s']:,.0f} signals/s",
+        f"K/V written {r['kv_bytes'] / 1e6:.0f} MB: {r['kv_bytes_per_s'] / 1e9:.1f} GB/s "
+        f"(a copy of the same bytes moves {r['copy_bytes_per_s'] / 1e9:.0f} GB/s read+write)",
     ])
 
 

@@ -35,8 +35,9 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps,
 
     config = DictConfig(atoms, sparsity, layers_per_signal)
     tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed)
-    model = load_model(model_path)
-    d = learn_dict(model, texts, config, tcfg, out, resolve_device(device), resume)
+    device = resolve_device(device)
+    model = load_model(model_path, device=device)  # calibration KV is computed where the OMP runs
+    d = learn_dict(model, texts, config, tcfg, out, device, resume)
     h = d.meta["heldout_nmse"]
     click.echo(f"wrote {out}: held-out NMSE K {h['k']:.4f}  V {h['v']:.4f}")
 

@@ -11,17 +11,19 @@ import numpy as np
 import torch
 
 from .dictionary import Dictionary, initial_atoms
-from .omp import _omp_block, batch_omp, batch_size_for, gram, reconstruct
+from ._omp_cpu import omp_codes
+from .omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
 
-def _heldout_signals(kind: str, count: int) -> torch.Tensor:
-    """Real pre-RoPE K or V signals [count, 192] of the default model on held-out text."""
+def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
+    """Real pre-RoPE K or V signals [count, layers·192] of the default model on held-out text."""
     from .dictionary import collect_signals
     from .model import default_prefix_ids, load_model
     from .text import builtin_documents
 
     model = load_model()
-    sig, _ = collect_signals(model, builtin_documents("heldout"), 1, 256, max(count // model.n_layers + 256, 4096),
+    groups = model.n_layers // layers
+    sig, _ = collect_signals(model, builtin_documents("heldout"), layers, 256, max(count // groups + 256, 4096),
                              default_prefix_ids(model))
     rows = torch.randperm(sig[kind].shape[0], generator=torch.Generator().manual_seed(0))[:count]
     return sig[kind][rows].float()
@@ -37,17 +39,21 @@ def _rate(fn, items: int, repeats: int = 3) -> float:
     return items / best
 
 
-def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, kind: str, device: str) -> dict:
-    """Batch-OMP and scikit-learn's orthogonal_mp_gram on the same signals, plus decode speed."""
+def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, kind: str, device: str,
+              layers: int = 1) -> dict:
+    """Batch-OMP and scikit-learn's orthogonal_mp_gram on the same signals, plus decode speed.
+
+    On a GPU also every torch formulation side by side (`formulations`) and the fused CPU
+    kernel on the same machine's cores."""
     import numpy as np
     from sklearn.linear_model import orthogonal_mp_gram
 
     if dict_path:
-        D = Dictionary.load(dict_path).atoms(kind)
-        atoms = D.shape[1]
-        y = _heldout_signals(kind, count)
+        d = Dictionary.load(dict_path)
+        D, atoms, layers = d.atoms(kind), d.config.atoms, d.config.layers_per_signal
+        y = _heldout_signals(kind, count, layers)
     else:  # atoms are other signals than the ones coded, or some would be coded exactly
-        pool = _heldout_signals(kind, count + atoms)
+        pool = _heldout_signals(kind, count + atoms, layers)
         y, D = pool[:count], initial_atoms(pool[count:], atoms, "data", torch.Generator().manual_seed(1))
     dev = torch.device(device)
     y_dev, D_dev = y.to(dev), D.to(dev)
@@ -84,15 +90,83 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
         reconstruct(big_idx, big_coef, D_dev)
         sync()
 
-    return {
-        "device": str(dev), "atoms": atoms, "dim": y.shape[1], "sparsity": sparsity, "n": count,
-        "threads": torch.get_num_threads(),
+    out = {
+        "device": str(dev), "atoms": atoms, "dim": y.shape[1], "layers_per_signal": layers,
+        "sparsity": sparsity, "n": count, "threads": torch.get_num_threads(),
         "vectors_per_s": rate, "sklearn_vectors_per_s": sk_rate, "speedup": rate / sk_rate,
         "torch_path_vectors_per_s": torch_rate,
         "decode_vectors_per_s": _rate(decode, big_idx.shape[0]),
         "residual_ratio_vs_sklearn": float(res_ours / max(res_sk, 1e-30)),
         "index_coding": bench_index_coding(big_idx.cpu().numpy(), max(1, math.ceil(math.log2(atoms))), atoms),
     }
+    if dev.type == "cuda":
+        out["device_name"] = torch.cuda.get_device_name(dev)
+        out["formulations"] = bench_formulations(y_dev, D_dev, G, sparsity)
+        out["cpu_kernel_vectors_per_s"] = _cpu_kernel_rate(y, D, sparsity)
+    return out
+
+
+def bench_formulations(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int) -> dict:
+    """signals/s of each torch OMP on one device, and its residual energy relative to the fp32
+    GEMM form's on the same signals (> 1: worse codes)."""
+    sync = torch.cuda.synchronize if y.device.type == "cuda" else (lambda: None)
+    n = D.shape[1]
+    variants = {f"gemm-{dt}": (lambda b, dt=dt: _omp_block_gemm(b, D, G, s, dt), gemm_batch_size_for(n))
+                for dt in ("float32", "float16", "bfloat16")}
+    for bs in (batch_size_for(n, s), 1024):
+        variants[f"batch-omp-B{bs}"] = (lambda b: _omp_block(b @ D, G, s), bs)
+    out, ref = {}, None
+    for name, (fn, bs) in variants.items():
+        def run():
+            codes = [fn(y[i : i + bs]) for i in range(0, y.shape[0], bs)]
+            sync()
+            return torch.cat([c[0] for c in codes]), torch.cat([c[1] for c in codes])
+
+        idx, coef = run()  # warm-up
+        energy = float((y - reconstruct(idx, coef, D)).square().sum())
+        ref = energy if ref is None else ref
+        out[name] = {"batch": bs, "vectors_per_s": _rate(run, y.shape[0]), "residual_vs_gemm_fp32": energy / ref}
+    return out
+
+
+def _cpu_kernel_rate(y: torch.Tensor, D: torch.Tensor, s: int) -> float:
+    """signals/s of the fused numba kernel on this machine's CPU cores (what runs without a GPU)."""
+    y, D = y[:16384].float(), D.float()
+    G = gram(D)
+    return _rate(lambda: batch_omp(y, D, s, G), y.shape[0], repeats=2)
+
+
+def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20) -> dict:
+    """Decoding `n_chunks` full chunks of a store on `device`: unpack + embedding_bag with the
+    codes already there, in signals/s and K/V bytes written per second (fp32 [layers, T, m]),
+    beside a device-to-device copy of the same bytes (the memory-bandwidth yardstick)."""
+    from .store import Store
+
+    store = Store.open(store_path)
+    ids = [c.id for c in sorted(store.chunks(), key=lambda c: -c.token_length)[:n_chunks]]
+    codes = store.read_codes(ids)
+    codec = store.codec()
+    dev = torch.device(device)
+    on_dev = {kind: tuple(torch.as_tensor(a).to(dev) for a in (c.indices, c.coefficients))
+              for kind, c in (("k", codes.k), ("v", codes.v))}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def decode():
+        out = [codec.decode(on_dev[kind], kind, dev) for kind in ("k", "v")]
+        sync()
+        return out
+
+    k, v = decode()
+    seconds = _median_time(decode, repeats)
+    out_bytes = k.numel() * k.element_size() + v.numel() * v.element_size()
+    src = torch.empty(out_bytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    copy_s = _median_time(lambda: (dst.copy_(src), sync()), repeats)
+    signals = 2 * codes.k.indices.shape[0] * codes.k.indices.shape[1]
+    return {"device": str(dev), "chunks": len(ids), "tokens": int(sum(codes.lengths)), "signals": signals,
+            "decode_ms": 1e3 * seconds, "signals_per_s": signals / seconds, "kv_bytes": out_bytes,
+            "kv_bytes_per_s": out_bytes / seconds, "copy_bytes_per_s": 2 * out_bytes / copy_s,
+            "code_bytes": int(codes.nbytes)}
 
 
 def bench_index_coding(idx, bits: int, atoms: int) -> dict:

@@ -8,9 +8,21 @@ grows a Cholesky factor one row per iteration. Per signal that costs n·m (α⁰
 residual with a GEMM each step. Everything is vectorised over a batch of signals; no
 Python loop touches individual signals.
 
-Two implementations of the same algorithm: `_omp_block` in torch ops (any device; what a
-GPU runs) and, on the CPU, the fused numba loop of `_omp_cpu` (memory traffic, not FLOPs,
-bounds the torch version there). Tests hold both to the reference and to scikit-learn.
+Three implementations of the same greedy algorithm, one per kind of hardware:
+
+- on the CPU, the fused numba loop of `_omp_cpu` (memory traffic, not FLOPs, bounds the
+  torch ops there);
+- on a GPU, `_omp_block_gemm`: the residual's correlations come from one GEMM per step,
+  α = Dᵀ(y − D_S x_S), which equals Batch-OMP's α⁰ − G_S x_S but runs on the matrix units
+  instead of reading s gathered Gram rows per signal from memory (n·s²/2 floats per signal,
+  4 MB at n = 8192, s = 16: that traffic, not arithmetic, bounds Batch-OMP on a GPU). The
+  step that only *chooses* the next atom may run in fp16 on the unit-normalised residual
+  (an argmax needs no more); the least-squares coefficients are always solved in fp32
+  from the exact α⁰;
+- `_omp_block`: Batch-OMP in plain torch ops (any device), the formulation the others are
+  checked against and `bench omp` compares with.
+
+Tests hold all of them to the reference and to scikit-learn.
 
 `reference_omp` is the textbook loop (one signal at a time, lstsq on the support) that the
 tests compare the fast path against.
@@ -24,6 +36,10 @@ from ._omp_cpu import PIVOT_TOL, omp_codes
 
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.
 _GATHER_BUDGET_BYTES = 64 << 20
+# The GEMM form holds ~3 [batch, atoms] fp32 tensors (α⁰, α, scores); a GPU wants thousands
+# of signals per step to hide its ~15 kernel launches per atom.
+_GEMM_BUDGET_BYTES = 1 << 30
+SELECT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def gram(atoms: torch.Tensor) -> torch.Tensor:
@@ -37,26 +53,32 @@ def batch_size_for(n_atoms: int, sparsity: int) -> int:
     return max(16, min(4096, _GATHER_BUDGET_BYTES // (4 * n_atoms * sparsity)))
 
 
+def gemm_batch_size_for(n_atoms: int) -> int:
+    """Signals per step of `_omp_block_gemm` that keep its [B, n] tensors within budget."""
+    return max(16, min(16384, _GEMM_BUDGET_BYTES // (12 * n_atoms)))
+
+
 @torch.no_grad()
 def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
-              G: torch.Tensor | None = None, batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              G: torch.Tensor | None = None, batch_size: int | None = None,
+              select_dtype: str = "float16") -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse codes of `signals` [N, m] over `atoms` D [m, n] (unit-norm columns).
 
     Returns (indices [N, s] int64, coefficients [N, s] float32) on the signals' device, in
-    selection order. `G` (from `gram`) is reused across calls when given.
+    selection order. `G` (from `gram`) is reused across calls when given. `select_dtype` is
+    the precision of the atom-choosing GEMM on non-CPU devices (see the module docstring).
     """
     D = atoms.to(signals.device, torch.float32)
     if G is None:
         G = gram(D)
     n = D.shape[1]
     fused = signals.device.type == "cpu"
-    block = _omp_block_cpu if fused else _omp_block
     # The fused kernel keeps per-thread buffers only; its batch just bounds α⁰ [B, n].
-    step = batch_size or (2048 if fused else batch_size_for(n, sparsity))
+    step = batch_size or (2048 if fused else gemm_batch_size_for(n))
     idx, coef = [], []
     for start in range(0, signals.shape[0], step):
         y = signals[start : start + step].float()
-        i, c = block(y @ D, G, sparsity)
+        i, c = _omp_block_cpu(y @ D, G, sparsity) if fused else _omp_block_gemm(y, D, G, sparsity, select_dtype)
         idx.append(i)
         coef.append(c)
     if not idx:
@@ -77,28 +99,72 @@ def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch
 def _omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch-OMP on initial correlations α⁰ [B, n]; returns (indices, coefficients) [B, s]."""
     B, n = alpha0.shape
-    dev = alpha0.device
-    idx = torch.zeros(B, s, dtype=torch.long, device=dev)
-    L = torch.zeros(B, s, s, device=dev)  # Cholesky factor of G[S, S], grown row by row
-    Gs = torch.empty(B, s, n, device=dev)  # G rows of the chosen atoms
-    row = torch.empty(B, n, device=dev)
-    live = torch.zeros(B, s, dtype=torch.bool, device=dev)
+    Gs = alpha0.new_empty(B, s, n)  # G rows of the chosen atoms
+    step = _CholeskyStep(alpha0, G, s)
     alpha = alpha0
-    x = alpha0.new_zeros(B, 1, 1)
     for k in range(s):
+        j, row = step.choose(alpha, k, G)
+        Gs[:, k] = row
+        x = step.solve(j, row.gather(1, step.idx[:, :k]), k)
+        if k + 1 < s:
+            alpha = torch.baddbmm(alpha0.unsqueeze(1), x.transpose(1, 2), Gs[:, : k + 1], alpha=-1)[:, 0]  # (B, n)
+    return step.idx, x[..., 0]
+
+
+def _omp_block_gemm(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int,
+                    select_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+    """OMP on signals y [B, m] with residual correlations by GEMM; returns (indices, coefficients) [B, s].
+
+    The same selections and coefficients as `_omp_block` (up to fp rounding in near-ties):
+    Dᵀ(y − D_S x_S) = α⁰ − G_S x_S. With `select_dtype` float16/bfloat16 the atom-choosing GEMM
+    runs in that precision on the residual scaled to unit norm (argmax is scale-invariant and
+    unit atoms keep every correlation in [-1, 1]); the coefficients stay fp32.
+    """
+    alpha0 = y @ D  # (B, n), exact: the right-hand side of every least-squares solve
+    Dt = D.T.contiguous()  # (n, m): atom rows to gather
+    Dsel = D.to(SELECT_DTYPES[select_dtype])
+    step = _CholeskyStep(alpha0, G, s)
+    alpha = alpha0
+    for k in range(s):
+        j, _ = step.choose(alpha, k)
+        x = step.solve(j, G[j[:, None], step.idx[:, :k]], k)
+        if k + 1 < s:
+            r = y - torch.bmm(x.transpose(1, 2), Dt[step.idx[:, : k + 1]])[:, 0]  # (B, m)
+            if Dsel.dtype != torch.float32:
+                r = (r / r.norm(dim=1, keepdim=True).clamp_min(1e-30)).to(Dsel.dtype)
+            alpha = r @ Dsel  # (B, n)
+    return step.idx, x[..., 0]
+
+
+class _CholeskyStep:
+    """What every torch OMP shares: choosing the next atom and growing the Cholesky factor of
+    G[S, S] by one row, then solving for the support's coefficients."""
+
+    def __init__(self, alpha0: torch.Tensor, G: torch.Tensor, s: int):
+        B, dev = alpha0.shape[0], alpha0.device
+        self.alpha0, self.G = alpha0, G
+        self.idx = torch.zeros(B, s, dtype=torch.long, device=dev)
+        self.L = torch.zeros(B, s, s, device=dev)  # Cholesky factor of G[S, S], grown row by row
+        self.live = torch.zeros(B, s, dtype=torch.bool, device=dev)
+
+    def choose(self, alpha: torch.Tensor, k: int, G: torch.Tensor | None = None):
+        """Atom j [B] of largest |α| not yet chosen, and its Gram row [B, n] when G is given."""
         score = alpha.abs()
         # Chosen atoms score below every other, so a residual orthogonal to all atoms (a zero
         # signal) still gets distinct atoms, as a sorted-set index coding needs.
-        score.scatter_(1, idx[:, :k], -1.0)
+        score.scatter_(1, self.idx[:, :k], -1.0)
         j = _argmax(score)  # (B,)
-        idx[:, k] = j
-        Gs[:, k] = torch.index_select(G, 0, j, out=row)
-        gjj = row.gather(1, j[:, None])[:, 0]  # G[j, j]
+        self.idx[:, k] = j
+        return j, None if G is None else torch.index_select(G, 0, j)
+
+    def solve(self, j: torch.Tensor, g_support: torch.Tensor, k: int) -> torch.Tensor:
+        """Coefficients x [B, k+1, 1] on the support after adding atom j; g_support = G[j, S] [B, k]."""
+        L, live = self.L, self.live
+        gjj = self.G[j, j]  # (B,)
         if k == 0:
             pivot = gjj
         else:
-            g = row.gather(1, idx[:, :k]).unsqueeze(-1)  # G[S, j]: (B, k, 1)
-            w = torch.linalg.solve_triangular(L[:, :k, :k], g, upper=False)  # (B, k, 1)
+            w = torch.linalg.solve_triangular(L[:, :k, :k], g_support.unsqueeze(-1), upper=False)  # (B, k, 1)
             pivot = gjj - w[..., 0].square().sum(1)
         live[:, k] = pivot > PIVOT_TOL
         # An atom (nearly) in the span of the support would blow the coefficients up: it
@@ -106,11 +172,8 @@ def _omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Ten
         if k > 0:
             L[:, k, :k] = w[..., 0] * live[:, k, None]
         L[:, k, k] = torch.where(live[:, k], pivot.clamp_min(PIVOT_TOL).sqrt(), 1.0)
-        b = (alpha0.gather(1, idx[:, : k + 1]) * live[:, : k + 1]).unsqueeze(-1)  # (B, k+1, 1)
-        x = torch.cholesky_solve(b, L[:, : k + 1, : k + 1])  # (B, k+1, 1)
-        if k + 1 < s:
-            alpha = torch.baddbmm(alpha0.unsqueeze(1), x.transpose(1, 2), Gs[:, : k + 1], alpha=-1)[:, 0]  # (B, n)
-    return idx, x[..., 0]
+        b = (self.alpha0.gather(1, self.idx[:, : k + 1]) * live[:, : k + 1]).unsqueeze(-1)  # (B, k+1, 1)
+        return torch.cholesky_solve(b, L[:, : k + 1, : k + 1])  # (B, k+1, 1)
 
 
 def _argmax(a: torch.Tensor, block: int = 128) -> torch.Tensor:

@@ -8,6 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
+# Devices a device-agnostic test runs on: the CPU always, CUDA where a GPU is present (the
+# `cuda` marker selects those: `pytest -m cuda`).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda, id="cuda")]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):

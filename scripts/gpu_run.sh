@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# What issue #17's GPU figures were measured with, on a lent GPU machine that cannot reach
+# PyPI: the staged wheels, packaged models and dictionaries arrive in /tmp/parts (see
+# docs/gpu.md), and each phase writes its JSON and logs to $OUT.
+#   bash scripts/gpu_run.sh setup|tests|omp|store|learn
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+sc() { python3 -c 'from cli.main import cli; cli()' "$@"; }
+stamp() { echo "== $(date -u +%FT%TZ) $*"; }
+
+stage() {  # unpack the staged parts once per machine
+  if [ ! -e /tmp/stage/.done ]; then
+    mkdir -p /tmp/stage && cat /tmp/parts/part* | tar x -C /tmp/stage && touch /tmp/stage/.done || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/stage/whl/*.whl || exit 1
+    cp -r /tmp/stage/pkgs/* /tmp/site/
+  fi
+  mkdir -p dictionaries && cp -rn /tmp/stage/dictionaries/* dictionaries/
+}
+
+case "${1:-}" in
+setup)
+  stage
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+  lscpu | grep 'Model name' | tee -a "$OUT/gpu.txt"
+  python3 -c "import torch, transformers, zarr, faiss; print(torch.__version__, transformers.__version__, zarr.__version__, faiss.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+  python3 -c "from sparsecache.model import load_model; from sparsecache.index import Embedder; load_model(); Embedder()"
+  ;;
+tests)
+  stage
+  stamp tests; timeout 420 python3 -m pytest -q -m cuda -p no:cacheprovider -x 2>&1 | tee "$OUT/pytest-cuda.log" | tail -25
+  ;;
+omp)
+  stage
+  stamp profile; timeout 120 python3 scripts/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; tail -60 "$OUT/profile-omp.txt" | head -40
+  for cfg in "--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" \
+             "--dict dictionaries/smollm2-135m-n8192-s32-L1 --sparsity 32" \
+             "--layers-per-signal 5 --sparsity 16" \
+             "--dict dictionaries/smollm2-135m-n8192-s32-L5 --sparsity 32"; do
+    name=$(echo "$cfg" | tr -c 'a-zA-Z0-9' '_' | tr -s _)
+    stamp "bench omp $cfg"
+    timeout 200 sc bench omp $cfg --n 65536 --sklearn-n 16 --device cuda --json > "$OUT/omp$name.json" 2> "$OUT/omp$name.err"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['dim'], r['sparsity'], {k: round(v['vectors_per_s']) for k, v in r['formulations'].items()}, 'cpu', round(r['cpu_kernel_vectors_per_s']), 'sk', round(r['sklearn_vectors_per_s'],1))" "$OUT/omp$name.json"
+  done
+  ;;
+store)
+  stage
+  stamp bench store; timeout 300 sc bench store --device cuda --json > "$OUT/bench-store.json" 2> "$OUT/bench-store.err"; tail -3 "$OUT/bench-store.err"
+  stamp bench decode; timeout 60 sc bench decode --device cuda --json > "$OUT/bench-decode.json"; cat "$OUT/bench-decode.json"
+  stamp bench ttft; timeout 400 sc bench ttft --device cuda --repeats 3 --json --plot "$OUT/ttft-cuda.png" > "$OUT/bench-ttft.json" 2> "$OUT/bench-ttft.err"; tail -3 "$OUT/bench-ttft.err"
+  ;;
+learn)
+  stage
+  stamp main command; ( time (sc encode-corpus builtin:heldout --store /tmp/demo.store --device cuda --json && sc query /tmp/demo.store "What does a context manager's __exit__ method return?" --device cuda --json) ) > "$OUT/main-command.json" 2> "$OUT/main-command.err"; tail -5 "$OUT/main-command.err"
+  stamp learn-dict; timeout 300 sc learn-dict --device cuda --steps 40 --out /tmp/dict-gpu > "$OUT/learn-dict.log" 2>&1; tail -5 "$OUT/learn-dict.log"
+  cp /tmp/dict-gpu/dictionary.json "$OUT/learn-dict-gpu.json" 2>/dev/null
+  ;;
+*) echo "usage: $0 setup|tests|omp|store|learn"; exit 2 ;;
+esac
