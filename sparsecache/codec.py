@@ -85,6 +85,9 @@ class Codec:
         self.device = torch.device(device)
         self._atoms = {k: dictionary.atoms(k).to(self.device) for k in ("k", "v")}
         self._gram: dict[str, torch.Tensor] = {}
+        # Atoms on each device decoded to: a store's codec lives on the CPU, and copying the
+        # atoms to the GPU on every decode cost 3.8 ms of an H100's 10 ms for 32 chunks' K.
+        self._atoms_on: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     @property
     def bits(self) -> int:
@@ -129,9 +132,16 @@ class Codec:
         rows, s = packed.reshape(-1, nb), self.config.sparsity
         idx = (unpack_sorted_rows_torch(rows, s, self.config.atoms) if self.indices == "elias-fano"
                else unpack_rows_torch(rows, s, self.bits))  # (G·T, s)
-        atoms = self._atoms[kind].to(dev)
+        atoms = self.atoms_on(kind, dev)
         sig = reconstruct(idx, coef.reshape(G * T, -1).float(), atoms)  # (G·T, L·m)
         return from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
+
+    def atoms_on(self, kind: str, device: torch.device) -> torch.Tensor:
+        """The K or V atoms [L·m, n] float32 on `device`, copied there once."""
+        key = (kind, device)
+        if key not in self._atoms_on:
+            self._atoms_on[key] = self._atoms[kind].to(device)
+        return self._atoms_on[key]
 
     def roundtrip(self, kv: torch.Tensor, kind: str) -> torch.Tensor:
         """decode(encode(kv)): what a reader of the store gets back."""

@@ -30,6 +30,9 @@ tests compare the fast path against.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 
 from ._omp_cpu import PIVOT_TOL, omp_codes
@@ -148,12 +151,21 @@ class _CholeskyStep:
         self.live = torch.zeros(B, s, dtype=torch.bool, device=dev)
 
     def choose(self, alpha: torch.Tensor, k: int, G: torch.Tensor | None = None):
-        """Atom j [B] of largest |α| not yet chosen, and its Gram row [B, n] when G is given."""
-        score = alpha.abs()
+        """Atom j [B] of largest |α| not yet chosen, and its Gram row [B, n] when G is given.
+
+        May overwrite the chosen atoms' entries of α (k > 0), which callers recompute anyway."""
         # Chosen atoms score below every other, so a residual orthogonal to all atoms (a zero
         # signal) still gets distinct atoms, as a sorted-set index coding needs.
-        score.scatter_(1, self.idx[:, :k], -1.0)
-        j = _argmax(score)  # (B,)
+        if _fused_argmax(alpha.device):
+            from ._omp_cuda import argmax_abs
+
+            if k:
+                alpha.scatter_(1, self.idx[:, :k], float("nan"))
+            j = argmax_abs(alpha)
+        else:
+            score = alpha.abs()
+            score.scatter_(1, self.idx[:, :k], -1.0)
+            j = _argmax(score)  # (B,)
         self.idx[:, k] = j
         return j, None if G is None else torch.index_select(G, 0, j)
 
@@ -174,6 +186,16 @@ class _CholeskyStep:
         L[:, k, k] = torch.where(live[:, k], pivot.clamp_min(PIVOT_TOL).sqrt(), 1.0)
         b = (self.alpha0.gather(1, self.idx[:, : k + 1]) * live[:, : k + 1]).unsqueeze(-1)  # (B, k+1, 1)
         return torch.cholesky_solve(b, L[:, : k + 1, : k + 1])  # (B, k+1, 1)
+
+
+@functools.cache
+def _triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _fused_argmax(device: torch.device) -> bool:
+    """Whether the atom choice runs as the Triton kernel of `_omp_cuda` (CUDA with Triton)."""
+    return device.type == "cuda" and _triton_available()
 
 
 def _argmax(a: torch.Tensor, block: int = 128) -> torch.Tensor:

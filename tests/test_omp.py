@@ -104,3 +104,24 @@ def test_zero_signals_get_distinct_atoms():
         idx, coef = run_block(block, "cpu", Y, D, 8)
         assert all(len(set(r.tolist())) == 8 for r in idx)
         assert coef[:2].abs().max() == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [300, 1024, 8192, 9000])  # partial tile, one tile, several, several + partial
+def test_triton_atom_choice_equals_torch(dtype, n):
+    from sparsecache._omp_cuda import argmax_abs
+
+    g = torch.Generator().manual_seed(n)
+    a = torch.randn(257, n, generator=g).to(dtype)
+    a[0] = 0  # all ties: the first unchosen index wins
+    a[1, 5] = a[1, 7] = -a[1].abs().max() - 1  # a tie at the maximum, negative
+    chosen = torch.stack([torch.randperm(n, generator=g)[:6] for _ in range(257)])
+    chosen[0] = torch.arange(6)
+    score = a.float().abs()
+    score.scatter_(1, chosen, -1.0)
+    want = score.argmax(1)
+    marked = a.clone().cuda()
+    marked.scatter_(1, chosen.cuda(), float("nan"))
+    assert torch.equal(argmax_abs(marked).cpu(), want)
+    assert want[0] == 6 and want[1] == 5

@@ -64,15 +64,22 @@ def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
     codec = Codec(tiny_dictionary, CONFIG.coef_dtype, indices=CONFIG.index_coding)
     keys, values = (torch.cat([x[i] for x in kv], 1) for i in (0, 1))
     ref_k, ref_v = codec.encode(keys, "k"), codec.encode(values, "v")
-    np.testing.assert_array_equal(codes.k.indices, ref_k.indices)  # bit-exact coded indices
-    np.testing.assert_array_equal(codes.k.coefficients, ref_k.coefficients)
-    np.testing.assert_array_equal(codes.v.indices, ref_v.indices)
-    np.testing.assert_array_equal(codes.v.coefficients, ref_v.coefficients)
+    # The store ran the model in batches of other shapes than this one padded forward, so KV
+    # can differ in the last bit (seen on AVX-512 and AMD machines): the chosen atoms agree,
+    # fp16 coefficients within one ulp.
+    for got, ref in ((codes.k, ref_k), (codes.v, ref_v)):
+        np.testing.assert_array_equal(got.indices, ref.indices)
+        np.testing.assert_allclose(got.coefficients.astype(np.float32), ref.coefficients.astype(np.float32),
+                                   rtol=2**-10, atol=2**-24)
     decoded = s.load_kv(ids)
     k_ref = codec.decode(ref_k, "k").split(codes.lengths, 1)
     v_ref = codec.decode(ref_v, "v").split(codes.lengths, 1)
     for (k, v), kr, vr in zip(decoded, k_ref, v_ref):
-        assert torch.equal(k, kr) and torch.equal(v, vr)
+        torch.testing.assert_close(k, kr, rtol=0, atol=1e-3)  # one coefficient ulp × one atom entry
+        torch.testing.assert_close(v, vr, rtol=0, atol=1e-3)
+    # and decoding is a pure function of the codes: the same codes decode bit-identically
+    again = codec.decode(codes.k, "k").split(codes.lengths, 1)
+    assert all(torch.equal(k, a) for (k, _), a in zip(decoded, again))
     assert codes.nbytes == codes.k.nbytes + codes.v.nbytes + codes.tokens.nbytes
 
 
