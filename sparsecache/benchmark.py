@@ -61,7 +61,7 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def run():
-        out = batch_omp(y_dev, D_dev, sparsity, G)
+        out = batch_omp(y_dev, D_dev, sparsity, G, graphed=True)  # as the codec runs it
         sync()
         return out
 
@@ -113,6 +113,8 @@ def bench_formulations(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int
     n = D.shape[1]
     variants = {f"gemm-{dt}": (lambda b, dt=dt: _omp_block_gemm(b, D, G, s, dt), gemm_batch_size_for(n))
                 for dt in ("float32", "float16", "bfloat16")}
+    if y.device.type == "cuda":  # the same fp16 form replayed as a CUDA graph (what the codec runs)
+        variants["gemm-float16-graph"] = (lambda b: batch_omp(b, D, s, G, graphed=True), gemm_batch_size_for(n))
     for bs in (batch_size_for(n, s), 1024):
         variants[f"batch-omp-B{bs}"] = (lambda b: _omp_block(b @ D, G, s), bs)
     out, ref = {}, None

@@ -106,7 +106,7 @@ class Codec:
         L, s = self.config.layers_per_signal, self.config.sparsity
         sig = to_signals(kv.to(self.device), L)  # (G, T, L·m)
         G, T, d = sig.shape
-        idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], s, self.gram(kind))
+        idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], s, self.gram(kind), graphed=True)
         if self.indices == "elias-fano":
             idx, order = idx.sort(dim=1)
             coef = coef.gather(1, order)

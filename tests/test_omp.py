@@ -125,3 +125,20 @@ def test_triton_atom_choice_equals_torch(dtype, n):
     marked.scatter_(1, chosen.cuda(), float("nan"))
     assert torch.equal(argmax_abs(marked).cpu(), want)
     assert want[0] == 6 and want[1] == 5
+
+
+@pytest.mark.cuda
+def test_graphed_blocks_equal_eager_blocks():
+    """The CUDA-graph replay codes like the eager loop, for full and zero-padded batches,
+    and a second dictionary gets its own graph."""
+    from sparsecache.omp import _GRAPHS
+
+    for seed in (0, 1):
+        D, Y, _ = sparse_problem(n=1000, count=70, seed=seed)
+        D, Y = D.cuda(), Y.cuda()
+        G = gram(D)
+        eager = batch_omp(Y, D, 5, G, batch_size=32)
+        graphed = batch_omp(Y, D, 5, G, batch_size=32, graphed=True)  # 32 + 32 + 6 padded
+        assert torch.equal(eager[0], graphed[0])
+        torch.testing.assert_close(eager[1], graphed[1])
+        assert any(k[0] == D.data_ptr() for k in _GRAPHS)
