@@ -118,23 +118,40 @@ def _wanted(f: Path, root: Path) -> bool:
 def _file_sources(path: Path, doc_id: str) -> list[Source]:
     if path.suffix.lower() in JSONL_SUFFIXES:
         return _jsonl_sources(path)
-    digest, size = _file_hash(path)
-    if size == 0:
-        warnings.warn(f"{path}: empty file skipped", stacklevel=2)
+    digest, size, blank = _file_hash(path)
+    if size == 0 or blank:
+        warnings.warn(f"{path}: {'empty' if size == 0 else 'whitespace-only'} file skipped", stacklevel=2)
         return []
     return [Source(doc_id, digest, path=path)]
 
 
-def _file_hash(path: Path) -> tuple[str, int]:
-    """sha256 of the file's bytes, read in blocks; raises TextError for binary content."""
-    h, size = hashlib.sha256(), 0
+# Share of characters that are U+FFFD (invalid UTF-8) or control codes above which a file is
+# binary data, not text with a few bad bytes: random bytes decode to ~50% U+FFFD, while a
+# Latin-1 file of accented prose stays under a few percent.
+BINARY_SHARE = 0.3
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f\ufffd]")
+
+
+def _file_hash(path: Path) -> tuple[str, int, bool]:
+    """sha256 of the file's bytes, its size and whether it is whitespace only, read in blocks.
+
+    Raises TextError for binary content (NUL bytes, or mostly undecodable/control characters)."""
+    h, size, chars, junk, blank = hashlib.sha256(), 0, 0, 0, True
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     with path.open("rb") as f:
         while block := f.read(BLOCK_BYTES):
             if b"\x00" in block:
                 raise TextError(f"{path}: binary file, not text")
             h.update(block)
             size += len(block)
-    return h.hexdigest()[:16], size
+            text = decoder.decode(block)
+            chars += len(text)
+            junk += len(_CONTROL.findall(text))
+            blank = blank and not text.strip()
+    if chars and junk / chars > BINARY_SHARE:
+        raise TextError(f"{path}: binary file, not text ({junk / chars:.0%} of its characters are "
+                        "invalid UTF-8 or control codes)")
+    return h.hexdigest()[:16], size, blank
 
 
 def _text_hash(text: str, meta: dict | None = None) -> str:
@@ -152,8 +169,13 @@ def _jsonl_sources(path: Path) -> list[Source]:
                 continue
             where = f"{path}:{n}"
             try:
-                rec = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:  # as for text files: replace, warn, go on
+                warnings.warn(f"{where}: invalid UTF-8, decoded with replacement characters", stacklevel=2)
+                line = raw.decode("utf-8", errors="replace")
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
                 raise TextError(f"{where}: not a JSON object ({e})") from None
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
                 raise TextError(f"{where}: each line needs a string \"text\"")

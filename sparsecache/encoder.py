@@ -23,7 +23,7 @@ from .corpus import Chunk, Source, chunks, scan
 from .dictionary import Dictionary
 from .index import Embedder
 from .model import KVModel, default_prefix_ids, extract_kv
-from .store import StoreConfig, Writer, pause_point
+from .store import StoreConfig, Writer
 
 
 @dataclass
@@ -128,18 +128,24 @@ def _open_store(w: Writer, config: StoreConfig, dictionary: Dictionary, model: K
 
 
 def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> _Plan:
+    """What to encode, given the last version and what a crashed run already wrote.
+
+    A document a crashed run was in the middle of is continued first, whatever documents
+    arrived since: its rows must stay one contiguous run, and anything encoded before it
+    would be appended in the middle of that run."""
     done, open_doc = w.begin()
     base = w.base.documents
-    current = {**base, **done}
+    current = {**base, **done}  # what the store holds once the crashed run's finished work counts
     work = [s for s in sources if current.get(s.id, {}).get("hash") != s.hash]
     by_id = {s.id: s for s in work}
     if open_doc and by_id.get(open_doc["id"], None) and by_id[open_doc["id"]].hash == open_doc["hash"]:
         w.rewind(open_doc["token_offset"] + open_doc["tokens"], open_doc["first"] + open_doc["count"])
+        work = [by_id[open_doc["id"]]] + [s for s in work if s.id != open_doc["id"]]
     else:
-        open_doc = None  # it changed or went away since: its rows are dropped
+        open_doc = None  # it changed or went away since: its rows are dropped (reused)
     ids = {s.id for s in sources}
-    deleted = sorted(d for d in base if d not in ids) if delete_missing else []
-    counts = {"new": sum(s.id not in base for s in work), "changed": sum(s.id in base for s in work),
+    deleted = sorted(d for d in current if d not in ids) if delete_missing else []
+    counts = {"new": sum(s.id not in current for s in work), "changed": sum(s.id in current for s in work),
               "unchanged": len(sources) - len(work), "deleted": len(deleted), "resumed": len(done)}
     return _Plan(work, deleted, counts, open_doc)
 
@@ -167,7 +173,6 @@ def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder:
             end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
         hashes = {s.id: s.hash for s in plan.work}
         w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
-        pause_point("commit")
         bar.update(len(finished))
         busy = sum(timer.values()) or 1.0
         bar.set_postfix(chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .durable import fsync_path
 from .errors import ModelError
 from .model import cache_root
 
@@ -129,7 +130,18 @@ def save_index(index, path: Path) -> None:
 
     tmp = path.with_name(path.name + ".tmp")
     faiss.write_index(index, str(tmp))
+    # the bytes before the rename, the directory after it: after a power cut a manifest
+    # must never name an index file that is empty or missing
+    fsync_path(tmp)
     os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def index_ids(index) -> np.ndarray:
+    """The ids [ntotal] int64 an index answers with (the chunk rows it holds)."""
+    import faiss
+
+    return faiss.vector_to_array(index.id_map).astype(np.int64)
 
 
 def load_index(path: Path):

@@ -16,12 +16,24 @@ Layout of a store directory (any Zarr v3 client can read the arrays):
     index/vNNNNNN.faiss        the FAISS index of that version (ids are chunk rows)
     pending.json               a writer's progress since the last version (resume after a crash)
     .lock                      held (flock) by the one writer; names its pid and host
+    .sparsecache-store         written first when a store is created: a writer only ever deletes
+                               or overwrites inside a directory that carries it
 
 Writers only append past the latest manifest's extents and publish by renaming a complete
 manifest into place; every array write is a whole-file atomic replace (zarr's LocalStore),
 and chunks that hold published data are rewritten with the same bytes there. So a reader that
 pinned version N keeps reading exactly N's data while N+1 is written, and a crash at any
 point leaves the latest published version intact. Every Zarr chunk carries a CRC32C.
+
+Durability: before `pending.json` records a batch and before a manifest is renamed into
+place, every file written since the last such point and its directory are fsynced, so after
+a power cut nothing published or recorded names data that is not on disk.
+
+The invariant the writer keeps (and `verify` checks): every live document owns a contiguous
+run of chunk rows and of tokens that no other live document touches; each row it owns holds
+one of its chunks, ordinals 0..count-1 in order; the index holds exactly the live rows; and
+extents never move backwards within a generation. Rows written by a run that crashed are
+either reused by the next run (nothing published names them) or left for `compact`.
 """
 
 from __future__ import annotations
@@ -32,8 +44,8 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +56,9 @@ import torch
 from .codec import COEF_DTYPES, INDEX_CODINGS, STORAGE_DTYPES, Codec, Codes, index_row_bytes
 from .dictionary import Dictionary
 from .errors import ConfigError, DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked
-from .index import build_index, index_kind, load_index, save_index, search
+from .durable import fsync_path, sync_tree, write_atomic
+from .failpoints import failpoint
+from .index import build_index, index_ids, index_kind, load_index, save_index, search
 
 FORMAT_VERSION = 2  # 2: config.index_coding (format-1 stores have packed indices and still read)
 ATTR = "sparsecache"
@@ -53,6 +67,8 @@ TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
 TABLE_INT = {"ordinal": "int32", "token_offset": "int64", "token_length": "int32"}
 COMPRESSORS = ("none", "zstd")
 _ROWS_PER_CHUNK = 4096  # chunk-table and embedding rows per Zarr chunk
+MARKER = ".sparsecache-store"
+_MTIME_SLACK_NS = 2_000_000_000  # file timestamps can lag the clock by a tick; re-syncing clean files is free
 
 
 @dataclass(frozen=True)
@@ -140,21 +156,6 @@ class ChunkCodes:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write, fsync, rename: the file is either the old one or the complete new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _manifest_path(root: Path, version: int) -> Path:
@@ -363,17 +364,27 @@ class Store:
         self.group = zarr.open_group(str(self.root / "data" / manifest.generation), mode="r")
         self._arrays = {name: self.group[name] for name in (*CODE_ARRAYS, "tokens")}
         self._rows = manifest.live_rows()
-        table = self.group
-        ids = table["chunk_id"][: manifest.chunks] if manifest.chunks else np.zeros(0, object)
+        ids = self.column("chunk_id") if manifest.chunks else np.zeros(0, object)
         self._row_of = {str(ids[r]): int(r) for r in self._rows}
-        self._offset = table["token_offset"][: manifest.chunks]
-        self._length = table["token_length"][: manifest.chunks]
+        self._offset = self.column("token_offset")
+        self._length = self.column("token_length")
         self._ids = ids
         self._table = None
         self._prefix = None
         self._dictionary: Dictionary | None = None
         self._codec: Codec | None = None
         self._index = None
+
+    def column(self, name: str) -> np.ndarray:
+        """One chunk-table column (or the embeddings) up to this version's extent; a damaged
+        Zarr chunk raises StoreCorrupt naming its file."""
+        try:
+            return self.group[name][: self.manifest.chunks]
+        except (ValueError, RuntimeError, OSError) as e:
+            bad = _damaged_chunks(self.group[name], self.root / "data" / self.manifest.generation / name,
+                                  self.manifest.chunks)
+            raise StoreCorrupt(f"{self.root}: {', '.join(bad) or name} unreadable ({str(e).splitlines()[0][:80]}); "
+                               "`sparsecache verify` lists all damage") from e
 
     @classmethod
     def open(cls, path: str | Path, version: int | None = None) -> "Store":
@@ -411,8 +422,7 @@ class Store:
     def chunk(self, chunk_id: str) -> ChunkInfo:
         r = self.row(chunk_id)
         if self._table is None:  # read once: a per-row zarr read costs ~5 ms
-            n = self.manifest.chunks
-            self._table = (self.group["doc_id"][:n], self.group["ordinal"][:n])
+            self._table = (self.column("doc_id"), self.column("ordinal"))
         return ChunkInfo(chunk_id, str(self._table[0][r]), int(self._table[1][r]), r,
                          int(self._offset[r]), int(self._length[r]))
 
@@ -427,7 +437,8 @@ class Store:
         return [t.tolist() for t in np.split(flat, np.cumsum([b - a for a, b in spans])[:-1])]
 
     def texts(self, chunk_ids: list[str]) -> list[str]:
-        return [str(self.group["text"][self.row(c)]) for c in chunk_ids]
+        text = self.column("text")
+        return [str(text[self.row(c)]) for c in chunk_ids]
 
     def prefix(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m].
@@ -497,10 +508,12 @@ class Store:
             if not self.manifest.index:
                 raise StoreError(f"{self.root}: version {self.version} has no index")
             path = self.root / self.manifest.index
+            if not path.is_file():
+                raise StoreCorrupt(f"{path}: the FAISS index of version {self.version} is missing")
             try:
                 self._index = load_index(path)
             except RuntimeError as e:
-                raise StoreCorrupt(f"{path}: unreadable FAISS index: {e}") from e
+                raise StoreCorrupt(f"{path}: unreadable FAISS index: {str(e).splitlines()[0]}") from e
         return self._index
 
     def search(self, query_embedding: np.ndarray, k: int) -> list[tuple[ChunkInfo, float]]:
@@ -535,7 +548,7 @@ class Store:
             "tokens": live_tokens,
             "stored_tokens": m.tokens,
             "bytes_on_disk": {**disk, "dictionary": dict_disk, "prefix": array_bytes(self.root / "prefix"),
-                              "index": (self.root / m.index).stat().st_size if m.index else 0},
+                              "index": self._index_bytes()},
             "compression": {
                 "theoretical": ratio(fp16_per_token, code_bytes_per_token),
                 "measured_codes_only": ratio(fp16_per_token * m.tokens, codes_disk),
@@ -551,6 +564,27 @@ class Store:
             "created": self.attrs.get("created"),
             "format": self.attrs["format"],
         }
+
+
+    def _index_bytes(self) -> int:
+        path = self.root / self.manifest.index if self.manifest.index else None
+        if path is None:
+            return 0
+        if not path.is_file():
+            raise StoreCorrupt(f"{path}: the FAISS index of version {self.version} is missing")
+        return path.stat().st_size
+
+
+def _damaged_chunks(arr, folder: Path, extent: int) -> list[str]:
+    """Paths (generation/array/key) of the Zarr chunks of a 1-axis-chunked array that fail to read."""
+    step, bad = arr.chunks[0], []
+    for i in range((extent + step - 1) // step):
+        key = arr.metadata.encode_chunk_key((i,) + (0,) * (arr.ndim - 1))
+        try:
+            arr[i * step : min((i + 1) * step, extent)]
+        except (ValueError, RuntimeError, OSError):
+            bad.append(f"{folder.parent.name}/{folder.name}/{key}")
+    return bad
 
 
 # ---------------------------------------------------------------- writing
@@ -570,10 +604,12 @@ class Writer:
     def __enter__(self):
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"{self.root} exists and is not a directory")
-        if self.root.is_dir() and any(self.root.iterdir()) and not (self.root / "zarr.json").exists() \
-                and not (self.root / ".lock").exists():
-            raise StoreError(f"{self.root} is a non-empty directory that is not a sparsecache store")
+        if not _ours(self.root):
+            raise StoreError(f"{self.root} is not a sparsecache store: a non-empty directory sparsecache "
+                             f"did not create (no {MARKER}); refusing to write into it")
         self.lock.acquire()
+        if not (self.root / MARKER).exists():  # before anything else is created in it
+            write_atomic(self.root / MARKER, json.dumps({"created": _now(), "format": FORMAT_VERSION}))
         import zarr
 
         # every chunk is written even when it equals the fill value, so a missing file always means damage
@@ -589,6 +625,13 @@ class Writer:
         self._zarr_config.__exit__(*exc)
         self.lock.release()
 
+    def sync(self) -> None:
+        """Make everything written since the last sync durable (see `durable`)."""
+        cut = time.time_ns()
+        sync_tree(self.root, getattr(self, "_synced", 0))
+        self._synced = cut - _MTIME_SLACK_NS
+        failpoint("sync")
+
     # -- creation
 
     def initialised(self) -> bool:
@@ -596,12 +639,14 @@ class Writer:
 
     def create(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict, prefix_ids: list[int],
                prefix_kv: tuple[torch.Tensor, torch.Tensor], embed_dim: int) -> None:
-        """Lay out a new store and publish an empty version 1 (overwrites a half-created one)."""
+        """Lay out a new store and publish an empty version 1 (overwrites a half-created one:
+        `__enter__` has checked that this directory is one sparsecache created)."""
         import zarr
 
         for sub in ("data", "prefix", "dictionary", "manifests", "index"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
         (self.root / "pending.json").unlink(missing_ok=True)
+        failpoint("create")
         root = zarr.open_group(str(self.root), mode="a")  # not "w": that would delete the held .lock
         prefix = root.create_group("prefix")
         k, v = prefix_kv
@@ -609,12 +654,15 @@ class Writer:
                            ("values", v.float().cpu().numpy())):
             prefix.create_array(name, data=data, compressors=_compressors("none"))
         dictionary.save(self.root / "dictionary")
+        failpoint("create")
         self._create_generation("g000001", config, dictionary, embed_dim)
         root.attrs[ATTR] = {"format": FORMAT_VERSION, "config": asdict(config), "model": model_fp,
                             "dictionary": dictionary.fingerprint(), "dictionary_config": asdict(dictionary.config),
                             "embed_dim": embed_dim, "created": _now()}
         (self.root / "manifests").mkdir()
         (self.root / "index").mkdir()
+        failpoint("create")
+        self.sync()
         self._publish(Manifest(1, "g000001", created=_now(), note="created"))
 
     def _create_generation(self, name: str, config: StoreConfig, dictionary: Dictionary, embed_dim: int) -> None:
@@ -702,11 +750,13 @@ class Writer:
         _put(self.group["tokens"], tokens.astype(np.int32), tok0, axis=0)
         for name, data in zip(CODE_ARRAYS, (k.indices, k.coefficients, v.indices, v.coefficients)):
             _put(self.group[name], data, tok0, axis=1)
+            failpoint("append")  # a crash here leaves a torn batch: some arrays written, some not
         for col in TABLE_STR:
             _put(self.group[col], np.array([r[col] for r in chunk_rows], dtype=object), row0, axis=0)
         for col, dtype in TABLE_INT.items():
             vals = offsets if col == "token_offset" else [r[col] for r in chunk_rows]
             _put(self.group[col], np.asarray(vals, dtype=dtype), row0, axis=0)
+        failpoint("append")
         _put(self.group["embeddings"], embeddings.astype(np.float32), row0, axis=0)
         self.chunks, self.tokens = row0 + n, tok0 + T
         return row0
@@ -714,11 +764,16 @@ class Writer:
     def commit(self, documents: dict[str, dict], tokens: int, chunks: int, open_docs: list[dict] = ()) -> None:
         """Record finished documents (the extents they end at) and any document still being
         written (its rows so far), so a crashed run resumes at this batch instead of redoing it."""
+        if tokens < self.finished_tokens or chunks < self.finished_chunks:
+            raise StoreError(f"{self.root}: extents would move backwards ({self.finished_tokens} → {tokens} "
+                             f"tokens, {self.finished_chunks} → {chunks} chunks); refusing to record them")
         self.done.update(documents)
         self.finished_tokens, self.finished_chunks = tokens, chunks
         state = {"base": self.base.version, "generation": self.base.generation, "tokens": tokens,
                  "chunks": chunks, "documents": self.done, "open": list(open_docs)}
-        _write_atomic(self.root / "pending.json", json.dumps(state))
+        self.sync()  # pending.json must never record rows whose bytes could still be lost
+        write_atomic(self.root / "pending.json", json.dumps(state))
+        failpoint("commit")
 
     def rewind(self, tokens: int, chunks: int) -> None:
         """Continue appending at these extents (drops rows of a document that was not finished)."""
@@ -728,12 +783,13 @@ class Writer:
 
     def publish(self, documents: dict[str, dict], index_kind_name: str = "auto", note: str = "") -> Manifest:
         """Build the index of the live chunks, then publish a new version covering them."""
-        m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks,
-                     dict(sorted(documents.items())), created=_now(), note=note)
+        m = Manifest(self.base.version + 1, self.base.generation, max(self.tokens, self.finished_tokens),
+                     max(self.chunks, self.finished_chunks), dict(sorted(documents.items())), created=_now(), note=note)
         self._write_index(m, self.group, index_kind_name)
-        pause_point("index")
+        failpoint("index")
+        self.sync()
         self._publish(m)
-        pause_point("publish")
+        failpoint("publish")
         (self.root / "pending.json").unlink(missing_ok=True)
         return m
 
@@ -745,7 +801,7 @@ class Writer:
         save_index(index, self.root / m.index)
 
     def _publish(self, m: Manifest) -> None:
-        _write_atomic(_manifest_path(self.root, m.version), m.to_json())
+        write_atomic(_manifest_path(self.root, m.version), m.to_json())
 
     # -- compaction
 
@@ -773,11 +829,15 @@ class Writer:
             for col in (*TABLE_STR, "ordinal", "token_length", "embeddings"):
                 _put(new[col], old[col][rows], row, axis=0)
             _put(new["token_offset"], old["token_offset"][rows] - t0 + tok, row, axis=0)
-            docs[doc_id] = {**d, "first": row}
+            docs[doc_id] = {**d, "first": row, "token_offset": tok}
             row, tok = row + d["count"], tok + d["tokens"]
+            failpoint("append")
         m = Manifest(base.version + 1, name, tok, row, docs, created=_now(), note=f"compacted from v{base.version}")
         self._write_index(m, new, index_kind_name)
+        failpoint("index")
+        self.sync()
         self._publish(m)
+        failpoint("publish")
         (self.root / "pending.json").unlink(missing_ok=True)  # it pointed into the old generation
         self.prune(keep)
         return m
@@ -788,6 +848,7 @@ class Writer:
         drop, kept = vs[:-keep], [read_manifest(self.root, v) for v in vs[-keep:]]
         for v in drop:
             _manifest_path(self.root, v).unlink()
+            failpoint("prune")
         used_gen = {m.generation for m in kept}
         used_idx = {m.index for m in kept}
         for g in (self.root / "data").iterdir():
@@ -797,6 +858,20 @@ class Writer:
             if f"index/{f.name}" not in used_idx:
                 f.unlink()
         return drop
+
+
+def _ours(root: Path) -> bool:
+    """Whether the writer may create and delete inside `root`: it is missing or empty (a
+    `.lock` aside), carries the marker, or is a store made before the marker existed."""
+    if not root.is_dir():
+        return True
+    names = {p.name for p in root.iterdir()} - {".lock"}
+    if not names or MARKER in names:
+        return True
+    try:
+        return "zarr.json" in names and bool(versions(root)) and bool(_root_attrs(root))
+    except StoreError:
+        return False
 
 
 def _put(arr, data: np.ndarray, at: int, axis: int) -> None:
@@ -865,10 +940,16 @@ def _check_manifest(store: Store, root: Path, attrs: dict) -> list[str]:
     if len(rows) and rows[-1] >= m.chunks:
         out.append(f"manifest names chunk rows beyond its extent {m.chunks}")
     try:
-        n = store.index().ntotal
-        if n != len(rows):
-            out.append(f"index {m.index} holds {n} vectors for {len(rows)} live chunks")
+        ids = index_ids(store.index())
+        if len(ids) != len(rows) or not np.array_equal(np.sort(ids), rows):
+            extra, lost = np.setdiff1d(ids, rows), np.setdiff1d(rows, ids)
+            out.append(f"index {m.index} holds {len(ids)} vectors for {len(rows)} live chunks "
+                       f"({len(ids) - len(np.unique(ids))} duplicated, {len(extra)} not live, {len(lost)} missing)")
     except StoreError as e:
+        out.append(str(e))
+    try:
+        out += _check_layout(store)
+    except StoreCorrupt as e:
         out.append(str(e))
     try:
         store.dictionary
@@ -881,6 +962,49 @@ def _check_manifest(store: Store, root: Path, attrs: dict) -> list[str]:
     return out
 
 
+def _check_layout(store: Store) -> list[str]:
+    """The manifest's meaning against the chunk table: each live document owns a contiguous run
+    of rows holding its chunks in order, token spans are contiguous and disjoint, no chunk is
+    live twice. Names the documents involved."""
+    m, out = store.manifest, []
+    if not m.chunks:
+        return out
+    doc_col, ordinal, offset, length = (store.column(c) for c in ("doc_id", "ordinal", "token_offset", "token_length"))
+    spans = []  # (first token, end token, doc)
+    claimed: dict[int, str] = {}
+    for doc, d in sorted(m.documents.items(), key=lambda kv: kv[1]["first"]):
+        first, count = int(d["first"]), int(d["count"])
+        if first < 0 or first + count > m.chunks:
+            out.append(f"document {doc!r}: rows {first}..{first + count - 1} lie beyond the extent {m.chunks}")
+            continue
+        for r in range(first, first + count):
+            if r in claimed:
+                out.append(f"document {doc!r}: row {r} is also claimed by document {claimed[r]!r}")
+            claimed[r] = doc
+        rows = np.arange(first, first + count)
+        wrong = [int(r) for r in rows if str(doc_col[r]) != doc]
+        if wrong:
+            holders = sorted({str(doc_col[r]) for r in wrong})
+            out.append(f"document {doc!r}: rows {wrong[:5]} hold chunks of {', '.join(map(repr, holders[:3]))}")
+        elif not np.array_equal(ordinal[rows], np.arange(count)):
+            out.append(f"document {doc!r}: chunk ordinals {ordinal[rows][:8].tolist()} are not 0..{count - 1}")
+        if count:
+            starts, ends = offset[rows], offset[rows] + length[rows]
+            if not np.array_equal(starts[1:], ends[:-1]) or int(length[rows].sum()) != int(d["tokens"]):
+                out.append(f"document {doc!r}: token spans are not one contiguous run of {d['tokens']} tokens")
+            elif ends[-1] > m.tokens or starts[0] < 0:
+                out.append(f"document {doc!r}: tokens {starts[0]}..{ends[-1]} lie beyond the extent {m.tokens}")
+            spans.append((int(starts[0]), int(ends[-1]), doc))
+    spans.sort()
+    for (a0, a1, da), (b0, b1, db) in zip(spans, spans[1:]):
+        if b0 < a1:
+            out.append(f"documents {da!r} and {db!r} share tokens {b0}..{min(a1, b1) - 1}")
+    live_ids = [str(store._ids[r]) for r in store._rows]
+    if len(set(live_ids)) != len(live_ids):
+        out.append(f"{len(live_ids) - len(set(live_ids))} chunk id(s) are live twice")
+    return out
+
+
 def _chunks_in(store: Store, bad_tokens: list[tuple[int, int]], bad_rows: list[tuple[int, int]]) -> list[str]:
     """Ids of live chunks whose tokens or table rows fall in a damaged span."""
     out = []
@@ -889,19 +1013,3 @@ def _chunks_in(store: Store, bad_tokens: list[tuple[int, int]], bad_rows: list[t
         if any(a < hi and lo < b for lo, hi in bad_tokens) or any(lo <= r < hi for lo, hi in bad_rows):
             out.append(str(store._ids[r]))
     return out
-
-
-def pause_point(name: str) -> None:
-    """Failpoint for crash tests: with SPARSECACHE_PAUSE_AT="name:n", the n-th time `name` is
-    reached the process writes $SPARSECACHE_PAUSE_FILE and stops itself (SIGSTOP), so a test
-    can kill -9 it at an exact point. Costs one environment lookup otherwise."""
-    spec = os.environ.get("SPARSECACHE_PAUSE_AT", "")
-    if not spec.startswith(name + ":"):
-        return
-    _PAUSES[name] = _PAUSES.get(name, 0) + 1
-    if _PAUSES[name] == int(spec.split(":")[1]):
-        Path(os.environ["SPARSECACHE_PAUSE_FILE"]).write_text(name)
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
-_PAUSES: dict[str, int] = {}

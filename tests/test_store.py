@@ -284,7 +284,7 @@ def test_path_traversal_ids_stay_data(build, tmp_path):
     assert [c.doc_id for c in s.chunks()] == ["../../etc/passwd"]
     assert set(tmp_path.parent.rglob("passwd")) == before
     files = {p.relative_to(tmp_path / "s").parts[0] for p in (tmp_path / "s").rglob("*")}
-    assert files <= {"zarr.json", "prefix", "dictionary", "data", "manifests", "index", ".lock"}
+    assert files <= {"zarr.json", "prefix", "dictionary", "data", "manifests", "index", ".lock", ".sparsecache-store"}
 
 
 def test_not_a_store(tmp_path, build, corpus_dir):
@@ -296,6 +296,23 @@ def test_not_a_store(tmp_path, build, corpus_dir):
         Store.open(tmp_path / "nothing")
     assert not (tmp_path / "nothing").exists()
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+
+
+def test_another_zarr_group_is_never_wiped(tmp_path, build, corpus_dir):
+    """Regression: a directory holding some other Zarr group (zarr.json, no manifests) passed
+    the half-created-store check, and creating the store deleted data/, index/, ... inside it."""
+    import zarr
+
+    other = tmp_path / "theirs"
+    g = zarr.open_group(str(other), mode="w")
+    g.create_array("data", data=np.arange(10))
+    (other / "index").mkdir()
+    (other / "index" / "keep.txt").write_text("theirs")
+    before = sorted(p.relative_to(other).as_posix() for p in other.rglob("*"))
+    with pytest.raises(StoreError, match="not a sparsecache store"):
+        build([corpus_dir], other)
+    assert sorted(p.relative_to(other).as_posix() for p in other.rglob("*")) == before
+    np.testing.assert_array_equal(zarr.open_array(str(other / "data"))[:], np.arange(10))
 
 
 def test_info_reports_sizes_and_ratios(store, tiny_dictionary):
