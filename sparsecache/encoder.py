@@ -172,7 +172,8 @@ def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder:
             done[s.id] = {**d, "hash": s.hash}
             end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
         hashes = {s.id: s.hash for s in plan.work}
-        w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
+        with timer.phase("commit"):  # fsync of the batch's files + pending.json
+            w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
         bar.update(len(finished))
         busy = sum(timer.values()) or 1.0
         bar.set_postfix(chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")

@@ -662,8 +662,10 @@ class Writer:
         (self.root / "manifests").mkdir()
         (self.root / "index").mkdir()
         failpoint("create")
+        m = Manifest(1, "g000001", created=_now(), note="created")
+        self._write_index(m, zarr.open_group(str(self.root / "data" / m.generation), mode="r"), "auto")
         self.sync()
-        self._publish(Manifest(1, "g000001", created=_now(), note="created"))
+        self._publish(m)  # an empty version with an (empty) index: every version can be searched
 
     def _create_generation(self, name: str, config: StoreConfig, dictionary: Dictionary, embed_dim: int) -> None:
         import zarr

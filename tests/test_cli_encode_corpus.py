@@ -59,6 +59,18 @@ def test_verify_exits_nonzero_and_names_the_damage(corpus_dir, tmp_path, tiny_mo
     assert "v_indices/c/0/0/0: unreadable" in r.output and "corrupt chunks:" in r.output
 
 
+def test_missing_index_file_is_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    """`info` on a store whose FAISS file is gone used to die with a FileNotFoundError traceback."""
+    store = tmp_path / "store"
+    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    for f in (store / "index").glob("*.faiss"):
+        f.unlink()
+    for args in (("info", store), ("verify", store)):
+        r = invoke(*args)
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        assert "FAISS index of version" in r.output and "is missing" in r.output
+
+
 def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
     store = tmp_path / "store"
     empty = tmp_path / "empty"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import tracemalloc
 
+import random
+
 import pytest
 
 from sparsecache import corpus
@@ -50,6 +52,10 @@ def test_hash_changes_with_content_only(tmp_path):
     (lambda p: (p / "d.jsonl").write_text('{"id": "a"}\n'), "needs a string \"text\""),
     (lambda p: (p / "d.jsonl").write_text('{"text": "t"}\n'), "needs an \"id\""),
     (lambda p: (p / "d.jsonl").write_text('not json\n'), "d.jsonl:1: not a JSON object"),
+    # random bytes without a NUL decode to mostly U+FFFD: binary, not text with a few bad bytes
+    (lambda p: (p / "r.txt").write_bytes(bytes(random.Random(0).randrange(1, 256) for _ in range(4000))),
+     "binary file, not text .* invalid UTF-8 or control codes"),
+    (lambda p: (p / "c.txt").write_bytes(b"\x01\x02\x03\x1b[0m" * 100), "binary file"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, setup, message):
     setup(tmp_path)
@@ -69,6 +75,25 @@ def test_empty_file_is_skipped_with_a_warning(tmp_path):
     (tmp_path / "full.txt").write_text("text")
     with pytest.warns(UserWarning, match="empty file skipped"):
         assert [s.id for s in scan([str(tmp_path)])] == ["full.txt"]
+
+
+def test_whitespace_only_file_is_skipped_with_a_warning(tmp_path):
+    (tmp_path / "blank.txt").write_text("  \n\n\t \n")
+    (tmp_path / "full.txt").write_text("text")
+    with pytest.warns(UserWarning, match="blank.txt: whitespace-only file skipped"):
+        assert [s.id for s in scan([str(tmp_path)])] == ["full.txt"]
+
+
+def test_mostly_text_with_a_few_bad_bytes_is_still_text(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("Les élèves ont visité le musée. ".encode("latin-1") * 50)
+    assert [s.id for s in scan([str(tmp_path)])] == ["latin1.txt"]
+
+
+def test_invalid_utf8_in_jsonl_is_replaced_with_a_warning(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b'{"id": "a", "text": "caf\xe9 au lait"}\n')
+    with pytest.warns(UserWarning, match="d.jsonl:1: invalid UTF-8"):
+        (src,) = scan([str(tmp_path)])
+    assert src.text == "caf\ufffd au lait"
 
 
 def test_invalid_utf8_is_replaced_with_a_warning(tmp_path, monkeypatch):

@@ -271,8 +271,66 @@ def test_bad_input_leaves_the_store_alone(build, store, tmp_path):
         build([bad], store)
     with pytest.raises(TextError, match="no documents"):
         build([tmp_path / "bad2" if (tmp_path / "bad2").mkdir() is None else None], store)
+    (bad / "x.txt").write_bytes(bytes(range(1, 256)) * 20)  # binary without a NUL byte
+    with pytest.raises(TextError, match="binary"):
+        build([bad], store)
     assert versions(store) == [1, 2] and not (store / "pending.json").exists()
     assert_same_codes(all_codes(store), before)
+
+
+def test_damaged_chunk_table_names_its_file(store):
+    """A checksum error in the chunk-text array used to surface without the file's name."""
+    s = Store.open(store)
+    ids = [c.id for c in s.chunks()]
+    f = store / "data" / "g000001" / "text" / "c" / "0"
+    f.write_bytes(f.read_bytes()[:-6] + b"damage")
+    with pytest.raises(StoreCorrupt, match="g000001/text/c/0"):
+        Store.open(store).texts(ids[:1])
+    assert any("text/c/0" in p for p in verify(store)["problems"])
+
+
+def test_publish_is_durable(build, corpus_dir, tmp_path, monkeypatch):
+    """Power loss: every file a manifest names (the index, the data) is fsynced before the
+    manifest is renamed into place, and the directories after; pending.json likewise only
+    records rows whose bytes were synced."""
+    import os
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(a, b, **kw):
+        events.append(("rename", os.path.realpath(a), os.path.realpath(b)))
+        return real_replace(a, b, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    store = tmp_path / "store"
+    build([corpus_dir], store)
+    root = os.path.realpath(store)
+    synced = set()
+    checked = 0
+    for e in events:
+        if e[0] == "fsync":
+            synced.add(e[1])
+        elif e[2].endswith(".json") and ("/manifests/" in e[2] or e[2].endswith("pending.json")):
+            # everything under data/ and index/ that exists at that point was synced before
+            assert e[1] in synced, f"{e[1]} renamed before it was synced"
+            for sub in ("data", "index"):
+                for dirpath, _, files in os.walk(os.path.join(root, sub)):
+                    for f in files:
+                        path = os.path.join(dirpath, f)
+                        if not f.endswith(".tmp") and "/manifests/" in e[2] and os.path.getmtime(path) <= os.path.getmtime(e[2]):
+                            assert path in synced, f"{path} not synced before {e[2]}"
+            checked += 1
+        elif e[2].endswith(".faiss"):
+            assert e[1] in synced, "index file renamed into place before its bytes were synced"
+    assert checked >= 2
+    manifests_dir = os.path.join(root, "manifests")
+    assert manifests_dir in synced
 
 
 def test_path_traversal_ids_stay_data(build, tmp_path):

@@ -109,3 +109,28 @@ def test_killed_at_a_random_moment(crash_corpus, reference, tiny_model_dir, tiny
     assert_same_codes(all_codes(store), all_codes(reference))
     s = Store.open(store)
     assert s.info()["tombstoned_chunks"] == 0
+
+
+def test_killed_inside_a_document_then_the_corpus_changes(crash_corpus, tiny_model, tiny_dictionary, embedder,
+                                                          tiny_model_dir, tiny_dictionary_dir, tmp_path):
+    """The nightly case with a real kill -9: killed inside the long first document, then a
+    document whose id sorts before it arrives and another is deleted; the rerun must equal a
+    fresh encode of the changed corpus (it used to alias the two documents' rows)."""
+    import shutil
+
+    from sparsecache.store import StoreConfig
+    from test_store_faults import assert_same_live_chunks
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(crash_corpus, corpus)
+    store = tmp_path / "store"
+    cmd = encode_cmd(corpus, store, tiny_model_dir, tiny_dictionary_dir) + ["--delete-missing"]
+    kill_at(cmd, "commit:1", tmp_path)
+    (corpus / "aa0-new.txt").write_text((corpus / "pass.txt").read_text() + " Then more text arrived.")
+    (corpus / "del.txt").unlink()
+    rerun(cmd)
+    assert verify(store)["ok"]
+    fresh = tmp_path / "fresh"
+    encode_corpus([str(corpus)], fresh, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+                  embedder=embedder, batch_tokens=256, progress=False)
+    assert_same_live_chunks(store, fresh)

@@ -1,0 +1,348 @@
+"""Fault injection: crashes at every failpoint of the writer, interleaved with corpus changes.
+
+The property (README, "Crash safety"): whatever sequence of crashes and corpus changes
+(documents added, changed, deleted, renamed) happens between runs, the store after the final
+successful run holds exactly the live chunks a fresh encode of the final corpus holds: the
+same (document, ordinal) → text, tokens and codes, no chunk live twice, none lost, an index
+with one vector per live chunk, and extents that never move backwards.
+
+Crashes are injected in-process (`failpoints.crash_at`), which leaves the same state on disk
+as a kill -9 at that point (nothing in the write path cleans up on the way out); the
+subprocess kills of `test_store_crash.py` check that equivalence. A deterministic fake
+embedder keeps each run to about a second on the tiny model, and fsync is a no-op here:
+the page cache holds everything a crashed process wrote, and durability across power loss
+is `test_store.py`'s fsync-order test.
+
+`pytest -m long tests/test_store_faults.py` runs 300 random histories instead of 12.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparsecache.encoder import encode_corpus
+from sparsecache.failpoints import Crash, crash_at, record
+from sparsecache.store import Store, StoreConfig, read_manifest, verify
+
+CONFIG = StoreConfig(chunk_tokens=32, zarr_chunk_tokens=16, coef_dtype="float16")
+BATCH_TOKENS = 64  # two chunks: a document of 1-5 batches spans 1-5 commits
+
+
+class FakeEmbedder:
+    """Unit vectors from a hash of the text: deterministic, fast, and text-dependent."""
+
+    name = "fake"
+    dim = 8
+
+    def embed(self, texts):
+        out = np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest()[:32], np.int32).astype(np.float32)
+                        for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def _pool() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [t for _, t in sorted(topics.items()) if len(t) > 400]
+
+
+POOL = _pool()
+
+
+def document(rng: random.Random, scale: float = 1.0) -> str:
+    """Text of 1-5 batches: a run of 250-1,300 characters of Python's docs (times `scale`)."""
+    src = rng.choice(POOL)
+    n = int(rng.randint(250, 1300) * scale)
+    start = rng.randint(0, max(0, len(src) - n))
+    return src[start : start + n]
+
+
+class Corpus:
+    """A directory of .txt documents that a history mutates."""
+
+    def __init__(self, root: Path, rng: random.Random, scale: float = 1.0):
+        self.root, self.rng, self.docs, self.next, self.scale = root, rng, {}, 0, scale
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, text: str) -> None:
+        self.docs[name] = text
+        (self.root / name).write_text(text)
+
+    def add(self) -> None:
+        # ids sort anywhere among the existing ones, so new work lands before and after open documents
+        self.write(f"{self.rng.choice('abcmxz')}{self.next:03d}.txt", document(self.rng, self.scale))
+        self.next += 1
+
+    def change(self) -> None:
+        if self.docs:
+            name = self.rng.choice(sorted(self.docs))
+            self.write(name, self.docs[name][: len(self.docs[name]) // 2] + document(self.rng, self.scale))
+
+    def delete(self) -> None:
+        if len(self.docs) > 1:
+            name = self.rng.choice(sorted(self.docs))
+            (self.root / name).unlink()
+            del self.docs[name]
+
+    def rename(self) -> None:
+        if self.docs:
+            name = self.rng.choice(sorted(self.docs))
+            text = self.docs.pop(name)
+            (self.root / name).unlink()
+            self.write(f"r{self.next:03d}-{name}", text)
+            self.next += 1
+
+    def mutate(self, ops: int) -> None:
+        for _ in range(ops):
+            self.rng.choice([self.add, self.add, self.change, self.delete, self.rename])()
+
+
+@pytest.fixture(autouse=True)
+def _no_fsync(monkeypatch):
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+@pytest.fixture(scope="module")
+def encode(tiny_model, tiny_dictionary):
+    fake = FakeEmbedder()
+
+    def run(corpus: Path, store: Path):
+        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, CONFIG, embedder=fake,
+                             batch_tokens=BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
+    return run
+
+
+def crashing(encode, corpus: Path, store: Path, point: str) -> bool:
+    """Run an encode that crashes at failpoint "name:n"; False if it finished without reaching it."""
+    name, n = point.split(":")
+    with crash_at(name, int(n)):
+        try:
+            encode(corpus, store)
+        except Crash:
+            return True
+    return False
+
+
+def live_chunks(path: Path) -> dict[tuple[str, int], tuple]:
+    """(document, ordinal) → (text, tokens, K indices, K coefficients, V indices, V coefficients)."""
+    s = Store.open(path)
+    chunks = s.chunks()
+    texts = s.texts([c.id for c in chunks])
+    out = {}
+    for c, text in zip(chunks, texts):
+        codes = s.read_codes([c.id])
+        key = (c.doc_id, c.ordinal)
+        assert key not in out, f"chunk {key} is live twice"
+        out[key] = (text, codes.tokens.tolist(), codes.k.indices, codes.k.coefficients.astype(np.float32),
+                    codes.v.indices, codes.v.coefficients.astype(np.float32))
+    return out
+
+
+def assert_same_live_chunks(got: Path, want: Path) -> None:
+    """The property, against a fresh encode. Texts and tokens are exact; codes come from model
+    forwards batched differently (a document's neighbours differ), which moves KV in the last
+    bit: coefficients may differ by an fp16 ulp and, very rarely, OMP may pick another atom
+    in a near-tie."""
+    a, b = live_chunks(got), live_chunks(want)
+    assert sorted(a) == sorted(b), f"live chunks differ: only in store {sorted(set(a) - set(b))[:5]}, " \
+                                   f"only in fresh {sorted(set(b) - set(a))[:5]}"
+    rows = same = 0
+    for key in a:
+        (ta, toka, *ca), (tb, tokb, *cb) = a[key], b[key]
+        assert ta == tb and toka == tokb, f"{key}: text or tokens differ"
+        for idx_a, coef_a, idx_b, coef_b in ((ca[0], ca[1], cb[0], cb[1]), (ca[2], ca[3], cb[2], cb[3])):
+            eq = (idx_a == idx_b).all(axis=-1)  # [G, T]: rows whose atoms agree
+            rows, same = rows + eq.size, same + int(eq.sum())
+            np.testing.assert_allclose(coef_a[eq], coef_b[eq], rtol=2**-9, atol=1e-6)
+    assert same >= 0.995 * rows, f"only {same} of {rows} code rows chose the same atoms"
+    ma, mb = read_manifest(got), read_manifest(want)
+    assert {d: (x["hash"], x["count"], x["tokens"]) for d, x in ma.documents.items()} == \
+           {d: (x["hash"], x["count"], x["tokens"]) for d, x in mb.documents.items()}
+    s = Store.open(got)
+    assert s.index().ntotal == len(a)
+
+
+def check_version(store: Path, seen: dict) -> None:
+    """verify passes, and within a generation the extents never shrink."""
+    r = verify(store)
+    assert r["ok"], r["problems"]
+    m = read_manifest(store)
+    prev = seen.get(m.generation, (0, 0))
+    assert m.tokens >= prev[0] and m.chunks >= prev[1], f"extents moved backwards: {prev} → {(m.tokens, m.chunks)}"
+    seen[m.generation] = (m.tokens, m.chunks)
+
+
+def fresh(encode, corpus: Path, tmp: Path) -> Path:
+    out = tmp / "fresh"
+    shutil.rmtree(out, ignore_errors=True)
+    encode(corpus, out)
+    return out
+
+
+def run_history(encode, seed: int, tmp: Path, steps: int = 4, scale: float = 1.0) -> int:
+    """One seeded history of mutations, crashes and reruns; returns how many crashes it injected."""
+    rng = random.Random(seed)
+    corpus = Corpus(tmp / "corpus", rng, scale)
+    for _ in range(rng.randint(2, 4)):
+        corpus.add()
+    store, seen, crashed = tmp / "store", {}, []
+    for _ in range(steps):
+        if rng.random() < 0.75:
+            point = f"{rng.choice(['append', 'append', 'commit', 'commit', 'sync', 'index', 'publish', 'create', 'prune'])}:" \
+                    f"{rng.randint(1, 6)}"
+            if crashing(encode, corpus.root, store, point):
+                crashed.append(point)
+        else:
+            encode(corpus.root, store)
+        if read_manifest_or_none(store):
+            check_version(store, seen)
+        corpus.mutate(rng.randint(1, 3))
+    encode(corpus.root, store)
+    check_version(store, seen)
+    assert_same_live_chunks(store, fresh(encode, corpus.root, tmp))
+    if os.environ.get("SPARSECACHE_FAULT_LOG"):  # what BENCHMARKS.md counts: histories, crashes, failpoints
+        with open(os.environ["SPARSECACHE_FAULT_LOG"], "a") as f:
+            f.write(json.dumps({"seed": seed, "crashes": crashed}) + "\n")
+    return len(crashed)
+
+
+def read_manifest_or_none(store: Path):
+    try:
+        return read_manifest(store)
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- regressions (each failed before the fix)
+
+
+def test_resumed_document_is_not_overwritten_by_a_new_one(encode, tmp_path):
+    """Killed inside a multi-batch document, then a document whose id sorts before it arrives:
+    the rerun used to append the new document in the middle of the resumed one's rows."""
+    corpus = Corpus(tmp_path / "corpus", random.Random(0))
+    corpus.write("m-long.txt", POOL[3][:2000])
+    assert crashing(encode, corpus.root, tmp_path / "store", "commit:1")
+    corpus.write("a-new.txt", POOL[5][:900])
+    encode(corpus.root, tmp_path / "store")
+    r = verify(tmp_path / "store")
+    assert r["ok"], r["problems"]
+    assert_same_live_chunks(tmp_path / "store", fresh(encode, corpus.root, tmp_path))
+
+
+def test_delete_missing_after_a_crash_drops_the_deleted_document(encode, tmp_path):
+    """A document finished by a crashed run, then deleted: --delete-missing used to keep it,
+    because deletions were computed from the last published version only."""
+    corpus = Corpus(tmp_path / "corpus", random.Random(1))
+    corpus.write("a.txt", POOL[1][:300])
+    corpus.write("b.txt", POOL[2][:1500])
+    store = tmp_path / "store"
+    for n in range(1, 10):  # the first commit after which a.txt is finished and b.txt is not
+        shutil.rmtree(store, ignore_errors=True)
+        assert crashing(encode, corpus.root, store, f"commit:{n}")
+        pending = json.loads((store / "pending.json").read_text())
+        if "a.txt" in pending["documents"]:
+            break
+    assert "b.txt" not in pending["documents"]
+    (corpus.root / "a.txt").unlink()
+    del corpus.docs["a.txt"]
+    encode(corpus.root, tmp_path / "store")
+    assert "a.txt" not in read_manifest(tmp_path / "store").documents
+    assert_same_live_chunks(tmp_path / "store", fresh(encode, corpus.root, tmp_path))
+
+
+def test_verify_names_a_document_whose_rows_hold_another_ones_chunks(encode, tmp_path):
+    """The silent corruption of the first regression, made by hand: verify must fail."""
+    corpus = Corpus(tmp_path / "corpus", random.Random(2))
+    corpus.write("a.txt", POOL[1][:700])
+    corpus.write("b.txt", POOL[2][:700])
+    encode(corpus.root, tmp_path / "store")
+    m = read_manifest(tmp_path / "store")
+    path = tmp_path / "store" / "manifests" / f"v{m.version:06d}.json"
+    raw = json.loads(path.read_text())
+    raw["documents"]["b.txt"]["first"] = raw["documents"]["a.txt"]["first"]  # b claims a's rows
+    path.write_text(json.dumps(raw))
+    r = verify(tmp_path / "store")
+    assert not r["ok"]
+    assert any("'b.txt'" in p and "'a.txt'" in p for p in r["problems"]), r["problems"]
+
+
+# ---------------------------------------------------------------- every failpoint
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["creating", "re-indexing"])
+def test_crash_at_every_failpoint_then_change_the_corpus(encode, tmp_path, incremental):
+    """Crash at each failpoint a run passes through (store creation, or a re-index of a changed
+    corpus), change the corpus, rerun: the store equals a fresh encode of the final corpus."""
+    rng = random.Random(7)
+    base = Corpus(tmp_path / "base", rng)
+    for _ in range(2):
+        base.add()
+    seed_store = tmp_path / "seed"
+    if incremental:
+        encode(base.root, seed_store)
+        base.mutate(3)
+    with record() as trace:
+        encode(base.root, _copy(seed_store, tmp_path / "probe", incremental))
+    points = list(dict.fromkeys(trace))
+    assert {p.split(":")[0] for p in points} >= {"append", "commit", "sync", "index", "publish"} | \
+           (set() if incremental else {"create"})
+    final = Corpus(tmp_path / "final", random.Random(8))
+    for name, text in base.docs.items():
+        final.write(name, text)
+    final.next = base.next
+    final.mutate(3)
+    want = fresh(encode, final.root, tmp_path)
+    for point in points:
+        store = _copy(seed_store, tmp_path / "store", incremental)
+        assert crashing(encode, base.root, store, point), point
+        encode(final.root, store)
+        r = verify(store)
+        assert r["ok"], (point, r["problems"])
+        assert_same_live_chunks(store, want)
+
+
+def _copy(src: Path, dst: Path, incremental: bool) -> Path:
+    shutil.rmtree(dst, ignore_errors=True)
+    if incremental:
+        shutil.copytree(src, dst)
+    return dst
+
+
+# ---------------------------------------------------------------- random histories
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_history(encode, tmp_path, seed):
+    run_history(encode, seed, tmp_path)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("seed", range(1000, 1300))
+def test_random_history_long(encode, tmp_path, seed):
+    run_history(encode, seed, tmp_path, steps=6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_history_on_the_default_model(default_model, tmp_path, seed):
+    """The same property with the real model and the shipped dictionary (short documents:
+    encoding runs at ~100 tokens/s on a CPU)."""
+    from sparsecache.dictionary import Dictionary, default_dictionary
+
+    d = Dictionary.load(default_dictionary())
+    config = StoreConfig(chunk_tokens=16, zarr_chunk_tokens=16)
+    fake = FakeEmbedder()
+
+    def encode(corpus: Path, store: Path):
+        return encode_corpus([str(corpus)], store, d, default_model, config, embedder=fake, batch_tokens=32,
+                             delete_missing=True, keep=3, progress=False)
+
+    assert run_history(encode, seed, tmp_path, steps=3, scale=0.15) >= 1
