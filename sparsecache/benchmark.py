@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from .dictionary import Dictionary, initial_atoms
-from ._omp_cpu import omp_codes
 from .omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
 

@@ -22,9 +22,6 @@ import os
 import signal
 from pathlib import Path
 
-NAMES = ("create", "append", "commit", "sync", "index", "publish", "prune")
-
-
 class Crash(BaseException):
     """Raised at an armed failpoint (tests only)."""
 

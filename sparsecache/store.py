@@ -507,9 +507,7 @@ class Store:
         if self._index is None:
             if not self.manifest.index:
                 raise StoreError(f"{self.root}: version {self.version} has no index")
-            path = self.root / self.manifest.index
-            if not path.is_file():
-                raise StoreCorrupt(f"{path}: the FAISS index of version {self.version} is missing")
+            path = self._index_path()
             try:
                 self._index = load_index(path)
             except RuntimeError as e:
@@ -566,13 +564,14 @@ class Store:
         }
 
 
-    def _index_bytes(self) -> int:
-        path = self.root / self.manifest.index if self.manifest.index else None
-        if path is None:
-            return 0
+    def _index_path(self) -> Path:
+        path = self.root / self.manifest.index
         if not path.is_file():
             raise StoreCorrupt(f"{path}: the FAISS index of version {self.version} is missing")
-        return path.stat().st_size
+        return path
+
+    def _index_bytes(self) -> int:
+        return self._index_path().stat().st_size if self.manifest.index else 0
 
 
 def _damaged_chunks(arr, folder: Path, extent: int) -> list[str]:
@@ -608,6 +607,9 @@ class Writer:
             raise StoreError(f"{self.root} is not a sparsecache store: a non-empty directory sparsecache "
                              f"did not create (no {MARKER}); refusing to write into it")
         self.lock.acquire()
+        # Only what this writer writes needs syncing: a crashed run synced its rows before
+        # pending.json recorded them, and the rest of the store is published, hence synced.
+        self._synced = time.time_ns() - _MTIME_SLACK_NS
         if not (self.root / MARKER).exists():  # before anything else is created in it
             write_atomic(self.root / MARKER, json.dumps({"created": _now(), "format": FORMAT_VERSION}))
         import zarr
@@ -628,7 +630,7 @@ class Writer:
     def sync(self) -> None:
         """Make everything written since the last sync durable (see `durable`)."""
         cut = time.time_ns()
-        sync_tree(self.root, getattr(self, "_synced", 0))
+        sync_tree(self.root, self._synced)
         self._synced = cut - _MTIME_SLACK_NS
         failpoint("sync")
 
@@ -785,8 +787,8 @@ class Writer:
 
     def publish(self, documents: dict[str, dict], index_kind_name: str = "auto", note: str = "") -> Manifest:
         """Build the index of the live chunks, then publish a new version covering them."""
-        m = Manifest(self.base.version + 1, self.base.generation, max(self.tokens, self.finished_tokens),
-                     max(self.chunks, self.finished_chunks), dict(sorted(documents.items())), created=_now(), note=note)
+        m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks,
+                     dict(sorted(documents.items())), created=_now(), note=note)
         self._write_index(m, self.group, index_kind_name)
         failpoint("index")
         self.sync()
