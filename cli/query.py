@@ -9,7 +9,7 @@ from sparsecache.blend import METHODS
 
 
 @click.command("query")
-@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 @click.argument("question")
 @click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
 @click.option("--method", type=click.Choice(METHODS), default="infoflow", show_default=True,

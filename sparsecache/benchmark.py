@@ -311,7 +311,7 @@ def _touched_files(store, ids) -> set:
     out = set()
     for a, b in store.spans(ids):
         for name in (*CODE_ARRAYS, "tokens"):
-            arr = store._arrays[name]
+            arr = store.array(name)
             step = arr.chunks[0] if name == "tokens" else arr.chunks[1]
             out |= {(name, i) for i in range(a // step, (b - 1) // step + 1)}
     return out
@@ -323,7 +323,7 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
 
     import zarr
 
-    from .store import CODE_ARRAYS, _compressors, _plain_chunks, _read_all, array_bytes, read_spans_direct
+    from .store import CODE_ARRAYS, LocalBackend, compressors, plain_chunks, read_spans_direct, read_zarr
 
     m = store.manifest
     spans = store.spans(ids)
@@ -339,19 +339,19 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
             chunks = (src.shape[0], zt, src.shape[2])
             shards = None if shard is None else (src.shape[0], shard, src.shape[2])
             g.create_array(name, shape=src.shape, dtype=src.dtype, chunks=chunks, shards=shards,
-                           compressors=_compressors(comp))[:] = src
+                           compressors=compressors(comp))[:] = src
         arrays = {n: zarr.open_array(str(out / n), mode="r") for n in CODE_ARRAYS}
 
         def read():
-            _read_all([(arrays[n]._async_array, (slice(None), slice(a, b))) for n in CODE_ARRAYS for a, b in spans])
+            read_zarr([(arrays[n]._async_array, (slice(None), slice(a, b))) for n in CODE_ARRAYS for a, b in spans])
 
         def read_direct():
             for n in CODE_ARRAYS:
-                read_spans_direct(arrays[n], out / n, spans, 1)
+                read_spans_direct(arrays[n], LocalBackend(out), n, spans, 1)
 
-        direct = all(_plain_chunks(a) for a in arrays.values())
+        direct = all(plain_chunks(a) for a in arrays.values())
         rows.append({"zarr_chunk_tokens": zt, "shard_tokens": shard, "compressor": comp,
-                     "disk_vs_theoretical": array_bytes(out) / theory,
+                     "disk_vs_theoretical": LocalBackend(out).size("") / theory,
                      "files": sum(1 for f in out.rglob("*") if f.is_file() and f.name != "zarr.json"),
                      "read_zarr_warm_ms": 1e3 * _median_time(read, repeats),
                      "read_direct_warm_ms": 1e3 * _median_time(read_direct, repeats) if direct else None})

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .durable import fsync_path
 from .errors import ModelError
 from .model import cache_root
 
@@ -124,17 +123,11 @@ def index_kind(index) -> str:
     return "hnsw" if isinstance(faiss.downcast_index(index.index), faiss.IndexHNSWFlat) else "flat"
 
 
-def save_index(index, path: Path) -> None:
-    """Write with FAISS's own format, atomically (temp file + rename)."""
+def index_to_bytes(index) -> bytes:
+    """FAISS's own serialisation (no pickle): what a store keeps as `index/vNNNNNN.faiss`."""
     import faiss
 
-    tmp = path.with_name(path.name + ".tmp")
-    faiss.write_index(index, str(tmp))
-    # the bytes before the rename, the directory after it: after a power cut a manifest
-    # must never name an index file that is empty or missing
-    fsync_path(tmp)
-    os.replace(tmp, path)
-    fsync_path(path.parent)
+    return faiss.serialize_index(index).tobytes()
 
 
 def index_ids(index) -> np.ndarray:
@@ -144,10 +137,10 @@ def index_ids(index) -> np.ndarray:
     return faiss.vector_to_array(index.id_map).astype(np.int64)
 
 
-def load_index(path: Path):
+def load_index_bytes(data: bytes):
     import faiss
 
-    return faiss.read_index(str(path))
+    return faiss.deserialize_index(np.frombuffer(data, np.uint8))
 
 
 def search(index, query: np.ndarray, k: int) -> list[tuple[int, float]]:

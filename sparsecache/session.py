@@ -49,9 +49,9 @@ class Session:
         self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
         fp, want = self.model.fingerprint(), self.store.attrs["model"]
         if any(fp.get(k) != want.get(k) for k in ("config_hash", "layers", "m")):
-            raise DictionaryMismatch(f"{self.store.root} was encoded with model {want.get('name')}, "
+            raise DictionaryMismatch(f"{self.store.backend} was encoded with model {want.get('name')}, "
                                      f"not {fp.get('name')}")
-        self.raw_dir = Path(raw_dir) if raw_dir else self.store.root.parent / (self.store.root.name + ".raw")
+        self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
         self._embedder = None
 
     @property
@@ -157,3 +157,15 @@ class Session:
             ctx = assemble(prefix, (pk, pv), tokens, kv, self.model)
         ctx.timings_ms = {"bytes_read": sum(len(b) for b in blobs)}
         return ctx
+
+
+def _raw_dir(store: Store) -> Path:
+    """Where the raw-KV baseline's files go: beside a local store, in the user cache for a remote one."""
+    import hashlib
+
+    from .model import cache_root
+
+    root = store.backend.local_root
+    if root is not None:
+        return root.parent / (root.name + ".raw")
+    return cache_root() / "raw" / hashlib.sha256(store.backend.url.encode()).hexdigest()[:16]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sparsecache.errors import ModelError
-from sparsecache.index import build_index, index_kind, load_index, save_index, search
+from sparsecache.index import build_index, index_kind, index_to_bytes, load_index_bytes, search
 
 TEXTS = [
     "The cat sat on the mat and purred.",
@@ -43,8 +43,7 @@ def test_index_answers_with_the_given_ids(kind, embedder, tmp_path):
     ids = np.array([40, 10, 30, 20])
     index = build_index(e, ids, kind)
     assert index_kind(index) == kind and index.ntotal == 4
-    save_index(index, tmp_path / "i.faiss")
-    loaded = load_index(tmp_path / "i.faiss")
+    loaded = load_index_bytes(index_to_bytes(index))
     hits = search(loaded, embedder.embed(["a football match"])[0], 2)
     assert hits[0][0] == 20 and hits[0][1] > hits[1][1]
     assert not list(tmp_path.glob("*.tmp"))

@@ -16,7 +16,7 @@ from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.encoder import encode_corpus, prefix_ids
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
 from sparsecache.model import extract_kv
-from sparsecache.store import Lock, Store, StoreConfig, Writer, verify, versions
+from sparsecache.store import Lock, Store, StoreConfig, Writer, compact, verify, versions
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
@@ -85,7 +85,7 @@ def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
 
 def test_direct_chunk_reads_equal_zarr_reads(store):
     """The fast read path (chunk files + CRC) against zarr's own reader, on random spans."""
-    from sparsecache.store import CODE_ARRAYS, read_spans_direct
+    from sparsecache.store import CODE_ARRAYS, LocalBackend, read_spans_direct
 
     s = Store.open(store)
     rng = np.random.default_rng(0)
@@ -95,7 +95,7 @@ def test_direct_chunk_reads_equal_zarr_reads(store):
     for name in (*CODE_ARRAYS, "tokens"):
         arr = s.group[name]
         axis = 0 if name == "tokens" else 1
-        got = read_spans_direct(arr, store / "data" / "g000001" / name, spans, axis)
+        got = read_spans_direct(arr, LocalBackend(store), f"data/g000001/{name}", spans, axis)
         ref = np.concatenate([arr[a:b] if axis == 0 else arr[:, a:b] for a, b in spans], axis)
         np.testing.assert_array_equal(got, ref)
 
@@ -182,12 +182,11 @@ def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):
     (corpus_dir / "pass.txt").unlink()
     build([corpus_dir], store, delete_missing=True)
     live = all_codes(store)
-    with Writer(store) as w:
-        m = w.compact(keep=1)
+    m = compact(store, keep=1)
     s = Store.open(store)
     assert s.version == m.version and versions(store) == [m.version]
     assert s.info()["tombstoned_chunks"] == 0 and m.generation == "g000002"
-    assert [p.name for p in (store / "data").iterdir()] == ["g000002"]
+    assert [p.name for p in (store / "data").iterdir() if p.is_dir()] == ["g000002"]
     assert_same_codes(all_codes(store), live)
     assert s.index().ntotal == len(live)
     assert verify(store)["ok"]
@@ -282,11 +281,12 @@ def test_damaged_chunk_table_names_its_file(store):
     """A checksum error in the chunk-text array used to surface without the file's name."""
     s = Store.open(store)
     ids = [c.id for c in s.chunks()]
-    f = store / "data" / "g000001" / "text" / "c" / "0"
+    f = store / "data" / "g000001" / "text_utf8" / "c" / "0"
     f.write_bytes(f.read_bytes()[:-6] + b"damage")
-    with pytest.raises(StoreCorrupt, match="g000001/text/c/0"):
+    with pytest.raises(StoreCorrupt, match="g000001/text_utf8/c/0"):
         Store.open(store).texts(ids[:1])
-    assert any("text/c/0" in p for p in verify(store)["problems"])
+    r = verify(store)
+    assert any("text_utf8/c/0" in p for p in r["problems"]) and set(r["corrupt_chunks"]) == set(ids)
 
 
 def test_publish_is_durable(build, corpus_dir, tmp_path, monkeypatch):
@@ -296,7 +296,7 @@ def test_publish_is_durable(build, corpus_dir, tmp_path, monkeypatch):
     import os
 
     events = []
-    real_fsync, real_replace = os.fsync, os.replace
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
 
     def fsync(fd):
         events.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}")))
@@ -306,8 +306,13 @@ def test_publish_is_durable(build, corpus_dir, tmp_path, monkeypatch):
         events.append(("rename", os.path.realpath(a), os.path.realpath(b)))
         return real_replace(a, b, **kw)
 
+    def link(a, b, **kw):  # how a manifest is created: link(2) never overwrites
+        events.append(("rename", os.path.realpath(a), os.path.realpath(b)))
+        return real_link(a, b, **kw)
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
     store = tmp_path / "store"
     build([corpus_dir], store)
     root = os.path.realpath(store)
@@ -328,7 +333,7 @@ def test_publish_is_durable(build, corpus_dir, tmp_path, monkeypatch):
             checked += 1
         elif e[2].endswith(".faiss"):
             assert e[1] in synced, "index file renamed into place before its bytes were synced"
-    assert checked >= 2
+    assert checked >= 2 and any("/manifests/v" in e[2] for e in events if e[0] == "rename")
     manifests_dir = os.path.join(root, "manifests")
     assert manifests_dir in synced
 
@@ -444,3 +449,37 @@ def test_format_1_store_reads_as_packed(build, corpus_dir, tmp_path):
     build([corpus_dir], old, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
                                                 index_coding="packed"))
     assert verify(old)["ok"] and versions(old) == [1, 2, 3]
+
+
+def _as_format_2(store: Path) -> None:
+    """Rewrite a store's text columns the way format 2 kept them (zarr-python vlen strings)."""
+    import zarr
+
+    from sparsecache.store.layout import TABLE_STR
+
+    s = Store.open(store)
+    cols = {c: s.column(c) for c in TABLE_STR}
+    g = zarr.open_group(str(store / "data" / s.manifest.generation), mode="r+")
+    for c, values in cols.items():
+        shutil.rmtree(store / "data" / s.manifest.generation / f"{c}_utf8")
+        shutil.rmtree(store / "data" / s.manifest.generation / f"{c}_ends")
+        with zarr.config.set({"array.write_empty_chunks": True}):  # as sparsecache's writer always did
+            g.create_array(c, shape=(len(values),), chunks=(4096,), dtype=str)[:] = values
+    root = zarr.open_group(str(store), mode="r+")
+    root.attrs["sparsecache"] = {**root.attrs["sparsecache"], "format": 2}
+
+
+def test_format_2_stores_still_read_and_append(build, store, corpus_dir, tmp_path):
+    before = all_codes(store)
+    texts = Store.open(store).texts(list(before))
+    _as_format_2(store)
+    s = Store.open(store)
+    assert s.legacy_strings and s.texts(list(before)) == texts
+    r = verify(store)
+    assert r["ok"], r["problems"]
+    (corpus_dir / "new.txt").write_text("A new document about lists and tuples. " * 20)
+    build([corpus_dir], store)  # appends in the generation's own (legacy) layout
+    assert verify(store)["ok"] and "new.txt" in {c.doc_id for c in Store.open(store).chunks()}
+    m = compact(store, keep=1)  # compaction moves it to the current layout
+    assert not Store.open(store).legacy_strings and verify(store)["ok"]
+    assert m.generation == "g000002"

@@ -1,0 +1,347 @@
+"""Where a store's bytes live: a local directory or an object store (S3, GCS, Azure).
+
+Everything above this module speaks keys ("manifests/v000002.json", "data/g000001/tokens/c/0")
+and six operations every backend has: get (whole or many in parallel), put (atomic replace),
+put-if-absent (the one primitive publishing needs: a version is created once, never
+overwritten), delete, list. Zarr arrays go through `zarr_store()`, zarr's own store for the
+same place. Object stores have no rename and no flock, which is why the store's protocol uses
+neither directly: publishing is put-if-absent, and the writer's exclusion is `lock()` (an flock
+here, a lease object there; see `versions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..durable import fsync_path, sync_tree, write_atomic
+from ..errors import StoreError
+
+_MTIME_SLACK_NS = 2_000_000_000  # file timestamps can lag the clock by a tick; re-syncing clean files is free
+URL_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "memory://")
+
+
+class Backend:
+    """The operations a store needs from its storage. Keys are '/'-separated, relative to the root."""
+
+    url: str
+
+    def zarr_store(self, read_only: bool = True):
+        raise NotImplementedError
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; FileNotFoundError where there is none."""
+        raise NotImplementedError
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several objects at once (None for a missing one): one round trip's latency, not n."""
+        return [self._get_or_none(k) for k in keys]
+
+    def put(self, key: str, data: bytes) -> None:
+        """Replace the object atomically (readers see the old or the new bytes) and durably."""
+        raise NotImplementedError
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create the object unless it exists; False (and nothing written) where it does."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Remove one object; a missing one is not an error."""
+        raise NotImplementedError
+
+    def delete_tree(self, prefix: str) -> None:
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key under `prefix/`, sorted."""
+        raise NotImplementedError
+
+    def children(self, prefix: str = "") -> list[str]:
+        """Names one level below `prefix` (objects and 'directories'), sorted."""
+        raise NotImplementedError
+
+    def exists(self, key: str) -> bool:
+        return self._get_or_none(key) is not None
+
+    def size(self, prefix: str) -> int:
+        """Bytes of every object under `prefix/`."""
+        raise NotImplementedError
+
+    def lock(self):
+        """The writer's exclusion: a context manager with `.stale` (a dead holder's record or None)."""
+        raise NotImplementedError
+
+    def mark(self) -> None:
+        """Start counting writes for `sync`."""
+
+    def sync(self) -> None:
+        """Make every write since `mark`/the last sync durable (object stores: a PUT already is)."""
+
+    def check_root(self) -> None:
+        """Raise StoreError where the root cannot hold a store at all."""
+
+    def put_dir(self, local: Path, prefix: str) -> None:
+        for f in sorted(Path(local).rglob("*")):
+            if f.is_file():
+                self.put(f"{prefix}/{f.relative_to(local).as_posix()}", f.read_bytes())
+
+    def fetch_dir(self, prefix: str) -> Path:
+        """A local directory holding the files under `prefix` (downloaded where they are remote)."""
+        out = Path(tempfile.mkdtemp(prefix="sparsecache-"))
+        for key in self.list(prefix):
+            dst = out / key[len(prefix) + 1:]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(self.get(key))
+        return out
+
+    @property
+    def local_root(self) -> Path | None:
+        """The directory of a local store, None for an object store."""
+        return None
+
+    def _get_or_none(self, key: str) -> bytes | None:
+        try:
+            return self.get(key)
+        except FileNotFoundError:
+            return None
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class LocalBackend(Backend):
+    """A POSIX directory. Writes are fsynced before anything names them (see `durable`)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.url = str(self.root)
+        self._synced = time.time_ns()
+
+    @property
+    def local_root(self) -> Path:
+        return self.root
+
+    def zarr_store(self, read_only: bool = True):
+        from zarr.storage import LocalStore
+
+        return LocalStore(self.root, read_only=read_only)
+
+    def get(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        # link(2) fails on an existing name: an atomic create that never overwrites
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_path(path.parent)
+        return True
+
+    def delete(self, key: str) -> None:
+        (self.root / key).unlink(missing_ok=True)
+
+    def delete_tree(self, prefix: str) -> None:
+        shutil.rmtree(self.root / prefix, ignore_errors=True)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root / prefix
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def children(self, prefix: str = "") -> list[str]:
+        base = self.root / prefix
+        return sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+
+    def exists(self, key: str) -> bool:
+        return (self.root / key).exists()
+
+    def size(self, prefix: str) -> int:
+        return sum(f.stat().st_size for f in (self.root / prefix).rglob("*") if f.is_file())
+
+    def lock(self):
+        from .versions import Lock
+
+        return Lock(self.root)
+
+    def mark(self) -> None:
+        # Only what this writer writes needs syncing: a crashed run synced its rows before
+        # pending.json recorded them, and the rest of the store is published, hence synced.
+        self._synced = time.time_ns() - _MTIME_SLACK_NS
+
+    def sync(self) -> None:
+        cut = time.time_ns()
+        sync_tree(self.root, self._synced)
+        self._synced = cut - _MTIME_SLACK_NS
+
+    def check_root(self) -> None:
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"{self.root} exists and is not a directory")
+
+    def put_dir(self, local: Path, prefix: str) -> None:
+        dst = self.root / prefix
+        if Path(local).resolve() != dst.resolve():
+            shutil.copytree(local, dst, dirs_exist_ok=True)
+
+    def fetch_dir(self, prefix: str) -> Path:
+        return self.root / prefix
+
+
+class ObjectBackend(Backend):
+    """An object store through obstore (S3, GCS, Azure; `memory://` for tests).
+
+    Credentials, region and endpoint come from the standard environment variables
+    (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP,
+    GOOGLE_SERVICE_ACCOUNT, AZURE_STORAGE_ACCOUNT_NAME, ...), as obstore reads them.
+    """
+
+    def __init__(self, url: str, store=None):
+        try:
+            import obstore  # noqa: F401
+            from obstore.store import from_url
+        except ImportError:
+            raise StoreError(f"{url}: object storage needs the s3 extra: pip install 'sparsecache[s3]'") from None
+        self.url = url.rstrip("/")
+        self.store = store if store is not None else from_url(self.url)
+
+    def zarr_store(self, read_only: bool = True):
+        from zarr.storage import ObjectStore
+
+        return ObjectStore(self.store, read_only=read_only)
+
+    def get(self, key: str) -> bytes:
+        import obstore
+
+        return bytes(obstore.get(self.store, key).bytes())
+
+    def get_versioned(self, key: str) -> tuple[bytes, str | None]:
+        """The bytes and their e-tag (for a conditional update), FileNotFoundError if none."""
+        import obstore
+
+        r = obstore.get(self.store, key)
+        return bytes(r.bytes()), r.meta.get("e_tag")
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        import obstore
+
+        async def one(key):
+            try:
+                return bytes(await (await obstore.get_async(self.store, key)).bytes_async())
+            except FileNotFoundError:
+                return None
+
+        async def every():
+            return await asyncio.gather(*(one(k) for k in keys))
+
+        return _run(every())
+
+    def put(self, key: str, data: bytes, if_match: str | None = None) -> str | None:
+        """PUT (`if_match`: only over the version with that e-tag); returns the new e-tag."""
+        import obstore
+
+        mode = {"e_tag": if_match} if if_match else "overwrite"
+        return obstore.put(self.store, key, data, mode=mode).get("e_tag")
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            obstore.put(self.store, key, data, mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            return False
+        return True
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        try:
+            obstore.delete(self.store, key)
+        except FileNotFoundError:
+            pass
+
+    def delete_tree(self, prefix: str) -> None:
+        import obstore
+
+        keys = self.list(prefix)
+        for i in range(0, len(keys), 1000):
+            obstore.delete(self.store, keys[i:i + 1000])
+
+    def _objects(self, prefix: str):
+        import obstore
+
+        for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None):
+            yield from batch
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(o["path"] for o in self._objects(prefix))
+
+    def children(self, prefix: str = "") -> list[str]:
+        import obstore
+
+        r = obstore.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in r["common_prefixes"]]
+        names += [o["path"].rsplit("/", 1)[-1] for o in r["objects"]]
+        return sorted(names)
+
+    def exists(self, key: str) -> bool:
+        import obstore
+
+        try:
+            obstore.head(self.store, key)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def size(self, prefix: str) -> int:
+        return sum(o["size"] for o in self._objects(prefix))
+
+    def lock(self):
+        from .versions import Lease
+
+        return Lease(self)
+
+
+def _run(coro):
+    """Run a coroutine from sync code, also where an event loop is already running (notebooks)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    from zarr.core.sync import sync
+
+    return sync(coro)
+
+
+def is_url(path: str | Path) -> bool:
+    return isinstance(path, str) and path.startswith(URL_SCHEMES)
+
+
+def open_backend(where: str | Path | Backend) -> Backend:
+    """The backend for a local path, a file:// URL or an s3://, gs://, az:// URL."""
+    if isinstance(where, Backend):
+        return where
+    if isinstance(where, str) and where.startswith("file://"):
+        return LocalBackend(where[len("file://"):])
+    if is_url(where):
+        return ObjectBackend(where)
+    return LocalBackend(where)

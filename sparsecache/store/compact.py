@@ -1,0 +1,47 @@
+"""Compaction: copy the live rows into a new generation without tombstones, publish it."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from ..failpoints import failpoint
+from .layout import CODE_ARRAYS, TABLE_STR, create_generation, now, open_group, put, store_config
+from .reader import Store
+from .versions import Manifest, read_manifest
+from .writer import Writer
+
+
+def compact(where, keep: int = 2, index_kind_name: str = "auto") -> Manifest:
+    """Copy the live rows of the latest version into a new generation, publish it as the next
+    version, then drop versions beyond the newest `keep`."""
+    if keep < 1:
+        raise ConfigError("--keep must be at least 1")
+    with Writer(where) as w:
+        b = w.backend
+        base = read_manifest(b)
+        attrs = w.attrs()
+        old = Store(b, attrs, base)
+        name = f"g{int(base.generation[1:]) + 1:06d}"
+        create_generation(b, name, store_config(attrs), old.dictionary, attrs["embed_dim"])
+        w.base, w.group = base, open_group(b, f"data/{name}", mode="r+")
+        w.legacy = False
+        table = {col: old.column(col) for col in (*TABLE_STR, "ordinal", "token_length", "embeddings")}
+        docs, tok, row = {}, 0, 0
+        for doc_id, d in sorted(base.documents.items(), key=lambda kv: kv[1]["first"]):
+            rows = slice(d["first"], d["first"] + d["count"])
+            t0 = old.row_span(d["first"])[0] if d["count"] else 0
+            span = slice(t0, t0 + d["tokens"])
+            put(w.group["tokens"], old.array("tokens")[span], tok, axis=0)
+            for a in CODE_ARRAYS:
+                put(w.group[a], old.array(a)[:, span], tok, axis=1)
+            chunk_rows = [{col: table[col][r] for col in (*TABLE_STR, "ordinal", "token_length")}
+                          for r in range(rows.start, rows.stop)]
+            w.write_rows(row, tok, chunk_rows, table["embeddings"][rows])
+            docs[doc_id] = {**d, "first": row, "token_offset": tok}
+            row, tok = row + d["count"], tok + d["tokens"]
+            failpoint("append")
+        m = Manifest(base.version + 1, name, tok, row, docs, created=now(), note=f"compacted from v{base.version}")
+        w.write_index(m, w.group, index_kind_name)
+        failpoint("index")
+        w.publish_manifest(m)  # also drops pending.json: it pointed into the old generation
+        w.prune(keep)
+        return m

@@ -1,0 +1,180 @@
+"""What a store holds and how its arrays are laid out: the config, the root attributes, the
+arrays of a generation, and how the chunk table's text columns are encoded.
+
+Text columns (format 3): column X is two arrays, `X_utf8` uint8 [bytes] (every row's UTF-8,
+concatenated) and `X_ends` int64 [rows] (where each row's bytes end). Both are core Zarr v3
+data types, so any Zarr v3 implementation reads them; zarr-python's variable-length string
+type ("string" + vlen-utf8) that format 2 used is an extension others do not implement.
+Format-2 generations still read (and are appended to in their own layout).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..codec import COEF_DTYPES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
+from ..errors import ConfigError, StoreError
+from .backend import Backend
+
+FORMAT_VERSION = 3  # 3: text columns as UTF-8 bytes + ends; 2: config.index_coding
+ATTR = "sparsecache"
+CODE_ARRAYS = ("k_indices", "k_coefficients", "v_indices", "v_coefficients")
+TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
+TABLE_INT = {"ordinal": "int32", "token_offset": "int64", "token_length": "int32"}
+COMPRESSORS = ("none", "zstd")
+ROWS_PER_CHUNK = 4096  # chunk-table and embedding rows per Zarr chunk
+UTF8_CHUNK_BYTES = 1 << 16  # ~30 chunks of text; a larger chunk is rewritten whole on every append
+MARKER = ".sparsecache-store"
+# what a foreign reader needs to know about the uint8 coefficient bytes of a float8 store
+FLOAT8_ATTRS = {"sparsecache": {"element_type": "float8_e4m3fn", "nan": "0x7F",
+                                "note": "bytes of IEEE-style e4m3 (1 sign, 4 exponent, 3 mantissa bits, bias 7, no inf)"}}
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Fixed when a store is created; written into its root attributes."""
+
+    chunk_tokens: int = 512
+    prefix: str | None = None  # None: the model's chat template up to the user's text
+    coef_dtype: str = "float8"  # e4m3: same quality as fp16 on the frontier, 1.38x smaller (BENCHMARKS.md)
+    index_coding: str = "elias-fano"  # lossless; 10 instead of 13 bits per index at s = 32 (BENCHMARKS.md)
+    zarr_chunk_tokens: int = 512  # tokens per Zarr chunk of the code arrays (measured: BENCHMARKS.md)
+    compressor: str = "none"  # codes are near-incompressible; "zstd" trades read time for ~4%
+    embedder: str = "default"  # the retrieval encoder; queries must be embedded by the same one
+
+    def __post_init__(self):
+        if not 16 <= self.chunk_tokens <= 8192:
+            raise ConfigError(f"--chunk-tokens must be in [16, 8192], got {self.chunk_tokens}")
+        if self.coef_dtype not in COEF_DTYPES:
+            raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}")
+        if self.index_coding not in INDEX_CODINGS:
+            raise ConfigError(f"index coding must be one of {', '.join(INDEX_CODINGS)}")
+        if self.zarr_chunk_tokens < 1:
+            raise ConfigError("zarr_chunk_tokens must be positive")
+        if self.compressor not in COMPRESSORS:
+            raise ConfigError(f"compressor must be one of {', '.join(COMPRESSORS)}")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def open_group(backend: Backend, path: str = "", mode: str = "r"):
+    """A Zarr group of the store (`path` relative to its root)."""
+    import zarr
+
+    return zarr.open_group(store=backend.zarr_store(read_only=mode == "r"), path=path, mode=mode)
+
+
+def root_attrs(backend: Backend) -> dict:
+    """The store's root attributes (format, config, fingerprints); StoreError where there is no store."""
+    try:
+        attrs = dict(open_group(backend).attrs).get(ATTR)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        raise StoreError(f"no sparsecache store at {backend}") from e
+    if not attrs:
+        raise StoreError(f"{backend} is a Zarr group but not a sparsecache store")
+    if attrs.get("format", 0) > FORMAT_VERSION:
+        raise StoreError(f"{backend}: written by a newer sparsecache (store format {attrs['format']}, "
+                         f"this version reads {FORMAT_VERSION}); upgrade sparsecache")
+    return attrs
+
+
+def store_config(attrs: dict) -> StoreConfig:
+    """The StoreConfig a store was created with (format-1 stores predate index_coding: packed)."""
+    return StoreConfig(**{"index_coding": "packed", **attrs["config"]})
+
+
+def config_for(backend: Backend, **given) -> StoreConfig:
+    """The config to encode into a store with: an existing store's own settings overridden by the
+    non-None `given` ones (the writer refuses any that differ), else the defaults with `given`.
+
+    So a nightly re-index keeps a store's settings when newer defaults change."""
+    given = {k: v for k, v in given.items() if v is not None}
+    try:
+        stored = asdict(store_config(root_attrs(backend)))
+    except StoreError:
+        stored = {}
+    return StoreConfig(**{**stored, **given})
+
+
+def compressors(name: str):
+    """The Zarr codec chain for a compressor name; every chunk carries a CRC32C."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return [ZstdCodec(level=3), Crc32cCodec()] if name == "zstd" else [Crc32cCodec()]
+
+
+def create_generation(backend: Backend, name: str, config: StoreConfig, dictionary, embed_dim: int) -> None:
+    """Lay out the empty arrays of generation `name` under data/."""
+    g = open_group(backend, f"data/{name}", mode="w")
+    c = dictionary.config
+    G = dictionary.model["layers"] // c.layers_per_signal
+    rb = index_row_bytes(c, config.index_coding)
+    s, zt = c.sparsity, config.zarr_chunk_tokens
+    comp = compressors(config.compressor)
+    fp8 = config.coef_dtype == "float8"
+    for kind in ("k", "v"):
+        g.create_array(f"{kind}_indices", shape=(G, 0, rb), chunks=(G, zt, rb), dtype="uint8",
+                       fill_value=0, compressors=comp)
+        g.create_array(f"{kind}_coefficients", shape=(G, 0, s), chunks=(G, zt, s),
+                       dtype=STORAGE_DTYPES[config.coef_dtype], fill_value=0x7F if fp8 else float("nan"),
+                       compressors=comp, attributes=FLOAT8_ATTRS if fp8 else None)
+    g.create_array("tokens", shape=(0,), chunks=(zt,), dtype="int32", fill_value=-1, compressors=compressors("none"))
+    for col in TABLE_STR:
+        g.create_array(f"{col}_utf8", shape=(0,), chunks=(UTF8_CHUNK_BYTES,), dtype="uint8", fill_value=0,
+                       compressors=compressors("zstd"))
+        g.create_array(f"{col}_ends", shape=(0,), chunks=(ROWS_PER_CHUNK,), dtype="int64", fill_value=-1,
+                       compressors=compressors("zstd"))
+    for col, dtype in TABLE_INT.items():
+        g.create_array(col, shape=(0,), chunks=(ROWS_PER_CHUNK,), dtype=dtype, fill_value=-1,
+                       compressors=compressors("zstd"))
+    g.create_array("embeddings", shape=(0, embed_dim), chunks=(ROWS_PER_CHUNK // 4, embed_dim),
+                   dtype="float32", fill_value=0.0, compressors=compressors("zstd"))
+
+
+def put(arr, data: np.ndarray, at: int, axis: int) -> None:
+    """Write `data` at [at, at + len) along `axis`, growing (or trimming an unpublished tail) first."""
+    end = at + data.shape[axis]
+    shape = list(arr.shape)
+    if shape[axis] != end:
+        shape[axis] = end
+        arr.resize(tuple(shape))
+    sel = [slice(None)] * arr.ndim
+    sel[axis] = slice(at, end)
+    arr[tuple(sel)] = data
+
+
+def legacy_strings(group) -> bool:
+    """Whether a generation keeps its text columns as zarr-python strings (format ≤ 2)."""
+    return "text_ends" not in group
+
+
+def text_arrays(col: str, legacy: bool) -> tuple[str, ...]:
+    """The array names that hold text column `col`."""
+    return (col,) if legacy else (f"{col}_utf8", f"{col}_ends")
+
+
+def read_strings(group, col: str, rows: int, legacy: bool) -> np.ndarray:
+    """object [rows] of str: the first `rows` values of text column `col`."""
+    if legacy:
+        return group[col][:rows]
+    ends = group[f"{col}_ends"][:rows]
+    blob = group[f"{col}_utf8"][: int(ends[-1])].tobytes() if rows else b""
+    starts = np.concatenate([[0], ends[:-1]]) if rows else ends
+    return np.array([blob[a:b].decode("utf-8") for a, b in zip(starts, ends)], dtype=object)
+
+
+def write_strings(group, col: str, values: list[str], row0: int, legacy: bool) -> None:
+    """Write `values` as rows row0.. of text column `col` (rows before row0 must be written)."""
+    if legacy:
+        put(group[col], np.array(values, dtype=object), row0, axis=0)
+        return
+    start = int(group[f"{col}_ends"][row0 - 1]) if row0 else 0
+    encoded = [v.encode("utf-8") for v in values]
+    ends = start + np.cumsum([len(e) for e in encoded], dtype=np.int64)
+    put(group[f"{col}_utf8"], np.frombuffer(b"".join(encoded), np.uint8), start, axis=0)
+    put(group[f"{col}_ends"], ends, row0, axis=0)

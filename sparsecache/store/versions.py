@@ -1,0 +1,244 @@
+"""Published versions and the one writer: manifests, publishing, the lock and the lease.
+
+A version is a manifest object `manifests/vNNNNNN.json`, created with put-if-absent and never
+overwritten: two writers can never both publish version N, and a reader that pinned N reads
+N's bytes for as long as N exists. The writer's exclusion is an flock on a local store (the
+kernel drops it when the writer dies) and a lease object on an object store (taken and renewed
+with conditional writes, expiring when its holder stops renewing it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StoreCorrupt, StoreError, StoreLocked
+from .backend import Backend
+from .layout import FORMAT_VERSION, now
+
+
+@dataclass
+class Manifest:
+    """One published version: which generation, how far its arrays reach, which rows are live."""
+
+    version: int
+    generation: str
+    tokens: int = 0  # extent of the token axis
+    chunks: int = 0  # extent of the chunk table
+    documents: dict[str, dict] = field(default_factory=dict)  # id → {hash, first, count, tokens}
+    index: str | None = None
+    index_kind: str | None = None
+    created: str = ""
+    note: str = ""
+
+    def live_rows(self) -> np.ndarray:
+        """int64 [n_live] chunk rows of live documents, ascending."""
+        spans = [np.arange(d["first"], d["first"] + d["count"]) for d in self.documents.values()]
+        return np.sort(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT_VERSION, **asdict(self)}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Manifest":
+        raw = json.loads(text)
+        if raw.pop("format", 0) > FORMAT_VERSION:
+            raise StoreError("manifest written by a newer sparsecache; upgrade to read this store")
+        return cls(**raw)
+
+
+def manifest_key(version: int) -> str:
+    return f"manifests/v{version:06d}.json"
+
+
+def versions(backend: Backend) -> list[int]:
+    """Published version numbers, ascending."""
+    names = [k.rsplit("/", 1)[-1] for k in backend.list("manifests")]
+    return sorted(int(n[1:-5]) for n in names if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit())
+
+
+def read_manifest(backend: Backend, version: int | None = None) -> Manifest:
+    """The manifest of `version` (default: the latest)."""
+    vs = versions(backend)
+    if not vs:
+        if not backend.exists("zarr.json"):
+            raise StoreError(f"no store at {backend}")
+        raise StoreError(f"{backend}: no published version yet (the first encode did not finish; rerun it)")
+    v = vs[-1] if version is None else version
+    if v not in vs:
+        raise StoreError(f"{backend}: no version {v} (have {', '.join(map(str, vs))})")
+    try:
+        return Manifest.from_json(backend.get(manifest_key(v)))
+    except (json.JSONDecodeError, TypeError, KeyError) as e:
+        raise StoreCorrupt(f"{backend}: manifest v{v} unreadable: {e}") from e
+
+
+def publish(backend: Backend, m: Manifest) -> None:
+    """Create version `m.version`; refuse if it exists (another writer published it first)."""
+    if not backend.put_if_absent(manifest_key(m.version), m.to_json().encode()):
+        raise StoreLocked(f"{backend}: version {m.version} was published by another writer meanwhile; "
+                          "nothing of this run was published (rerun to build on it)")
+
+
+def _holder() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "since": now()}
+
+
+def _who(owner: dict | None) -> str:
+    return f"pid {owner.get('pid')} on {owner.get('host')} since {owner.get('since')}" if owner else "another process"
+
+
+class Lock:
+    """One writer per local store: an flock on `.lock`, which the kernel drops if the writer dies.
+
+    The file also names its holder, so a second writer can say who holds it, and a file left
+    non-empty by a writer that died is recognised (and reported) as a stale lock.
+    """
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / ".lock"
+        self.fd: int | None = None
+        self.stale: dict | None = None
+
+    def acquire(self) -> "Lock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = self._owner(fd)
+            os.close(fd)
+            raise StoreLocked(f"store is locked: {self.path.parent} is being written by {_who(owner)}") from None
+        self.stale = self._owner(fd) or None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+        self.fd = fd
+        return self
+
+    @staticmethod
+    def _owner(fd: int) -> dict:
+        try:
+            return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except (json.JSONDecodeError, OSError):
+            return {}
+
+    def check(self) -> None:
+        """An flock cannot be lost while its holder lives."""
+
+    def release(self) -> None:
+        import fcntl
+
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class Lease:
+    """One writer per object store: `lease.json`, taken and renewed by conditional writes.
+
+    Taking it: create it if absent, or replace an expired (or released) one conditionally on
+    the e-tag that was read, so of two writers racing for a dead holder's lease exactly one
+    wins. A thread renews it every ttl/3 (again conditionally: a renewal that finds another
+    holder marks the lease lost, and the writer stops before its next commit or publish).
+    A writer that dies stops renewing, so its lease expires after `ttl` seconds and the next
+    writer takes over (reported as a stale lease, like a stale local lock).
+    """
+
+    KEY = "lease.json"
+
+    def __init__(self, backend, ttl: float | None = None):
+        self.backend = backend
+        self.ttl = float(ttl or os.environ.get("SPARSECACHE_LEASE_TTL", 60))
+        self.stale: dict | None = None
+        self.etag: str | None = None
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._me = {**_holder(), "token": os.urandom(8).hex()}
+
+    def _record(self, released: bool = False) -> bytes:
+        return json.dumps({**self._me, "expires": 0 if released else time.time() + self.ttl}).encode()
+
+    def acquire(self) -> "Lease":
+        b = self.backend
+        if not b.put_if_absent(self.KEY, self._record()):
+            try:
+                raw, etag = b.get_versioned(self.KEY)
+                owner = json.loads(raw)
+            except FileNotFoundError:  # released and deleted between our two calls: try once more
+                return self.acquire()
+            if owner.get("expires", 0) > time.time():
+                raise StoreLocked(f"store is locked: {b} is being written by {_who(owner)} "
+                                  f"(lease expires in {owner['expires'] - time.time():.0f}s unless renewed)")
+            from obstore.exceptions import PreconditionError
+
+            try:
+                self.etag = b.put(self.KEY, self._record(), if_match=etag)
+            except PreconditionError:
+                raise StoreLocked(f"store is locked: {b}: another writer took the expired lease first") from None
+            self.stale = owner if owner.get("expires") else None  # expires 0: released cleanly
+        else:
+            self.etag = b.get_versioned(self.KEY)[1]
+        self._renewed = time.time()
+        self._thread = threading.Thread(target=self._renew_loop, name="sparsecache-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def renew(self) -> None:
+        """One conditional renewal; marks the lease lost where another writer holds it now."""
+        from obstore.exceptions import PreconditionError
+
+        try:
+            self.etag = self.backend.put(self.KEY, self._record(), if_match=self.etag)
+            self._renewed = time.time()
+        except PreconditionError:
+            self.lost = "another writer took the lease (this writer was paused longer than its ttl)"
+        except Exception as e:  # a network error: keep trying until the lease would have expired
+            if time.time() > self._renewed + self.ttl:
+                self.lost = f"lease not renewed for {self.ttl:.0f}s ({e})"
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3) and not self.lost:
+            self.renew()
+
+    def check(self) -> None:
+        """Raise StoreLocked if the lease was lost: nothing further may be recorded or published."""
+        if self.lost:
+            raise StoreLocked(f"{self.backend}: {self.lost}; stopping before writing further")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+            self._thread = None
+        if self.etag and not self.lost:
+            from obstore.exceptions import PreconditionError
+
+            try:
+                self.backend.put(self.KEY, self._record(released=True), if_match=self.etag)
+            except PreconditionError:
+                pass
+        self.etag = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

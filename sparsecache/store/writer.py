@@ -1,0 +1,304 @@
+"""The one writer of a store: lays it out, appends codes past the latest version, records
+progress for a crashed run to resume from, builds the index and publishes new versions.
+
+Writers only append past the latest manifest's extents; every array write replaces a whole
+chunk object atomically (zarr's LocalStore and object stores alike), and chunks that hold
+published data are rewritten with the same bytes. So a reader that pinned version N keeps
+reading exactly N's data while N+1 is written, and a crash at any point leaves the latest
+published version intact.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from ..codec import Codes
+from ..dictionary import Dictionary
+from ..errors import ConfigError, DictionaryMismatch, StoreError
+from ..failpoints import failpoint
+from ..index import build_index, index_kind, index_to_bytes
+from .backend import Backend, open_backend
+from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, StoreConfig, compressors,
+                     create_generation, legacy_strings, now, open_group, put, root_attrs, store_config,
+                     write_strings)
+from .versions import Manifest, manifest_key, publish, read_manifest, versions
+
+PENDING = "pending.json"
+
+
+def ours(backend: Backend) -> bool:
+    """Whether a writer may create and delete inside the store's root: it is missing or empty
+    (a `.lock` aside), carries the marker, or is a store made before the marker existed."""
+    names = set(backend.children("")) - {".lock", "lease.json"}
+    if not names or MARKER in names:
+        return True
+    try:
+        return "zarr.json" in names and bool(versions(backend)) and bool(root_attrs(backend))
+    except StoreError:
+        return False
+
+
+def write_codes(group, tok0: int, tokens: np.ndarray, k: Codes, v: Codes, grow: bool = True) -> None:
+    """Tokens [T] and codes [G, T, ·] at token position tok0 of a generation's arrays.
+
+    `grow=False` (a distributed worker's region): the driver sized the arrays beforehand, and
+    resizing here would race with the other workers over the arrays' metadata."""
+    write = put if grow else _assign
+    write(group["tokens"], tokens.astype(np.int32), tok0, axis=0)
+    for name, data in zip(CODE_ARRAYS, (k.indices, k.coefficients, v.indices, v.coefficients)):
+        write(group[name], data, tok0, axis=1)
+        failpoint("append")  # a crash here leaves a torn batch: some arrays written, some not
+
+
+def _assign(arr, data: np.ndarray, at: int, axis: int) -> None:
+    sel = [slice(None)] * arr.ndim
+    sel[axis] = slice(at, at + data.shape[axis])
+    arr[tuple(sel)] = data
+
+
+class Writer:
+    """The one writer of a store (a path or an s3://, gs://, az:// URL).
+
+    Use as a context manager; it holds the store's lock (or lease). Progress between versions
+    is kept in `pending.json` after every `commit`, so a crashed run resumes instead of redoing work.
+    """
+
+    def __init__(self, where):
+        self.backend = open_backend(where)
+        self.lock = self.backend.lock()
+
+    @property
+    def root(self):
+        return self.backend.local_root or self.backend.url
+
+    def __enter__(self):
+        self.backend.check_root()
+        if not ours(self.backend):
+            raise StoreError(f"{self.backend} is not a sparsecache store: a non-empty directory sparsecache "
+                             f"did not create (no {MARKER}); refusing to write into it")
+        self.lock.acquire()
+        self.backend.mark()
+        if not self.backend.exists(MARKER):  # before anything else is created in it
+            self.backend.put(MARKER, json.dumps({"created": now(), "format": FORMAT_VERSION}).encode())
+        import zarr
+
+        # every chunk is written even when it equals the fill value, so a missing file always means damage
+        self._zarr_config = zarr.config.set({"array.write_empty_chunks": True})
+        self._zarr_config.__enter__()
+        if self.lock.stale:
+            s = self.lock.stale
+            warnings.warn(f"{self.backend}: took over a stale lock left by pid {s.get('pid')} on {s.get('host')} "
+                          f"(since {s.get('since')}); resuming its work", stacklevel=2)
+        return self
+
+    def __exit__(self, *exc):
+        self._zarr_config.__exit__(*exc)
+        self.lock.release()
+
+    def sync(self) -> None:
+        """Make everything written since the last sync durable (see `durable`)."""
+        self.backend.sync()
+        failpoint("sync")
+
+    # -- creation
+
+    def initialised(self) -> bool:
+        return bool(versions(self.backend))
+
+    def create(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict, prefix_ids: list[int],
+               prefix_kv: tuple[torch.Tensor, torch.Tensor], embed_dim: int) -> None:
+        """Lay out a new store and publish an empty version 1 (overwrites a half-created one:
+        `__enter__` has checked that this is a store sparsecache created)."""
+        b = self.backend
+        for sub in ("data", "prefix", "dictionary", "manifests", "index"):
+            b.delete_tree(sub)
+        b.delete(PENDING)
+        failpoint("create")
+        root = open_group(b, mode="a")  # not "w": that would delete the held .lock
+        prefix = root.create_group("prefix")
+        k, v = prefix_kv
+        for name, data in (("token_ids", np.asarray(prefix_ids, np.int32)), ("keys", k.float().cpu().numpy()),
+                           ("values", v.float().cpu().numpy())):
+            prefix.create_array(name, data=data, compressors=compressors("none"))
+        self._save_dictionary(dictionary)
+        failpoint("create")
+        create_generation(b, "g000001", config, dictionary, embed_dim)
+        root.attrs[ATTR] = {"format": FORMAT_VERSION, "config": asdict(config), "model": model_fp,
+                            "dictionary": dictionary.fingerprint(), "dictionary_config": asdict(dictionary.config),
+                            "embed_dim": embed_dim, "created": now()}
+        failpoint("create")
+        m = Manifest(1, "g000001", created=now(), note="created")
+        self.write_index(m, open_group(b, f"data/{m.generation}"), "auto")
+        self.sync()
+        publish(b, m)  # an empty version with an (empty) index: every version can be searched
+
+    def _save_dictionary(self, dictionary: Dictionary) -> None:
+        import tempfile
+
+        if self.backend.local_root is not None:
+            dictionary.save(self.backend.local_root / "dictionary")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            self.backend.put_dir(dictionary.save(tmp), "dictionary")
+
+    def attrs(self) -> dict:
+        return root_attrs(self.backend)
+
+    def check_compatible(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict | None) -> None:
+        """Refuse to append codes that would not mean the same as the ones already stored
+        (`model_fp` None: check all but the model, which need not be loaded for that)."""
+        a = self.attrs()
+        if a["dictionary"] != dictionary.fingerprint():
+            raise DictionaryMismatch(f"{self.backend} was encoded with dictionary {a['dictionary']}; "
+                                     f"the one given is {dictionary.fingerprint()} (use the same --dict or a new store)")
+        for key in ("config_hash", "layers", "m") if model_fp else ():
+            if a["model"].get(key) != model_fp.get(key):
+                raise DictionaryMismatch(f"{self.backend} was encoded with model {a['model'].get('name')}, "
+                                         f"not {model_fp.get('name')}")
+        stored = store_config(a)
+        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder"):
+            if getattr(stored, key) != getattr(config, key):
+                raise ConfigError(f"{self.backend} was built with {key}={getattr(stored, key)!r}; "
+                                  f"got {getattr(config, key)!r} (use a new store to change it)")
+
+    # -- appending
+
+    def begin(self) -> tuple[dict[str, dict], dict | None]:
+        """Start appending after the latest version.
+
+        Returns the documents a crashed run already finished, and the one it was in the
+        middle of (or None); appending continues after the finished ones until `rewind`.
+        """
+        self.base = read_manifest(self.backend)
+        self.group = open_group(self.backend, f"data/{self.base.generation}", mode="r+")
+        self.legacy = legacy_strings(self.group)
+        self.tokens, self.chunks = self.base.tokens, self.base.chunks
+        self.done: dict[str, dict] = {}
+        open_doc = None
+        pending = self.pending()
+        if pending and pending["base"] == self.base.version and pending["generation"] == self.base.generation:
+            self.tokens, self.chunks, self.done = pending["tokens"], pending["chunks"], pending["documents"]
+            open_doc = (pending.get("open") or [None])[0]
+        self.finished_tokens, self.finished_chunks = self.tokens, self.chunks
+        return dict(self.done), open_doc
+
+    def pending(self) -> dict | None:
+        """The progress a crashed run recorded since the last version, or None."""
+        try:
+            return json.loads(self.backend.get(PENDING))
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError:
+            return None  # a torn write cannot happen (atomic put), but never trust it blindly
+
+    def append(self, chunk_rows: list[dict], tokens: np.ndarray, k: Codes, v: Codes, embeddings: np.ndarray) -> int:
+        """Append chunks (table rows), their tokens [T], codes [G, T, ·] and embeddings [n, dim].
+
+        Returns the first new chunk row. Nothing is visible to readers until `publish`.
+        """
+        row0, tok0 = self.chunks, self.tokens
+        self.write_codes(tok0, tokens, k, v)
+        self.write_rows(row0, tok0, chunk_rows, embeddings)
+        self.chunks, self.tokens = row0 + len(chunk_rows), tok0 + len(tokens)
+        return row0
+
+    def write_codes(self, tok0: int, tokens: np.ndarray, k: Codes, v: Codes) -> None:
+        write_codes(self.group, tok0, tokens, k, v)
+
+    def write_rows(self, row0: int, tok0: int, chunk_rows: list[dict], embeddings: np.ndarray | None) -> None:
+        """Chunk-table rows from row0 (their tokens start at tok0), and their embeddings [n, dim]."""
+        offsets = tok0 + np.concatenate([[0], np.cumsum([r["token_length"] for r in chunk_rows])[:-1]])
+        for col in TABLE_STR:
+            write_strings(self.group, col, [r[col] for r in chunk_rows], row0, self.legacy)
+        for col, dtype in TABLE_INT.items():
+            vals = offsets if col == "token_offset" else [r[col] for r in chunk_rows]
+            put(self.group[col], np.asarray(vals, dtype=dtype), row0, axis=0)
+        failpoint("append")
+        if embeddings is not None:
+            self.write_embeddings(row0, embeddings)
+
+    def write_embeddings(self, row0: int, embeddings: np.ndarray) -> None:
+        """Embeddings [n, dim] of rows row0.. (rows may be written in any order)."""
+        arr = self.group["embeddings"]
+        if arr.shape[0] < row0 + len(embeddings):
+            put(arr, embeddings.astype(np.float32), row0, axis=0)
+        else:
+            _assign(arr, embeddings.astype(np.float32), row0, axis=0)
+
+    def size_arrays(self, tokens: int, rows: int) -> None:
+        """Resize the token-axis arrays and the embeddings to these extents (before workers write)."""
+        for name in ("tokens", *CODE_ARRAYS):
+            arr, axis = self.group[name], 0 if name == "tokens" else 1
+            shape = list(arr.shape)
+            shape[axis] = tokens
+            arr.resize(tuple(shape))
+        emb = self.group["embeddings"]
+        emb.resize((rows, emb.shape[1]))
+
+    def commit(self, documents: dict[str, dict], tokens: int, chunks: int, open_docs: list[dict] = (),
+               extra: dict | None = None) -> None:
+        """Record finished documents (the extents they end at) and any document still being
+        written (its rows so far), so a crashed run resumes at this batch instead of redoing it."""
+        if tokens < self.finished_tokens or chunks < self.finished_chunks:
+            raise StoreError(f"{self.backend}: extents would move backwards ({self.finished_tokens} → {tokens} "
+                             f"tokens, {self.finished_chunks} → {chunks} chunks); refusing to record them")
+        self.lock.check()
+        self.done.update(documents)
+        self.finished_tokens, self.finished_chunks = tokens, chunks
+        state = {"base": self.base.version, "generation": self.base.generation, "tokens": tokens,
+                 "chunks": chunks, "documents": self.done, "open": list(open_docs), **(extra or {})}
+        self.sync()  # pending.json must never record rows whose bytes could still be lost
+        self.backend.put(PENDING, json.dumps(state).encode())
+        failpoint("commit")
+
+    def rewind(self, tokens: int, chunks: int) -> None:
+        """Continue appending at these extents (drops rows of a document that was not finished)."""
+        self.tokens, self.chunks = tokens, chunks
+
+    # -- publishing
+
+    def publish(self, documents: dict[str, dict], index_kind_name: str = "auto", note: str = "") -> Manifest:
+        """Build the index of the live chunks, then publish a new version covering them."""
+        m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks,
+                     dict(sorted(documents.items())), created=now(), note=note)
+        self.write_index(m, self.group, index_kind_name)
+        failpoint("index")
+        self.publish_manifest(m)
+        return m
+
+    def publish_manifest(self, m: Manifest) -> None:
+        """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending."""
+        self.sync()
+        self.lock.check()
+        publish(self.backend, m)
+        failpoint("publish")
+        self.backend.delete(PENDING)
+
+    def write_index(self, m: Manifest, group, kind: str) -> None:
+        rows = m.live_rows()
+        emb = group["embeddings"][: m.chunks][rows] if m.chunks else np.zeros((0, group["embeddings"].shape[1]))
+        index = build_index(emb, rows, kind)
+        m.index, m.index_kind = f"index/v{m.version:06d}.faiss", index_kind(index)
+        self.backend.put(m.index, index_to_bytes(index))
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest `keep` versions, and generations/indexes none of them uses."""
+        vs = versions(self.backend)
+        drop, kept = vs[:-keep], [read_manifest(self.backend, v) for v in vs[-keep:]]
+        for v in drop:
+            self.backend.delete(manifest_key(v))
+            failpoint("prune")
+        used_gen = {m.generation for m in kept}
+        used_idx = {m.index for m in kept}
+        for g in self.backend.children("data"):
+            if g != "zarr.json" and g not in used_gen:
+                self.backend.delete_tree(f"data/{g}")
+        for f in self.backend.children("index"):
+            if f"index/{f}" not in used_idx:
+                self.backend.delete(f"index/{f}")
+        return drop
