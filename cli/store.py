@@ -8,13 +8,14 @@ import click
 
 from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
 
-store_argument = click.argument("store", type=click.Path(file_okay=False))
+store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 
 
 @click.command("encode-corpus")
 @click.argument("corpus", nargs=-1, required=True)
-@click.option("--store", "store", required=True, type=click.Path(file_okay=False),
-              help="Store directory (created on first use).")
+@click.option("--store", "store", required=True,
+              help="Store directory, or object-storage URL (s3://bucket/prefix, gs://, az://; credentials and "
+              "endpoint from the standard environment variables, e.g. AWS_ENDPOINT_URL). Created on first use.")
 @click.option("--dict", "dictionary", default=None,
               help="Dictionary directory from learn-dict. Default: the store's own for an existing store, "
               "else the shipped L5 s32 one for the default model.")
@@ -37,11 +38,17 @@ store_argument = click.argument("store", type=click.Path(file_okay=False))
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,
               help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
+@click.option("--workers", default=0, show_default=True,
+              help="Encode on N Ray actors in a local Ray cluster (needs the ray extra); 0: in this process.")
+@click.option("--ray-address", default=None,
+              help="Encode on an existing Ray cluster ('auto' inside `ray job submit`); --workers actors "
+              "(default: one per GPU with --device cuda, else 2).")
 @device_option
 @json_option
 @library_errors
 def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
-                      embedder, compressor, coef_dtype, index_coding, batch_tokens, keep, device, as_json):
+                      embedder, compressor, coef_dtype, index_coding, batch_tokens, keep, workers, ray_address,
+                      device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -63,9 +70,15 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     if dictionary in (None, "default"):
         dictionary = (dictionary is None and existing_dictionary(store)) or default_dictionary()
     d = Dictionary.load(dictionary)
-    model = load_model(model_path, device=dev)
+
+    def model():  # called only when there is something to encode
+        if not as_json:
+            click.echo(f"loading model {model_path} on {dev} (the default model is converted once, ~30 s)", err=True)
+        return load_model(model_path, device=dev)
+
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
-                      delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json)
+                      delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json,
+                      workers=workers, ray_address=ray_address, model_path=model_path)
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
     emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
                                               f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))
@@ -88,8 +101,12 @@ def info_cmd(store, version, as_json):
         f"model {r['model']['name']}  dictionary {r['dictionary']}  index {r['index_kind']}",
         f"{r['documents']} documents, {r['chunks']} chunks ({r['tombstoned_chunks']} tombstoned), "
         f"{r['tokens']} tokens ({r['stored_tokens']} stored)",
-        f"compression vs fp16 KV: theoretical {c['theoretical']}x, measured {c['measured_codes_only']}x codes only, "
-        f"{c['measured_with_dictionary']}x with dictionaries (disk/theoretical code bytes {c['disk_vs_theoretical_codes']})",
+        f"compression = fp16 K+V bytes of the {r['stored_tokens']} stored tokens ÷ bytes of their codes:",
+        f"  {c['theoretical']}x per token in the arrays (theoretical: {c['fp16_bytes_per_token']} ÷ "
+        f"{c['code_bytes_per_token']} bytes)",
+        f"  {c['measured_codes_only']}x on disk (code arrays' objects: chunk CRCs and the last chunk's padding included)",
+        f"  {c['measured_with_dictionary']}x on disk with the dictionary copy (a fixed cost: approaches the above "
+        "as the corpus grows)",
         "bytes on disk: " + ", ".join(f"{k} {v:,}" for k, v in disk.items()),
     ]
     emit(r, as_json, lines)
@@ -122,15 +139,10 @@ def verify_cmd(store, version, as_json):
 @library_errors
 def compact_cmd(store, keep, index_kind, as_json):
     """Rewrite the live chunks without tombstones as a new version; then keep the newest --keep versions."""
-    from pathlib import Path
+    from sparsecache.store import compact, read_manifest
 
-    from sparsecache.store import Writer, read_manifest
-
-    if not Path(store).is_dir():
-        raise click.ClickException(f"no store at {store}")
-    read_manifest(Path(store))
-    with Writer(store) as w:
-        m = w.compact(keep, index_kind)
+    read_manifest(store)  # "no store at ..." before a writer would create one
+    m = compact(store, keep, index_kind)
     emit({"version": m.version, "generation": m.generation, "chunks": m.chunks, "tokens": m.tokens}, as_json,
          [f"published version {m.version} ({m.generation}): {m.chunks} chunks, {m.tokens} tokens; kept {keep} version(s)"])
 

@@ -70,3 +70,14 @@ def record():
     finally:
         _trace = None
         _hits.clear()
+
+
+def kill_worker(doc_ids: list[str], attempt: int) -> None:
+    """Tests: with SPARSECACHE_KILL_WORKER="doc:n" a distributed worker dies (as kill -9 would
+    leave it) on its first n attempts at a region holding document `doc`; "doc:*" on every one."""
+    spec = os.environ.get("SPARSECACHE_KILL_WORKER", "")
+    if not spec:
+        return
+    doc, n = spec.rsplit(":", 1)
+    if doc in doc_ids and (n == "*" or attempt <= int(n)):
+        os._exit(137)

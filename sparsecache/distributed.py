@@ -1,0 +1,291 @@
+"""Encoding on a Ray cluster: the driver plans and publishes, Ray Data actors encode regions.
+
+The driver (inside `encode_corpus`, holding the store's lock or lease) tokenises the documents
+to encode, cuts them into regions of about `batch_tokens` tokens, and gives each region a
+token range that starts on a Zarr chunk boundary and chunk-table rows of its own. It sizes
+the arrays, writes every region's table rows, and records the whole allocation in
+`pending.json` before any worker starts. Each actor (model, dictionary and embedder loaded
+once) runs the forward pass and Batch-OMP of a region and writes its tokens and codes
+straight into the store's arrays: no two regions share a Zarr chunk, and no worker resizes
+an array, so concurrent writers cannot lose each other's bytes. The embeddings come back to
+the driver, which writes them and records the region's documents as done as regions finish.
+Only the driver publishes.
+
+After a crash (driver or cluster), the rerun keeps the documents recorded as done and
+allocates new space past everything the crashed run allocated: a zombie worker of the dead
+run can only ever write where nothing live will be. The space is reclaimed by `compact`.
+A region whose worker dies is retried `RETRIES` times (Ray restarts the actor); after that
+the job fails naming the region's documents, and the store stays at its last version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+import warnings
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .corpus import chunks
+from .errors import SparseCacheError
+from .failpoints import kill_worker
+
+RETRIES = 2  # restarts of a dead actor, and retries of its region, before the job fails
+
+
+class EncodeFailed(SparseCacheError):
+    """A distributed encode gave up (a document kept killing its worker, or the cluster failed)."""
+
+
+@dataclass
+class Region:
+    """Chunks of whole documents that one worker encodes into [token_start, token_end) and rows
+    [row_start, row_start + len(chunks))."""
+
+    id: int
+    token_start: int
+    row_start: int
+    chunks: list[dict]  # {doc_id, ordinal, text, token_ids}
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c["token_ids"]) for c in self.chunks)
+
+    @property
+    def doc_ids(self) -> list[str]:
+        return list(dict.fromkeys(c["doc_id"] for c in self.chunks))
+
+
+def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int, align: int,
+                 region_tokens: int) -> list[Region]:
+    """Cut (doc id, chunks) pairs into regions of whole documents of about `region_tokens`
+    tokens, each starting at a multiple of `align` tokens (so no two share a Zarr chunk)."""
+    regions: list[Region] = []
+    current: list[dict] = []
+    tok, row = token_start, row_start
+
+    def close():
+        nonlocal tok, row, current
+        start = -(-tok // align) * align
+        regions.append(Region(len(regions), start, row, current))
+        tok, row, current = start + regions[-1].tokens, row + len(current), []
+
+    for _, doc_chunks in docs:
+        current += [{"doc_id": c.doc_id, "ordinal": c.ordinal, "text": c.text, "token_ids": list(c.token_ids),
+                     "meta": c.meta, "chunk_id": c.id, "content_hash": c.hash} for c in doc_chunks]
+        if sum(len(c["token_ids"]) for c in current) >= region_tokens:
+            close()
+    if current:
+        close()
+    return regions
+
+
+class RegionEncoder:
+    """A Ray Data actor: model, codec and embedder loaded once; encodes one region per call."""
+
+    def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int]):
+        os.environ.pop("SPARSECACHE_PAUSE_AT", None)  # the driver's failpoints are not the workers'
+        from .codec import Codec
+        from .index import Embedder
+        from .model import load_model
+        from .store import Store
+        from .store.layout import open_group
+
+        s = Store.open(store)
+        self.backend, self.config = s.backend, s.config
+        self.model = load_model(model, device=device)
+        self.codec = Codec(s.dictionary, s.config.coef_dtype, device, s.config.index_coding)
+        self.embedder = Embedder(s.config.embedder, device)
+        self.group = open_group(self.backend, f"data/{generation}", mode="r+")
+        self.batch_tokens, self.prefix = batch_tokens, prefix
+
+    def __call__(self, batch: dict) -> dict:
+        out = {"region": [], "embeddings": [], "seconds": []}
+        for raw in batch["region"]:
+            region = Region(**json.loads(raw))
+            out["region"].append(region.id)
+            emb, secs = self.encode(region)
+            out["embeddings"].append(emb.astype(np.float32).tobytes())
+            out["seconds"].append(json.dumps(secs))
+        return out
+
+    def encode(self, region: Region) -> tuple[np.ndarray, dict]:
+        """Write the region's tokens and codes into the store; returns its embeddings [n, dim]."""
+        import torch
+        import zarr
+
+        from .model import extract_kv
+        from .store.writer import write_codes
+
+        attempt = self._attempt(region)
+        kill_worker(region.doc_ids, attempt)
+        secs = {"forward": 0.0, "omp": 0.0, "write": 0.0}
+        tok = region.token_start
+        with zarr.config.set({"array.write_empty_chunks": True}):
+            for part in _parts(region.chunks, self.batch_tokens):
+                t = time.perf_counter()
+                kv = extract_kv(self.model, [c["token_ids"] for c in part], self.prefix, self.batch_tokens)
+                keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
+                values = torch.cat([v for _, v in kv], dim=1)
+                t1 = time.perf_counter()
+                k, v = self.codec.encode(keys, "k"), self.codec.encode(values, "v")
+                t2 = time.perf_counter()
+                tokens = np.concatenate([np.asarray(c["token_ids"], np.int32) for c in part])
+                write_codes(self.group, tok, tokens, k, v, grow=False)
+                tok += len(tokens)
+                secs["forward"] += t1 - t
+                secs["omp"] += t2 - t1
+                secs["write"] += time.perf_counter() - t2
+        t = time.perf_counter()
+        emb = self.embedder.embed([c["text"] for c in region.chunks])
+        secs["embed"] = time.perf_counter() - t
+        return emb, secs
+
+    def _attempt(self, region: Region) -> int:
+        """Leave a marker that this region was started (the driver names a region that keeps
+        killing its worker from these); returns which attempt this is."""
+        prefix = f"work/region-{region.id:06d}"
+        self.backend.put(f"{prefix}/{uuid.uuid4().hex}", json.dumps({"docs": region.doc_ids}).encode())
+        return len(self.backend.list(prefix))
+
+
+def _parts(chunk_list: list[dict], batch_tokens: int):
+    """Consecutive runs of chunks of about `batch_tokens` tokens (the forward's batch)."""
+    part, n = [], 0
+    for c in chunk_list:
+        part.append(c)
+        n += len(c["token_ids"])
+        if n >= batch_tokens:
+            yield part
+            part, n = [], 0
+    if part:
+        yield part
+
+
+def encode_distributed(w, plan, model, dictionary, config, embedder, device, batch_tokens: int, report, timer,
+                       progress: bool, workers: int, ray_address: str | None, model_path: str = "default") -> None:
+    """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring)."""
+    from tqdm.auto import tqdm
+
+    from .encoder import prefix_ids
+
+    with timer.phase("chunk"):
+        docs = [(s.id, list(chunks(s, model.tokenizer, config.chunk_tokens)))
+                for s in tqdm(plan.work, desc="tokenise", unit="doc", disable=not progress)]
+    hashes = {s.id: s.hash for s in plan.work}
+    start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
+    regions = plan_regions(docs, *start, config.zarr_chunk_tokens, batch_tokens)
+    if not regions:
+        return
+    with timer.phase("write"):
+        end_tok, end_row = _allocate(w, regions)
+    w.backend.delete_tree("work")
+    w.commit({}, end_tok, end_row, extra={"allocated_by": "distributed"})
+    results = _run_on_ray(w, regions, model_path, device, batch_tokens, prefix_ids(model, config.prefix), workers,
+                          ray_address, timer)
+    by_id = {r.id: r for r in regions}
+    bar = tqdm(total=sum(r.tokens for r in regions), unit="tok", unit_scale=True, desc="encode",
+               disable=not progress, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    try:
+        for rid, emb, secs in results:
+            region = by_id[rid]
+            with timer.phase("write"):
+                w.write_embeddings(region.row_start, np.frombuffer(emb, np.float32).reshape(len(region.chunks), -1))
+            for k, v in json.loads(secs).items():
+                report.worker_seconds[k] = report.worker_seconds.get(k, 0.0) + v
+            with timer.phase("commit"):
+                w.commit(_documents(region, hashes), end_tok, end_row)
+            report.chunks += len(region.chunks)
+            report.tokens += region.tokens
+            bar.update(region.tokens)
+    except EncodeFailed:
+        raise
+    except Exception as e:
+        raise EncodeFailed(_failure(w, by_id, e)) from e
+    finally:
+        timer["encode (ray)"] += time.perf_counter() - t0
+        bar.close()
+    w.backend.delete_tree("work")
+    w.rewind(end_tok, end_row)
+
+
+def _allocate(w, regions: list[Region]) -> tuple[int, int]:
+    """Size the arrays for every region and write their chunk-table rows; returns the extents."""
+    end_tok = regions[-1].token_start + regions[-1].tokens
+    end_row = regions[-1].row_start + len(regions[-1].chunks)
+    for r in regions:
+        rows = [{"chunk_id": c["chunk_id"], "doc_id": c["doc_id"], "content_hash": c["content_hash"],
+                 "text": c["text"], "meta": c["meta"], "ordinal": c["ordinal"], "token_length": len(c["token_ids"])}
+                for c in r.chunks]
+        w.write_rows(r.row_start, r.token_start, rows, None)
+    w.size_arrays(end_tok, end_row)
+    return end_tok, end_row
+
+
+def _documents(region: Region, hashes: dict[str, str]) -> dict[str, dict]:
+    """The manifest entries of the documents in a finished region."""
+    out: dict[str, dict] = {}
+    tok, row = region.token_start, region.row_start
+    for c in region.chunks:
+        d = out.setdefault(c["doc_id"], {"first": row, "count": 0, "tokens": 0, "token_offset": tok,
+                                         "hash": hashes[c["doc_id"]]})
+        d["count"] += 1
+        d["tokens"] += len(c["token_ids"])
+        tok, row = tok + len(c["token_ids"]), row + 1
+    return out
+
+
+def _run_on_ray(w, regions, model_path, device, batch_tokens, prefix, workers, ray_address, timer):
+    """Yield (region id, embeddings bytes, seconds JSON) as regions finish on Ray actors."""
+    try:
+        import ray
+    except ImportError:
+        raise EncodeFailed("--workers/--ray-address need the ray extra: pip install 'sparsecache[ray]'") from None
+    gpu = str(device).startswith("cuda")
+    with timer.phase("ray start"):
+        if not ray.is_initialized():
+            if ray_address:
+                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(workers, 1) + 1, num_gpus=1 if gpu else 0, include_dashboard=False,
+                         log_to_driver=False)
+        n = workers or (int(ray.cluster_resources().get("GPU", 1)) if gpu else 2)
+        ds = ray.data.from_items([{"region": json.dumps(asdict(r))} for r in regions], override_num_blocks=len(regions))
+        with warnings.catch_warnings():
+            # Ray 2.60 has no named parameter for restarts yet; without them a document that
+            # kills its worker is retried forever (Ray's default for a Data actor pool)
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+            ds = ds.map_batches(
+                RegionEncoder, batch_size=1,
+                fn_constructor_kwargs={"store": str(w.backend.url), "generation": w.base.generation, "model": model_path,
+                                       "device": str(device), "batch_tokens": batch_tokens, "prefix": prefix},
+                compute=ray.data.ActorPoolStrategy(size=n), num_gpus=1 if gpu else 0, num_cpus=1,
+                max_restarts=RETRIES, max_task_retries=RETRIES, runtime_env=_worker_env())
+    for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
+        for rid, emb, secs in zip(batch["region"], batch["embeddings"], batch["seconds"]):
+            yield int(rid), bytes(emb), str(secs)
+
+
+def _worker_env() -> dict | None:
+    """The test-only worker failpoint travels to the actors explicitly: Ray's workers inherit
+    the environment of the process that started the cluster, not the driver's current one."""
+    kill = os.environ.get("SPARSECACHE_KILL_WORKER")
+    return {"env_vars": {"SPARSECACHE_KILL_WORKER": kill}} if kill else None
+
+
+def _failure(w, by_id: dict[int, Region], error: Exception) -> str:
+    """One line naming the documents of regions whose worker died RETRIES + 1 times, if any."""
+    counts = {}
+    for key in w.backend.list("work"):
+        rid = int(key.split("/")[1].split("-")[1])
+        counts[rid] = counts.get(rid, 0) + 1
+    dead = [rid for rid, n in counts.items() if n > RETRIES]
+    if dead:
+        docs = sorted({d for rid in dead for d in by_id[rid].doc_ids})
+        return (f"document(s) {', '.join(docs)} killed their worker {RETRIES + 1} times; nothing was published "
+                f"(the store stays at version {w.base.version}; finished documents are kept for the rerun)")
+    return f"distributed encode failed: {str(error).splitlines()[0][:200]}; nothing was published"

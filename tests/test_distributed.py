@@ -1,0 +1,119 @@
+"""Distributed encode on a local Ray cluster (the ray extra): the same live content as a
+single-process encode, capped retries for a document that kills its worker, and a driver or
+worker killed mid-run converging on the rerun (the fault-injection property of
+test_store_faults.py, for the distributed path)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sparsecache.encoder import encode_corpus
+from sparsecache.failpoints import Crash, crash_at
+from sparsecache.store import read_manifest, verify
+from test_store_faults import BATCH_TOKENS, CONFIG, Corpus, FakeEmbedder, assert_same_live_chunks
+
+ray = pytest.importorskip("ray", reason="needs the ray extra")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray instance for the module (starting one costs ~10 s)."""
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def encode(tiny_model, tiny_model_dir, tiny_dictionary):
+    fake = FakeEmbedder()
+
+    def run(corpus, store, workers=0):
+        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, CONFIG, embedder=fake,
+                             batch_tokens=BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
+                             workers=workers, model_path=str(tiny_model_dir))
+    return run
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    c = Corpus(tmp_path / "corpus", random.Random(3))
+    for _ in range(5):
+        c.add()
+    return c
+
+
+def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tmp_path):
+    r = encode(corpus.root, tmp_path / "ray", workers=2)
+    assert r.published and r.chunks > 4
+    assert verify(tmp_path / "ray")["ok"]
+    encode(corpus.root, tmp_path / "one")
+    assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
+    # and incrementally: change, add, delete, then the same again
+    corpus.mutate(4)
+    encode(corpus.root, tmp_path / "ray", workers=2)
+    encode(corpus.root, tmp_path / "one")
+    assert verify(tmp_path / "ray")["ok"]
+    assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
+    # regions start on Zarr chunk boundaries: no two workers ever wrote one chunk
+    m = read_manifest(tmp_path / "ray")
+    starts = sorted(d["token_offset"] for d in m.documents.values())
+    assert any(s % CONFIG.zarr_chunk_tokens == 0 for s in starts)
+
+
+def test_a_document_that_always_kills_its_worker_fails_the_job_naming_it(ray_cluster, encode, corpus, tmp_path,
+                                                                          monkeypatch):
+    from sparsecache.distributed import EncodeFailed
+
+    encode(corpus.root, tmp_path / "s", workers=1)
+    before = read_manifest(tmp_path / "s").version
+    corpus.write("poison.txt", corpus.docs[sorted(corpus.docs)[0]] + " and more")
+    monkeypatch.setenv("SPARSECACHE_KILL_WORKER", "poison.txt:*")
+    with pytest.raises(EncodeFailed, match="poison.txt.*killed their worker 3 times"):
+        encode(corpus.root, tmp_path / "s", workers=1)
+    assert read_manifest(tmp_path / "s").version == before
+    monkeypatch.delenv("SPARSECACHE_KILL_WORKER")
+    encode(corpus.root, tmp_path / "s", workers=1)
+    assert "poison.txt" in read_manifest(tmp_path / "s").documents
+
+
+def test_a_worker_killed_once_is_retried(ray_cluster, encode, corpus, tmp_path, monkeypatch):
+    victim = sorted(corpus.docs)[2]
+    monkeypatch.setenv("SPARSECACHE_KILL_WORKER", f"{victim}:1")
+    encode(corpus.root, tmp_path / "s", workers=2)
+    monkeypatch.delenv("SPARSECACHE_KILL_WORKER")
+    encode(corpus.root, tmp_path / "one")
+    assert_same_live_chunks(tmp_path / "s", tmp_path / "one")
+
+
+@pytest.mark.parametrize("point", ["commit:1", "commit:2", "commit:4", "index:1", "publish:1"])
+def test_driver_crash_then_corpus_change_converges(ray_cluster, encode, corpus, tmp_path, point):
+    """The driver dies at a failpoint (its workers' writes land wherever they land), the corpus
+    changes, the rerun (distributed) equals a fresh single-process encode of the final corpus."""
+    store = tmp_path / "s"
+    encode(corpus.root, store, workers=2)
+    corpus.mutate(3)
+    name, n = point.split(":")
+    with crash_at(name, int(n)), pytest.raises(Crash):
+        encode(corpus.root, store, workers=2)
+    corpus.mutate(2)
+    encode(corpus.root, store, workers=2)
+    assert verify(store)["ok"], verify(store)["problems"]
+    assert_same_live_chunks(store, fresh_single(encode, corpus, tmp_path))
+
+
+def test_distributed_crash_then_single_process_rerun(ray_cluster, encode, corpus, tmp_path):
+    """Either path resumes the other's crashed run."""
+    store = tmp_path / "s"
+    with crash_at("commit", 3), pytest.raises(Crash):
+        encode(corpus.root, store, workers=2)
+    encode(corpus.root, store)
+    assert verify(store)["ok"]
+    assert_same_live_chunks(store, fresh_single(encode, corpus, tmp_path))
+
+
+def fresh_single(encode, corpus, tmp_path):
+    out = tmp_path / "fresh"
+    encode(corpus.root, out)
+    return out
