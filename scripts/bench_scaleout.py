@@ -33,13 +33,12 @@ def cpu_name() -> str:
 
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
     """The same corpus encoded three ways into fresh stores; seconds per phase for each."""
-    from sparsecache.benchmark import bench_corpus
     from sparsecache.dictionary import Dictionary, default_dictionary
     from sparsecache.encoder import encode_corpus
     from sparsecache.model import load_model
 
     corpus = work / "corpus"
-    bench_corpus(corpus, tokens)
+    _corpus(corpus, tokens)
     model = load_model(device=device)
     d = Dictionary.load(default_dictionary())
     rows = []
@@ -61,6 +60,19 @@ def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
 
             ray.shutdown()  # the next run starts its own cluster, as the CLI would
     return rows
+
+
+def _corpus(out: Path, tokens: int) -> None:
+    """Held-out Python documentation as .txt files, about `tokens` tokens (4 characters each)."""
+    from sparsecache.text import builtin_documents
+
+    out.mkdir(parents=True)
+    chars = 0
+    for i, d in enumerate(sorted(builtin_documents("heldout"), key=lambda d: d.name)):
+        if chars >= 4 * tokens:
+            break
+        (out / f"{i:03d}.txt").write_text(d.text)
+        chars += len(d.text)
 
 
 def moto() -> tuple[subprocess.Popen, str]:

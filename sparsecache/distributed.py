@@ -21,6 +21,7 @@ the job fails naming the region's documents, and the store stays at its last ver
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -66,18 +67,19 @@ def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int,
     tokens, each starting at a multiple of `align` tokens (so no two share a Zarr chunk)."""
     regions: list[Region] = []
     current: list[dict] = []
-    tok, row = token_start, row_start
+    tok, row, size = token_start, row_start, 0
 
     def close():
-        nonlocal tok, row, current
+        nonlocal tok, row, current, size
         start = -(-tok // align) * align
         regions.append(Region(first_id + len(regions), start, row, current))
-        tok, row, current = start + regions[-1].tokens, row + len(current), []
+        tok, row, current, size = start + size, row + len(current), [], 0
 
     for _, doc_chunks in docs:
         current += [{"doc_id": c.doc_id, "ordinal": c.ordinal, "text": c.text, "token_ids": list(c.token_ids),
                      "meta": c.meta, "chunk_id": c.id, "content_hash": c.hash} for c in doc_chunks]
-        if sum(len(c["token_ids"]) for c in current) >= region_tokens:
+        size += sum(len(c.token_ids) for c in doc_chunks)
+        if size >= region_tokens:
             close()
     if current:
         close()
@@ -166,9 +168,10 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
         yield part
 
 
-def encode_distributed(w, plan, model, dictionary, config, embedder, device, batch_tokens: int, report, timer,
-                       progress: bool, workers: int, ray_address: str | None, model_path: str = "default") -> None:
+def encode_distributed(w, plan, model, config, device, batch_tokens: int, report, timer, progress: bool,
+                       workers: int, ray_address: str | None, model_path: str = "default") -> None:
     """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring).
+    Each actor loads `model_path`, the store's own dictionary copy and its embedder.
 
     Works in rounds of about ROUND_TOKENS tokens, so the driver holds one round's token ids
     at a time however large the corpus is."""
@@ -184,7 +187,8 @@ def encode_distributed(w, plan, model, dictionary, config, embedder, device, bat
     try:
         for docs in _rounds(plan.work, model.tokenizer, config.chunk_tokens, timer):
             start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
-            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, batch_tokens, next_id)
+            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, _region_tokens(docs, batch_tokens, n),
+                                   next_id)
             next_id += len(regions)
             if not regions:
                 continue
@@ -198,6 +202,13 @@ def encode_distributed(w, plan, model, dictionary, config, embedder, device, bat
     finally:
         bar.close()
     w.backend.delete_tree("work")
+
+
+def _region_tokens(docs, batch_tokens: int, actors: int) -> int:
+    """Tokens per region: a batch, or less where a round is small, so that every actor gets
+    about four regions (a region holds whole documents, so it may still be larger)."""
+    total = sum(len(c.token_ids) for _, doc_chunks in docs for c in doc_chunks)
+    return max(1, min(batch_tokens, total // (4 * actors)))
 
 
 def _rounds(work, tokenizer, chunk_tokens: int, timer):
@@ -273,10 +284,14 @@ def _start_ray(workers: int, ray_address: str | None, device, timer) -> int:
     with timer.phase("ray start"):
         if not ray.is_initialized():
             if ray_address:
-                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+                ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, logging_level="warning")
             else:
                 ray.init(num_cpus=max(workers, 1) + 1, num_gpus=1 if gpu else 0, include_dashboard=False,
-                         log_to_driver=False)
+                         log_to_driver=False, logging_level="warning")
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False  # ours moves by tokens; Ray's would print every 10 s
+        ctx.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
     return workers or (int(ray.cluster_resources().get("GPU", 1)) if gpu else 2)
 
 

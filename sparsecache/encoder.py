@@ -112,29 +112,33 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
             report.message = (f"unchanged: {len(sources)} documents match version {w.base.version}; "
                               "nothing to encode, no new version")
         else:
-            dictionary.check_model(load().fingerprint())
-            w.check_compatible(config, dictionary, load().fingerprint())
-            embedder = embedder or Embedder(config.embedder, device)
+            model = load()
+            dictionary.check_model(model.fingerprint())
+            w.check_compatible(config, dictionary, model.fingerprint())
             if workers or ray_address:
                 from .distributed import encode_distributed
 
-                encode_distributed(w, plan, load(), dictionary, config, embedder, device, batch_tokens, report,
-                                   timer, progress, workers, ray_address, model_path)
+                encode_distributed(w, plan, model, config, device, batch_tokens, report, timer, progress, workers,
+                                   ray_address, model_path)
             else:
-                _encode_work(w, plan, load(), Codec(dictionary, config.coef_dtype, device, config.index_coding),
-                             embedder, prefix_ids(load(), config.prefix), config.chunk_tokens, batch_tokens, report,
-                             timer, progress)
-            documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
-            with timer.phase("index+publish"):
-                note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
-                m = w.publish(documents, index, note)
-                if keep:
-                    w.prune(keep)
-            report.version, report.published = m.version, True
-            report.message = (f"published version {m.version}: {len(documents)} documents, "
-                              f"{len(m.live_rows())} chunks ({note})")
+                _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device, config.index_coding),
+                             embedder or Embedder(config.embedder, device), prefix_ids(model, config.prefix),
+                             config.chunk_tokens, batch_tokens, report, timer, progress)
+            _publish(w, plan, index, keep, report, timer)
     report.seconds = {**{k: round(v, 3) for k, v in timer.items()}, "total": round(time.perf_counter() - t_start, 3)}
     return report
+
+
+def _publish(w: Writer, plan: _Plan, index: str, keep: int, report: EncodeReport, timer: _Timer) -> None:
+    """Index the live chunks and publish them as the next version; prune to `keep` versions."""
+    documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
+    with timer.phase("index+publish"):
+        note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
+        m = w.publish(documents, index, note)
+        if keep:
+            w.prune(keep)
+    report.version, report.published = m.version, True
+    report.message = f"published version {m.version}: {len(documents)} documents, {len(m.live_rows())} chunks ({note})"
 
 
 def _loader(model, timer: _Timer) -> Callable[[], KVModel]:
