@@ -107,7 +107,8 @@ class TestS3Backend(BackendTests):
         slow._thread.join()
         time.sleep(0.7)
         other = Lease(backend, ttl=30).acquire()
-        slow.renew()  # its next renewal finds another holder...
+        # the renewal thread has not run since (it was paused too): check() renews first,
+        # finds another holder, and the writer stops before its next write, commit or publish
         with pytest.raises(StoreLocked, match="another writer took the lease"):
-            slow.check()  # ...and the writer stops before its next commit or publish
+            slow.check()
         other.release()

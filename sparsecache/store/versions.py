@@ -171,6 +171,7 @@ class Lease:
         self.lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the thread and check() must not race on the e-tag
         self._me = {**_holder(), "token": os.urandom(8).hex()}
 
     def _record(self, released: bool = False) -> bytes:
@@ -206,8 +207,9 @@ class Lease:
         from obstore.exceptions import PreconditionError
 
         try:
-            self.etag = self.backend.put(self.KEY, self._record(), if_match=self.etag)
-            self._renewed = time.time()
+            with self._renewing:
+                self.etag = self.backend.put(self.KEY, self._record(), if_match=self.etag)
+                self._renewed = time.time()
         except PreconditionError:
             self.lost = "another writer took the lease (this writer was paused longer than its ttl)"
         except Exception as e:  # a network error: keep trying until the lease would have expired
@@ -219,7 +221,13 @@ class Lease:
             self.renew()
 
     def check(self) -> None:
-        """Raise StoreLocked if the lease was lost: nothing further may be recorded or published."""
+        """Raise StoreLocked if the lease was lost: nothing further may be written or published.
+
+        Renews first where the last renewal is older than a third of the ttl: after a pause
+        (a frozen VM, SIGSTOP) the renewal thread may not have run yet, and this is what
+        notices that another writer took over meanwhile."""
+        if not self.lost and time.time() - self._renewed > self.ttl / 3:
+            self.renew()
         if self.lost:
             raise StoreLocked(f"{self.backend}: {self.lost}; stopping before writing further")
 

@@ -201,6 +201,7 @@ class Writer:
 
         Returns the first new chunk row. Nothing is visible to readers until `publish`.
         """
+        self.lock.check()  # a writer whose lease was taken must not write where the new one appends
         row0, tok0 = self.chunks, self.tokens
         self.write_codes(tok0, tokens, k, v)
         self.write_rows(row0, tok0, chunk_rows, embeddings)
