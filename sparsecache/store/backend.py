@@ -12,9 +12,9 @@ here, a lease object there; see `versions`).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -91,12 +91,7 @@ class Backend:
 
     def fetch_dir(self, prefix: str) -> Path:
         """A local directory holding the files under `prefix` (downloaded where they are remote)."""
-        out = Path(tempfile.mkdtemp(prefix="sparsecache-"))
-        for key in self.list(prefix):
-            dst = out / key[len(prefix) + 1:]
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(self.get(key))
-        return out
+        raise NotImplementedError
 
     @property
     def local_root(self) -> Path | None:
@@ -314,6 +309,23 @@ class ObjectBackend(Backend):
 
     def size(self, prefix: str) -> int:
         return sum(o["size"] for o in self._objects(prefix))
+
+    def fetch_dir(self, prefix: str) -> Path:
+        """A local directory holding the objects under `prefix`, downloaded once into the user
+        cache: the directory is named by their e-tags, so a replaced object is fetched anew."""
+        import hashlib
+
+        from ..model import cache_root
+
+        objects = sorted((o["path"], o.get("e_tag") or "", o["size"]) for o in self._objects(prefix))
+        key = hashlib.sha256(json.dumps([self.url, objects]).encode()).hexdigest()[:16]
+        out = cache_root() / "remote" / key
+        for path, _, size in objects:
+            dst = out / path[len(prefix) + 1:]
+            if not (dst.exists() and dst.stat().st_size == size):
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(dst, self.get(path))  # a concurrent reader sees the whole file or none
+        return out
 
     def lock(self):
         from .versions import Lease
