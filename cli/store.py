@@ -38,7 +38,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,
               help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
-@click.option("--workers", default=0, show_default=True,
+@click.option("--workers", default=0, show_default=True, type=click.IntRange(min=0),
               help="Encode on N Ray actors in a local Ray cluster (needs the ray extra); 0: in this process.")
 @click.option("--ray-address", default=None,
               help="Encode on an existing Ray cluster ('auto' inside `ray job submit`); --workers actors "
@@ -58,6 +58,9 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     The dictionary, chunking, prefix, embedder, compressor and code formats are fixed when
     a store is created: an existing store keeps its own, and an option that contradicts
     them is refused.
+
+    The store may be an object-storage URL (s3://bucket/prefix, gs://, az://), and the
+    encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
     from sparsecache.dictionary import Dictionary, default_dictionary
     from sparsecache.encoder import encode_corpus
