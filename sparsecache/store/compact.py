@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..failpoints import failpoint
-from .layout import CODE_ARRAYS, TABLE_STR, create_generation, now, open_group, put, store_config
+from .layout import CODE_ARRAYS, TABLE_STR, create_generation, now, put, store_config
 from .reader import Store
 from .versions import Manifest, read_manifest
 from .writer import Writer
@@ -22,8 +22,7 @@ def compact(where, keep: int = 2, index_kind_name: str = "auto") -> Manifest:
         old = Store(b, attrs, base)
         name = f"g{int(base.generation[1:]) + 1:06d}"
         create_generation(b, name, store_config(attrs), old.dictionary, attrs["embed_dim"])
-        w.base, w.group = base, open_group(b, f"data/{name}", mode="r+")
-        w.legacy = False
+        w.write_into(base, name)
         table = {col: old.column(col) for col in (*TABLE_STR, "ordinal", "token_length", "embeddings")}
         docs, tok, row = {}, 0, 0
         for doc_id, d in sorted(base.documents.items(), key=lambda kv: kv[1]["first"]):

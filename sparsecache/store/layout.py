@@ -168,13 +168,17 @@ def read_strings(group, col: str, rows: int, legacy: bool) -> np.ndarray:
     return np.array([blob[a:b].decode("utf-8") for a, b in zip(starts, ends)], dtype=object)
 
 
-def write_strings(group, col: str, values: list[str], row0: int, legacy: bool) -> None:
-    """Write `values` as rows row0.. of text column `col` (rows before row0 must be written)."""
+def write_strings(group, col: str, values: list[str], row0: int, legacy: bool, start: int | None = None) -> int:
+    """Write `values` as rows row0.. of text column `col` (rows before row0 must be written);
+    `start` is where row0's bytes begin when the caller knows (else it is read). Returns
+    where the last row's bytes end."""
     if legacy:
         put(group[col], np.array(values, dtype=object), row0, axis=0)
-        return
-    start = int(group[f"{col}_ends"][row0 - 1]) if row0 else 0
+        return 0
+    if start is None:
+        start = int(group[f"{col}_ends"][row0 - 1]) if row0 else 0
     encoded = [v.encode("utf-8") for v in values]
     ends = start + np.cumsum([len(e) for e in encoded], dtype=np.int64)
     put(group[f"{col}_utf8"], np.frombuffer(b"".join(encoded), np.uint8), start, axis=0)
     put(group[f"{col}_ends"], ends, row0, axis=0)
+    return int(ends[-1]) if len(ends) else start
