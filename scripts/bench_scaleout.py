@@ -125,22 +125,17 @@ def read_latency(store_path: Path, n_chunks: int, repeats: int) -> dict:
 
 
 def _objects_touched(s, ids) -> tuple[int, int]:
+    """How many chunk objects a read of `ids` fetches, and their bytes."""
     from sparsecache.store import CODE_ARRAYS
+    from sparsecache.store.reader import chunk_key
 
     keys = set()
-    for a, b in s.spans(ids):
-        for name in (*CODE_ARRAYS, "tokens"):
-            arr = s.array(name)
-            axis = 0 if name == "tokens" else 1
-            step = arr.chunks[axis]
-            keys |= {(name, i) for i in range(a // step, (b - 1) // step + 1)}
-    sizes = {}
-    for name, i in keys:
-        arr = s.array(name)
-        axis = 0 if name == "tokens" else 1
-        key = arr.metadata.encode_chunk_key(tuple(i if d == axis else 0 for d in range(arr.ndim)))
-        sizes[(name, i)] = len(s.backend.get(f"{s.data}/{name}/{key}"))
-    return len(keys), sum(sizes.values())
+    for name in (*CODE_ARRAYS, "tokens"):
+        arr, axis = s.array(name), 0 if name == "tokens" else 1
+        step = arr.chunks[axis]
+        keys |= {f"{s.data}/{name}/{chunk_key(arr, i, axis)}"
+                 for a, b in s.spans(ids) for i in range(a // step, (b - 1) // step + 1)}
+    return len(keys), sum(len(raw) for raw in s.backend.get_many(sorted(keys)))
 
 
 def main():

@@ -18,7 +18,8 @@ from ..dictionary import Dictionary
 from ..errors import StoreCorrupt, StoreError
 from ..index import load_index_bytes, search
 from .backend import Backend, open_backend
-from .layout import CODE_ARRAYS, legacy_strings, open_group, read_strings, root_attrs, store_config
+from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_strings, root_attrs, store_config,
+                     text_arrays)
 from .versions import Manifest, read_manifest, versions
 
 
@@ -157,8 +158,6 @@ class Store:
     def column(self, name: str) -> np.ndarray:
         """One chunk-table column (or the embeddings) up to this version's extent; a damaged
         Zarr chunk raises StoreCorrupt naming its file."""
-        from .layout import TABLE_STR, text_arrays
-
         n = self.manifest.chunks
         try:
             if name in TABLE_STR:
