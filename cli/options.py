@@ -42,7 +42,18 @@ def library_errors(f):
             return f(*args, **kwargs)
         except (SparseCacheError, ValueError) as e:
             raise click.ClickException(str(e)) from None
+        except _object_store_errors() as e:  # unreachable endpoint, bad credentials, no bucket
+            raise click.ClickException(f"object storage: {str(e).splitlines()[0][:300]}") from None
     return wrapper
+
+
+def _object_store_errors() -> tuple:
+    """obstore's exception base class where the s3 extra is installed (zarr raises it too)."""
+    try:
+        from obstore.exceptions import BaseError
+    except ImportError:
+        return ()
+    return (BaseError,)
 
 
 def emit(result: dict, as_json: bool, lines: list[str]) -> None:

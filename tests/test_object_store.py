@@ -138,3 +138,12 @@ def test_crash_at_failpoints_of_a_reindex_on_s3(s3_url, s3_encode, tmp_path, eve
         r = verify(store)
         assert r["ok"], (point, r["problems"])
         assert_same_live_chunks(store, want)
+
+
+def test_an_unreachable_object_store_is_one_line(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens there
+    for k, v in {"AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                 "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    r = invoke("info", "s3://nobucket/x")
+    assert r.exit_code == 1 and "object storage:" in r.output and "Traceback" not in r.output
