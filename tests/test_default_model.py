@@ -106,3 +106,18 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 10_000
     table = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "ttft_table.py"))["ttft_table"](rows)
     assert table.splitlines()[0] == "| method | k=1 | k=2 |" and len(table.splitlines()) == 2 + len(methods)
+
+
+def test_converted_default_model_is_a_standard_hf_directory(default_model):
+    """Other engines (vLLM) load the directory by its config's architectures and expect the
+    tied embedding saved under its own name, not only as lm_head."""
+    from safetensors import safe_open
+
+    from sparsecache.model import default_model_dir
+
+    path = default_model_dir()
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight")
+    assert torch.equal(embed, default_model.hf.get_input_embeddings().weight.detach())
+    assert torch.equal(default_model.hf.lm_head.weight, default_model.hf.get_input_embeddings().weight)

@@ -78,3 +78,14 @@ def _patch_config(d, **changes):
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(changes)
     (d / "config.json").write_text(json.dumps(cfg))
+
+
+def test_a_conversion_without_architectures_is_redone(tmp_path):
+    """Caches converted before vLLM support (no `architectures`, lm_head only) are not reused."""
+    from sparsecache.model import _is_standard_dir
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert not _is_standard_dir(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    assert _is_standard_dir(tmp_path)
