@@ -14,8 +14,9 @@ import math
 import numba
 import numpy as np
 
+from .omp import PIVOT_TOL
 
-PIVOT_TOL = 1e-6  # squared distance of a unit atom from the support's span
+
 TILE = 256  # α entries kept in L1 while the support's G rows stream past (256 measured fastest of 64/128/256)
 
 

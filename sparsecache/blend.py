@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import ConfigError
-from .model import KVModel, kv_cache, rope_tables, rotate_keys
+from .model import KVModel, kv_cache
 
 SCORERS = ("a3", "infoflow", "cacheblend")
 METHODS = ("none", *SCORERS, "full", "raw")
@@ -115,32 +115,13 @@ def assemble(prefix_ids: list[int], prefix_kv: tuple[torch.Tensor, torch.Tensor]
     keys = torch.cat([prefix_kv[0].to(dev)] + [k.to(dev) for k, _ in chunk_kv], dim=1)  # (L, S, m)
     values = torch.cat([prefix_kv[1].to(dev)] + [v.to(dev) for _, v in chunk_kv], dim=1)
     S = keys.shape[1]
-    keys = _rotate_in_place(keys.float(), torch.arange(S, device=dev), model)
+    keys = model.rope.rotate_(keys.float(), torch.arange(S, device=dev))
     spans, start = [], len(prefix_ids)
     for ids in chunk_ids:
         spans.append((start, start + len(ids)))
         start += len(ids)
     tokens = torch.tensor(list(prefix_ids) + [t for ids in chunk_ids for t in ids], dtype=torch.long, device=dev)
     return Context(kv_cache(keys, values, model), tokens, len(prefix_ids), spans)
-
-
-def _rotate_in_place(keys: torch.Tensor, positions: torch.Tensor, model: KVModel) -> torch.Tensor:
-    """RoPE on pre-RoPE keys [L, S, m] float32 that we own, in ~2.5 passes instead of ~7.
-
-    Valid when both halves of each head share their angles (the rotate-half convention of
-    Llama/Qwen2/Mistral); anything else goes through model.rotate_keys."""
-    cos, sin = rope_tables(model, positions)  # (S, D)
-    half = model.head_dim // 2
-    if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
-        return rotate_keys(keys, positions, model)
-    c = cos[:, None, :half].to(keys.device)  # (S, 1, D/2)
-    s = sin[:, None, :half].to(keys.device)
-    k = keys.view(*keys.shape[:-1], model.n_kv_heads, model.head_dim)  # (L, S, H, D)
-    x1, x2 = k[..., :half], k[..., half:]
-    old = x1.clone()
-    x1.mul_(c).addcmul_(x2, s, value=-1)  # x1·cos − x2·sin
-    x2.mul_(c).addcmul_(old, s)  # x2·cos + x1·sin
-    return keys
 
 
 def load_cache(store, chunk_ids: list[str], model: KVModel, device=None, order: str = "given") -> Context:
@@ -172,10 +153,11 @@ def load_cache(store, chunk_ids: list[str], model: KVModel, device=None, order: 
     return ctx
 
 
-def question_ids(model: KVModel, question: str, answer_prefix: str = "") -> list[int]:
+def question_ids(model, question: str, answer_prefix: str = "") -> list[int]:
     """Tokens that follow the chunks: the question, the end of the user turn, the assistant
-    header, and `answer_prefix` (the start of the answer, as RULER-style tasks give it)."""
-    tok = model.tokenizer
+    header, and `answer_prefix` (the start of the answer, as RULER-style tasks give it).
+    `model` is a KVModel or just its tokenizer (a serving client needs no weights)."""
+    tok = getattr(model, "tokenizer", model)
     if getattr(tok, "chat_template", None):
         text = tok.apply_chat_template([{"role": "user", "content": QUESTION_MARKER + "\n\n" + question}],
                                        tokenize=False, add_generation_prompt=True)

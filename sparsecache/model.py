@@ -144,12 +144,23 @@ class KVModel:
         """Signal size of one layer: all KV heads of a token concatenated."""
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def rope(self) -> "Rope":
+        return Rope(self.hf.model.rotary_emb, self.n_kv_heads, self.head_dim)
+
     def fingerprint(self) -> dict:
         """What a dictionary or store records to refuse being used with another model."""
-        cfg = self.config.to_dict()
-        subset = {k: cfg.get(k) for k in _FINGERPRINT_KEYS}
-        digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
-        return {"name": self.name, "config_hash": digest[:16], "layers": self.n_layers, "m": self.m}
+        return config_fingerprint(self.config, self.name)
+
+
+def config_fingerprint(config, name: str) -> dict:
+    """A model's fingerprint from its transformers config: the keys that decide K/V's shape and meaning."""
+    cfg = config.to_dict()
+    subset = {k: cfg.get(k) for k in _FINGERPRINT_KEYS}
+    digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"name": name, "config_hash": digest[:16], "layers": config.num_hidden_layers,
+            "m": config.num_key_value_heads * head_dim}
 
 
 def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
@@ -246,11 +257,62 @@ def _batches(order: list[int], chunks, prefix_len: int, batch_tokens: int):
         yield batch
 
 
+@dataclass(frozen=True)
+class Rope:
+    """One model family's RoPE at chosen positions, from its own rotary-embedding module
+    (scaling types included). Needs the config only, so vLLM's worker can rotate too."""
+
+    rotary: torch.nn.Module
+    n_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def for_config(cls, config) -> "Rope":
+        """The family's rotary module built from a transformers config alone (no weights)."""
+        import importlib
+
+        _check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
+        module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+        rotary = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding") and n[0] != "_")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(rotary(config), config.num_key_value_heads, head_dim)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, head_dim] float32 at `positions` [T], on the positions' device."""
+        dev = positions.device
+        self.rotary.to(dev)
+        probe = torch.empty(1, device=dev, dtype=torch.float32)
+        cos, sin = self.rotary(probe, positions[None])
+        return cos[0].float(), sin[0].float()
+
+    def rotate(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """RoPE on pre-RoPE keys [..., T, m] at `positions` [T]; a new tensor, same shape and dtype."""
+        cos, sin = self.tables(positions.to(keys.device))
+        cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, D)
+        k = keys.float().unflatten(-1, (self.n_kv_heads, self.head_dim))  # (..., T, H, D)
+        return (k * cos + _rotate_half(k) * sin).flatten(-2).to(keys.dtype)
+
+    def rotate_(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """RoPE in place on float32 pre-RoPE keys [L, S, m] that the caller owns, in ~2.5
+        passes instead of ~7. Valid when both halves of each head share their angles (the
+        rotate-half convention of Llama/Qwen2/Mistral); anything else goes through `rotate`."""
+        cos, sin = self.tables(positions.to(keys.device))  # (S, D)
+        half = self.head_dim // 2
+        if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
+            keys.copy_(self.rotate(keys, positions))
+            return keys
+        c, s = cos[:, None, :half], sin[:, None, :half]  # (S, 1, D/2)
+        k = keys.view(*keys.shape[:-1], self.n_kv_heads, self.head_dim)  # (L, S, H, D)
+        x1, x2 = k[..., :half], k[..., half:]
+        old = x1.clone()
+        x1.mul_(c).addcmul_(x2, s, value=-1)  # x1·cos − x2·sin
+        x2.mul_(c).addcmul_(old, s)  # x2·cos + x1·sin
+        return keys
+
+
 def rope_tables(model: KVModel, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, head_dim] float32 at the given positions, from the model's own rotary module."""
-    probe = torch.empty(1, device=model.device, dtype=torch.float32)
-    cos, sin = model.hf.model.rotary_emb(probe, positions.to(model.device)[None])
-    return cos[0].float(), sin[0].float()
+    return model.rope.tables(positions.to(model.device))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -260,10 +322,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, model: KVModel) -> torch.Tensor:
     """Apply RoPE to pre-RoPE keys [..., T, m] at `positions` [T]; same shape and dtype back."""
-    cos, sin = rope_tables(model, positions)
-    cos, sin = cos.to(keys.device)[:, None, :], sin.to(keys.device)[:, None, :]  # (T, 1, D)
-    k = keys.float().unflatten(-1, (model.n_kv_heads, model.head_dim))  # (..., T, H, D)
-    return (k * cos + _rotate_half(k) * sin).flatten(-2).to(keys.dtype)
+    return model.rope.rotate(keys, positions)
 
 
 def kv_cache(keys: torch.Tensor, values: torch.Tensor, model: KVModel):

@@ -35,13 +35,13 @@ import importlib.util
 
 import torch
 
-from ._omp_cpu import PIVOT_TOL, omp_codes
 
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.
 _GATHER_BUDGET_BYTES = 64 << 20
 # The GEMM form holds ~3 [batch, atoms] fp32 tensors (α⁰, α, scores); a GPU wants thousands
 # of signals per step to hide its ~15 kernel launches per atom.
 _GEMM_BUDGET_BYTES = 1 << 30
+PIVOT_TOL = 1e-6  # squared distance of a unit atom from the support's span
 SELECT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -102,6 +102,10 @@ def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch
     """The same as `_omp_block`, as the fused numba loop of `_omp_cpu`."""
     idx = torch.empty(alpha0.shape[0], s, dtype=torch.long)
     coef = torch.empty(alpha0.shape[0], s, dtype=torch.float32)
+    # numba is imported on first encode only: readers (query, the vLLM connector) never need it,
+    # and vLLM's kernel scan at start-up trips over llvmlite's module objects.
+    from ._omp_cpu import omp_codes
+
     omp_codes(alpha0.contiguous().numpy(), G.contiguous().numpy(), s, idx.numpy(), coef.numpy(),
               torch.get_num_threads())
     return idx, coef

@@ -1,0 +1,430 @@
+"""SparsecacheConnector: vLLM serves RAG prompts with chunk KV decoded from a sparsecache store.
+
+Load it out of tree (`pip install "sparsecache[vllm]"`):
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "SparsecacheConnector",
+        "kv_connector_module_path": "sparsecache.vllm", "kv_role": "kv_consumer",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"store": "corpus.store"}}'
+
+A request opts in with `kv_transfer_params={"sparsecache": {"chunks": [ids...]}}` and a
+prompt laid out as the store's prefix, those chunks' tokens, then anything else (the
+question); `sparsecache.serving.RagPrompts` builds both.
+
+Scheduler side: the prompt's leading tokens are checked token for token against the store
+(prefix + the named chunks' token ids, at the store's latest version). Only an exact match
+is claimed as externally computed; any mismatch, unknown chunk, unreadable store or
+malformed parameter claims nothing, so vLLM prefills as usual, and logs one line. With
+`recompute_tail` the last N claimed tokens are left to vLLM, so they (and the question)
+attend to every chunk before them, which no chunk's stored KV could.
+
+Worker side: the chunks' codes are read once per request, decoded on vLLM's device (all
+chunks of a request in one batched gather per layer group), keys rotated to the global
+positions where they land, and K/V written into vLLM's paged cache through the attention
+backend's own cache-update op and the request's slots, so the layout is always the
+backend's (CPU, FlashAttention, Triton alike). A load that fails after the scheduler
+claimed it is reported through `get_block_ids_with_load_errors`, and with
+`kv_load_failure_policy: "recompute"` vLLM recomputes those blocks: wrong KV is never used.
+
+`kv_connector_extra_config`:
+    store            path or URL of the store (required)
+    source           "codes" (default) or "raw": exact fp16 KV files per chunk (the TurboRAG-
+                     style baseline that `sparsecache query --method raw` makes), for testing
+    raw_dir          where the raw files are (default: beside the store, as `query` puts them)
+    recompute_tail   0 (default), N tokens, "chunk" (the last chunk), or "auto" (the closed-form
+                     split below, from decode_tokens_per_s and prefill_tokens_per_s)
+    layerwise        true: decode layer group g+1 on a thread while vLLM computes layer g
+    device           decode device (default: vLLM's)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                               KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+from vllm.logger import init_logger
+from vllm.model_executor.models.utils import extract_layer_index
+
+from .errors import SparseCacheError
+from .model import Rope, config_fingerprint
+from .serving import PARAMS_KEY
+from .store import Store
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+COUNTERS = ("requests", "chunks", "tokens", "fallbacks", "load_errors")
+
+
+def tail_split(context_tokens: int, question_tokens: int, decode_tokens_per_s: float,
+               prefill_tokens_per_s: float) -> int:
+    """Context tokens to leave to the engine when loading overlaps its compute.
+
+    The closed form of "recompute a part, load the rest" (KVPR's program, solved by equating
+    the two times, as the partial-recompute study does), in vLLM's orientation: the store
+    supplies the first S − N tokens while the engine prefills the last N plus the question,
+    so (N + Q) / prefill_rate = (S − N) / decode_rate gives
+    N* = (S·r_p − Q·r_d) / (r_p + r_d), clamped to [0, S]."""
+    rp, rd = prefill_tokens_per_s, decode_tokens_per_s
+    n = (context_tokens * rp - question_tokens * rd) / (rp + rd)
+    return max(0, min(context_tokens, int(round(n))))
+
+
+@dataclass
+class LoadSpec:
+    """One request's load: tokens [start, end) of its prompt into its blocks."""
+
+    req_id: str
+    chunks: list[str]
+    version: int
+    start: int  # tokens vLLM already holds (its own prefix cache)
+    end: int  # tokens claimed
+    block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SparsecacheMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+
+
+@dataclass
+class SparsecacheStats(KVConnectorStats):
+    """Counters since the last report: requests served, chunks, tokens injected, decode time,
+    fallbacks (requests prefilled as usual) and load errors (blocks vLLM had to recompute)."""
+
+    def __post_init__(self):
+        for k in (*COUNTERS, "decode_ms"):
+            self.data.setdefault(k, 0)
+
+    def reset(self):
+        self.data = {}
+        self.__post_init__()
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.data.items()}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class SparsecachePromMetrics(KVConnectorPromMetrics):
+    """`vllm:sparsecache_<counter>_total` on vLLM's /metrics."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {}
+        for name, doc in (("requests", "requests served from the store"),
+                          ("chunks", "chunks whose KV was injected"),
+                          ("tokens", "prompt tokens whose KV was injected"),
+                          ("fallbacks", "requests naming chunks that were prefilled instead"),
+                          ("load_errors", "blocks whose load failed and were recomputed"),
+                          ("decode_ms", "milliseconds spent reading, decoding and writing KV")):
+            metric = self._counter_cls(name=f"vllm:sparsecache_{name}", documentation=doc, labelnames=labelnames)
+            self._counters[name] = {e: metric.labels(*v) for e, v in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
+        for name, per_engine in self._counters.items():
+            if transfer_stats_data.get(name):
+                per_engine[engine_idx].inc(transfer_stats_data[name])
+
+
+class SparsecacheConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        if not extra.get("store"):
+            raise ValueError('SparsecacheConnector needs kv_connector_extra_config={"store": PATH_OR_URL}')
+        self.where = str(extra["store"])
+        self.source = extra.get("source", "codes")
+        if self.source not in ("codes", "raw"):
+            raise ValueError(f'SparsecacheConnector: source must be "codes" or "raw", got {self.source!r}')
+        self.raw_dir = extra.get("raw_dir")
+        self.tail = extra.get("recompute_tail", 0)
+        self.rates = (float(extra.get("decode_tokens_per_s", 0) or 0), float(extra.get("prefill_tokens_per_s", 0) or 0))
+        if self.tail == "auto" and not all(self.rates):
+            raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s '
+                             "(`sparsecache bench vllm` measures them)")
+        self.layerwise = bool(extra.get("layerwise", False))
+        self.block_size = vllm_config.cache_config.block_size
+        self.dtype = vllm_config.model_config.dtype
+        self._stores: dict[int, Store] = {}
+        latest = self._store()  # a missing or unreadable store stops the engine here, not per request
+        fp, want = config_fingerprint(vllm_config.model_config.hf_config, ""), latest.attrs["model"]
+        if (fp["config_hash"], fp["layers"], fp["m"]) != (want.get("config_hash"), want.get("layers"), want.get("m")):
+            raise ValueError(f"SparsecacheConnector: {self.where} was encoded with model {want.get('name')}, "
+                             f"not the model vLLM serves ({vllm_config.model_config.model})")
+        # scheduler side
+        self._plans: dict[str, LoadSpec] = {}
+        self._to_load: dict[str, LoadSpec] = {}
+        self._stats = SparsecacheStats()  # both sides report: fallbacks here, loads on the worker
+        # worker side
+        if role == KVConnectorRole.WORKER:
+            self.rope = Rope.for_config(vllm_config.model_config.hf_config)
+            self.device = torch.device(extra["device"]) if extra.get("device") else None
+            self._layer_names: list[str] = []
+            self._failed_blocks: set[int] = set()
+            self._ready: list[threading.Event] = []
+            self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def _store(self, version: int | None = None) -> Store:
+        """The store at `version` (default: the latest published), opened once per version."""
+        if version is None:
+            from .store import versions
+
+            published = versions(self.where)
+            if not published:
+                raise SparseCacheError(f"{self.where}: no published version")
+            version = published[-1]
+        if version not in self._stores:
+            self._stores[version] = Store.open(self.where, version)
+        return self._stores[version]
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        params = (request.kv_transfer_params or {}).get(PARAMS_KEY)
+        self._plans.pop(request.request_id, None)
+        if params is None:
+            return 0, False
+        try:
+            spec = self._plan(request, params)
+        except (SparseCacheError, KeyError, TypeError, ValueError, OSError) as e:
+            spec = None
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        else:
+            reason = "the prompt does not start with the store's prefix and those chunks' tokens"
+        if spec is None:
+            logger.warning("sparsecache: request %s is prefilled instead (%s)", request.request_id, reason)
+            self._stats.data["fallbacks"] += 1
+            return 0, False
+        spec.start = num_computed_tokens
+        self._plans[request.request_id] = spec
+        return max(0, spec.end - num_computed_tokens), False
+
+    def _plan(self, request: "Request", params: dict) -> LoadSpec | None:
+        chunks = params["chunks"]
+        if not isinstance(chunks, list) or not chunks or not all(isinstance(c, str) for c in chunks):
+            raise ValueError('"chunks" must be a non-empty list of chunk ids')
+        store = self._store()
+        expected = store.prefix()[0] + [t for toks in store.tokens(chunks) for t in toks]
+        prompt = list(request.prompt_token_ids or [])
+        if len(prompt) <= len(expected) or prompt[: len(expected)] != expected:
+            return None
+        if self.source == "raw":
+            missing = [c for c in chunks if not (self._raw_dir(store) / f"{c}.safetensors").exists()]
+            if missing:
+                raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
+        end = len(expected) - self._tail_tokens(store, chunks, len(expected), len(prompt) - len(expected))
+        return LoadSpec(request.request_id, list(chunks), store.version, 0, end)
+
+    def _tail_tokens(self, store: Store, chunks: list[str], context: int, question: int) -> int:
+        if self.tail == "chunk":
+            return store.chunk(chunks[-1]).token_length
+        if self.tail == "auto":
+            return tail_split(context, question, *self.rates)
+        return min(int(self.tail), context)
+
+    def _raw_dir(self, store: Store) -> Path:
+        from .session import _raw_dir
+
+        return Path(self.raw_dir) if self.raw_dir else _raw_dir(store)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        spec = self._plans.pop(request.request_id, None)
+        if spec is not None and num_external_tokens > 0:
+            self._to_load[request.request_id] = spec
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = SparsecacheMetadata()
+        for req in scheduler_output.scheduled_new_reqs:
+            if req.req_id in self._to_load:
+                spec = self._to_load.pop(req.req_id)
+                spec.block_ids = list(req.block_ids[0])
+                meta.loads.append(spec)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):  # resumed after preemption: all its blocks are new
+            if req_id in self._to_load and req_id in cached.resumed_req_ids and cached.new_block_ids[i]:
+                spec = self._to_load.pop(req_id)
+                spec.block_ids = list(cached.new_block_ids[i][0])
+                meta.loads.append(spec)
+        return meta
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._plans.pop(request.request_id, None)
+        self._to_load.pop(request.request_id, None)
+        return False, None
+
+    # ------------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        names = sorted(kv_caches, key=extract_layer_index)
+        if len(names) != self.rope_layers():
+            raise ValueError(f"SparsecacheConnector: vLLM has {len(names)} attention layers, the store "
+                             f"{self.rope_layers()}")
+        self._layer_names = names
+        if self.device is None:
+            self.device = next(iter(kv_caches.values())).device
+
+    def rope_layers(self) -> int:
+        return int(self._store().attrs["model"]["layers"])
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SparsecacheMetadata)
+        if not meta.loads:
+            return
+        layers = [forward_context.no_compile_layers[n] for n in self._layer_names]
+        n = len(layers)
+        self._ready = [threading.Event() for _ in range(n)]
+        work = lambda: self._load_all(meta.loads, layers)  # noqa: E731
+        if self.layerwise:
+            self._thread = threading.Thread(target=work, name="sparsecache-load", daemon=True)
+            self._thread.start()
+        else:
+            work()
+
+    def _load_all(self, loads: list[LoadSpec], layers: list) -> None:
+        """Read, decode and write every request's KV, group by group, marking layers ready."""
+        t0 = time.perf_counter()
+        try:
+            plans = []
+            for spec in loads:
+                try:
+                    plans.append((spec, self._source(spec)))
+                except (SparseCacheError, KeyError, ValueError, OSError, RuntimeError) as e:
+                    self._fail(spec, e)
+            for lo, hi in self._groups():
+                for spec, groups in plans:
+                    if spec.block_ids and not self._failed(spec):
+                        try:
+                            self._write(spec, groups(lo, hi), layers[lo:hi])
+                        except (SparseCacheError, ValueError, OSError, RuntimeError) as e:
+                            self._fail(spec, e)
+                for i in range(lo, hi):
+                    self._ready[i].set()
+            for spec, _ in plans:
+                if not self._failed(spec):
+                    self._stats.data["requests"] += 1
+                    self._stats.data["chunks"] += len(spec.chunks)
+                    self._stats.data["tokens"] += spec.end - spec.start
+        finally:
+            for e in self._ready:
+                e.set()
+            self._stats.data["decode_ms"] += 1e3 * (time.perf_counter() - t0)
+
+    def _groups(self) -> list[tuple[int, int]]:
+        """[lo, hi) layer ranges decoded together: the dictionary's layer groups (raw: all)."""
+        n = len(self._layer_names)
+        if self.source == "raw":
+            return [(0, n)]
+        L = self._store().dictionary.config.layers_per_signal
+        return [(lo, min(n, lo + L)) for lo in range(0, n, L)]
+
+    def _source(self, spec: LoadSpec):
+        """A function (lo, hi) → pre-RoPE (keys, values) [hi-lo, end, m] of the request's tokens
+        [0, end) on the decode device. Reads everything it needs now (one read per request)."""
+        store = self._store(spec.version)
+        _, pk, pv = store.prefix()
+        dev = self.device
+        if self.source == "raw":
+            from safetensors.torch import load
+
+            raw = [load((self._raw_dir(store) / f"{c}.safetensors").read_bytes()) for c in spec.chunks]
+            k = torch.cat([pk] + [r["keys"].float() for r in raw], 1)[:, : spec.end].to(dev)
+            v = torch.cat([pv] + [r["values"].float() for r in raw], 1)[:, : spec.end].to(dev)
+            return lambda lo, hi: (k[lo:hi], v[lo:hi])
+        codes = store.read_codes(spec.chunks)
+        codec = store.codec()
+        L = store.dictionary.config.layers_per_signal
+
+        def group(lo: int, hi: int):
+            g = slice(lo // L, -(-hi // L))
+            k = codec.decode((codes.k.indices[g], codes.k.coefficients[g]), "k", dev)
+            v = codec.decode((codes.v.indices[g], codes.v.coefficients[g]), "v", dev)
+            k = torch.cat([pk[lo:hi].to(dev), k[: hi - lo]], 1)[:, : spec.end]
+            v = torch.cat([pv[lo:hi].to(dev), v[: hi - lo]], 1)[:, : spec.end]
+            return k, v
+
+        return group
+
+    @torch.inference_mode()
+    def _write(self, spec: LoadSpec, kv: tuple[torch.Tensor, torch.Tensor], layers: list) -> None:
+        """Rotate keys to positions [0, end) and write tokens [start, end) of each layer through
+        the backend's own cache update (its layout, whatever it is)."""
+        keys, values = kv
+        keys = self.rope.rotate_(keys.float().contiguous(), torch.arange(keys.shape[1], device=keys.device))
+        slots = self._slots(spec, keys.device)
+        shape = (-1, self.rope.n_kv_heads, self.rope.head_dim)
+        for i, layer in enumerate(layers):
+            k = keys[i, spec.start: spec.end].to(self.dtype).reshape(shape)
+            v = values[i, spec.start: spec.end].to(self.dtype).reshape(shape)
+            layer.impl.do_kv_cache_update(layer, k, v, layer.kv_cache, slots)
+
+    def _slots(self, spec: LoadSpec, device) -> torch.Tensor:
+        t = torch.arange(spec.start, spec.end)
+        blocks = torch.tensor(spec.block_ids, dtype=torch.long)
+        if len(spec.block_ids) * self.block_size < spec.end:
+            raise ValueError(f"request {spec.req_id}: {len(spec.block_ids)} blocks for {spec.end} tokens")
+        return (blocks[t // self.block_size] * self.block_size + t % self.block_size).to(device)
+
+    def _fail(self, spec: LoadSpec, e: Exception) -> None:
+        logger.warning("sparsecache: loading request %s failed, vLLM recomputes it (%s: %s)", spec.req_id,
+                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        first, last = spec.start // self.block_size, math.ceil(spec.end / self.block_size)
+        failed = set(spec.block_ids[first:last])
+        self._failed_blocks |= failed
+        self._stats.data["load_errors"] += len(failed)
+        spec.block_ids = []  # nothing more is written for it
+
+    def _failed(self, spec: LoadSpec) -> bool:
+        return not spec.block_ids
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._thread is not None and self._ready:
+            self._ready[extract_layer_index(layer_name)].wait()
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return  # a consumer: the store is written by `sparsecache encode-corpus`, never by serving
+
+    def wait_for_save(self):
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, SparsecacheStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return SparsecacheStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return SparsecachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
