@@ -162,6 +162,8 @@ class SparsecacheConnector(KVConnectorBase_V1):
             raise ValueError(f'SparsecacheConnector: source must be "codes" or "raw", got {self.source!r}')
         self.raw_dir = extra.get("raw_dir")
         self.tail = extra.get("recompute_tail", 0)
+        if not (self.tail in ("chunk", "auto") or (isinstance(self.tail, int) and self.tail >= 0)):
+            raise ValueError(f'recompute_tail must be "chunk", "auto" or tokens >= 0, got {self.tail!r}')
         self.rates = (float(extra.get("decode_tokens_per_s", 0) or 0), float(extra.get("prefill_tokens_per_s", 0) or 0))
         if self.tail == "auto" and not all(self.rates):
             raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s '
@@ -289,17 +291,14 @@ class SparsecacheConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         names = sorted(kv_caches, key=extract_layer_index)
-        if len(names) != self.rope_layers():
-            raise ValueError(f"SparsecacheConnector: vLLM has {len(names)} attention layers, the store "
-                             f"{self.rope_layers()}")
+        layers = int(self._store().attrs["model"]["layers"])
+        if len(names) != layers:
+            raise ValueError(f"SparsecacheConnector: vLLM has {len(names)} attention layers, the store {layers}")
         self._layer_names = names
         L = self._store().dictionary.config.layers_per_signal  # fixed for the store's life
         self._layer_groups = [(lo, min(len(names), lo + L)) for lo in range(0, len(names), L)]
         if self.device is None:
             self.device = next(iter(kv_caches.values())).device
-
-    def rope_layers(self) -> int:
-        return int(self._store().attrs["model"]["layers"])
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
