@@ -177,23 +177,24 @@ def test_a_mismatched_or_broken_request_is_prefilled_and_answered_correctly(llm,
     assert delta["fallbacks"] == 1 and tokens == generate(llm, edited, None)[0]
 
 
-def test_a_load_that_fails_after_the_claim_is_recomputed_by_vllm(llm, store, rag, monkeypatch):
-    """The scheduler checked the tokens, then reading the codes fails on the worker: the blocks
-    are reported, vLLM recomputes them, and the answer is full prefill's."""
-    from sparsecache.errors import StoreCorrupt
-    from sparsecache.store import Store
-
+def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
+    """The scheduler checks tokens (intact), then the worker finds the codes' files fail their
+    checksum: the blocks are reported, vLLM recomputes them, and the answer is full prefill's."""
     ids = [c.id for c in store.store.chunks()]
     req = rag.request(QUESTIONS[1], chunks=ids[:2])
     full, _, _ = generate(llm, req, None)
-
-    def broken(self, chunk_ids):
-        raise StoreCorrupt("k_indices/c/0/0/0 fails its checksum")
-
-    monkeypatch.setattr(Store, "read_codes", broken)
-    tokens, _, delta = generate(llm, req, with_source(req, "codes"))
+    files = [f for f in (store.store.root / store.store.data / "k_indices").rglob("*") if f.is_file()]
+    saved = {f: f.read_bytes() for f in files}
+    try:
+        for f in files:
+            f.write_bytes(b"garbage" + saved[f][7:])
+        tokens, _, delta = generate(llm, req, with_source(req, "codes"))
+    finally:
+        for f, data in saved.items():
+            f.write_bytes(data)
     assert delta["load_errors"] > 0 and delta["tokens"] == 0
     assert tokens == full
+    assert generate(llm, req, with_source(req, "codes"))[2]["tokens"] == req.context_tokens  # repaired: served again
 
 
 def test_recompute_tail_leaves_the_last_chunk_to_vllm(llm, store, rag):
@@ -286,3 +287,24 @@ def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, 
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
+    """Runs last: it re-encodes the store under the running engine. A request naming a chunk
+    the new version no longer has is prefilled; one built against the new version is served."""
+    from cli.main import cli
+    from sparsecache.serving import RagPrompts
+
+    corpus = store.store.root.parent / "corpus"
+    edited = next(c.id for c in store.store.chunks() if "assert" in c.doc_id)
+    other = next(c.id for c in store.store.chunks() if "assert" not in c.doc_id)
+    stale = rag.request(QUESTIONS[0], chunks=[other, edited])
+    (corpus / "assert.txt").write_text((corpus / "assert.txt").read_text() + "\nAn edit after publishing.")
+    r = CliRunner().invoke(cli, ["encode-corpus", str(corpus), "--store", str(store.store.root)])
+    assert r.exit_code == 0, r.output
+    fresh_rag = RagPrompts(store.store.root)
+    assert fresh_rag.store.version > store.store.version
+    tokens, _, delta = generate(llm, stale, stale.kv_transfer_params)
+    assert delta["fallbacks"] == 1 and tokens == generate(llm, stale, None)[0]
+    fresh = fresh_rag.request(QUESTIONS[0], chunks=[c.id for c in fresh_rag.store.chunks()][:2])
+    assert generate(llm, fresh, fresh.kv_transfer_params)[2]["tokens"] == fresh.context_tokens
