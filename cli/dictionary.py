@@ -1,10 +1,38 @@
-"""`learn-dict` and `eval-dict`."""
+"""`check-model`, `learn-dict` and `eval-dict`."""
 
 from __future__ import annotations
 
 import click
 
 from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+
+
+@click.command("check-model")
+@click.argument("model_path", default="default")
+@device_option
+@json_option
+@library_errors
+def check_model_cmd(model_path, device, as_json):
+    """Check that sparsecache captures and places MODEL's K/V correctly (run it before learn-dict).
+
+    MODEL is 'default' or a local HuggingFace model directory. Three checks, fp32, on a short
+    held-out text: (a) captured keys, rotated to their positions, and values equal the model's
+    own cache; (b) per-chunk K/V at global positions with every chunk token recomputed equals
+    full prefill's logits; (c) one chunk's K/V after the prefix, nothing recomputed, equals
+    full prefill. Exit 1 if any fails. learn-dict and encode-corpus run it once per model.
+    """
+    from sparsecache.check import check_model
+    from sparsecache.model import load_model
+
+    result = check_model(load_model(model_path, device=resolve_device(device)))
+    emit(result.to_dict(), as_json, [
+        f"{result.model} ({result.fingerprint['layers']} layers, m = {result.fingerprint['m']})",
+        *(f"  {'ok  ' if c.passed else 'FAIL'} {c.name:<14} error {c.error:.1e} (tolerance {c.tolerance:.0e})  {c.what}"
+          for c in result.checks),
+        "passed" if result.passed else "FAILED: sparsecache would store this model's K/V wrongly",
+    ])
+    if not result.passed:
+        raise SystemExit(1)
 
 
 @click.command("learn-dict")
@@ -30,6 +58,7 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps,
 
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
     """
+    from sparsecache.check import ensure_checked
     from sparsecache.dictionary import DictConfig, TrainConfig, learn_dict
     from sparsecache.model import load_model
 
@@ -37,6 +66,7 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps,
     tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed)
     device = resolve_device(device)
     model = load_model(model_path, device=device)  # calibration KV is computed where the OMP runs
+    ensure_checked(model)
     d = learn_dict(model, texts, config, tcfg, out, device, resume)
     h = d.meta["heldout_nmse"]
     click.echo(f"wrote {out}: held-out NMSE K {h['k']:.4f}  V {h['v']:.4f}")

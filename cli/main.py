@@ -25,6 +25,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
     click.echo(f"warning: {message}", err=True)
 
 
+cli.add_command(dictionary.check_model_cmd)
 cli.add_command(dictionary.learn_dict_cmd)
 cli.add_command(dictionary.eval_dict_cmd)
 cli.add_command(bench.bench)

@@ -63,6 +63,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
     from sparsecache.dictionary import Dictionary, default_dictionary
+    from sparsecache.check import ensure_checked
     from sparsecache.encoder import encode_corpus
     from sparsecache.model import load_model
     from sparsecache.store import config_for, existing_dictionary
@@ -77,7 +78,9 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     def model():  # called only when there is something to encode
         if not as_json:
             click.echo(f"loading model {model_path} on {dev} (the default model is converted once, ~30 s)", err=True)
-        return load_model(model_path, device=dev)
+        loaded = load_model(model_path, device=dev)
+        ensure_checked(loaded)  # once per model fingerprint: a model whose K/V we would store wrongly is refused
+        return loaded
 
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
                       delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json,

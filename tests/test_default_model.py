@@ -121,3 +121,10 @@ def test_converted_default_model_is_a_standard_hf_directory(default_model):
         embed = f.get_tensor("model.embed_tokens.weight")
     assert torch.equal(embed, default_model.hf.get_input_embeddings().weight.detach())
     assert torch.equal(default_model.hf.lm_head.weight, default_model.hf.get_input_embeddings().weight)
+
+
+def test_default_model_passes_check_model():
+    r = CliRunner().invoke(cli, ["check-model", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] and all(c["error"] < 1e-5 for c in out["checks"])
