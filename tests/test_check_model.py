@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from sparsecache.check import Check, ModelCheck, check_model, ensure_checked
 from sparsecache.errors import ModelError
-from sparsecache.model import KVModel, load_model
+from sparsecache.model import load_model
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True)
@@ -44,27 +44,34 @@ def tiny(family: str, out: Path, **extra) -> Path:
     ("Llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}),
     ("Qwen2", {}),
+    ("Qwen3", {}),
     ("Mistral", {}),
-], ids=["llama", "llama3-rope", "qwen2", "mistral"])
+    ("Phi3", {}),
+], ids=["llama", "llama3-rope", "qwen2", "qwen3", "mistral", "phi3"])
 def test_supported_families_pass_every_check(tmp_path, family, extra):
     result = check_model(load_model(str(tiny(family, tmp_path / family, **extra))))
     assert [c.name for c in result.checks] == ["capture", "recompute-all", "single-chunk"]
     assert result.passed, result.to_dict()
 
 
-def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path):
-    """Qwen3 normalises keys after k_proj: keys taken from k_proj are not what its attention
-    rotates. The capture check sees it, and the gate refuses the model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path, monkeypatch):
+    """Qwen3 normalises keys after k_proj: keys taken from k_proj (what sparsecache captured
+    before it knew the family) are not what its attention rotates. The capture check sees it."""
+    import sparsecache.model as model_module
 
-    path = tiny("Qwen3", tmp_path / "qwen3")
-    with pytest.raises(ModelError, match="unsupported architecture 'qwen3'"):
-        load_model(str(path))  # refused up front today
-    model = KVModel(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
-                    AutoTokenizer.from_pretrained(path), "qwen3-tiny")  # what a wrong capture would build
-    result = check_model(model)
-    capture = result.checks[0]
+    model = load_model(str(tiny("Qwen3", tmp_path / "qwen3")))
+    assert check_model(model).passed
+    monkeypatch.setattr(model_module, "_key_value_modules", lambda attn: [
+        (attn.k_proj, lambda out: {"k": out}), (attn.v_proj, lambda out: {"v": out})])
+    capture = check_model(model).checks[0]
     assert capture.name == "capture" and not capture.passed and capture.error > 1e-2
+
+
+def test_partial_rotary_and_other_families_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ModelError, match="partial rotary"):
+        load_model(str(tiny("Phi3", tmp_path / "phi", partial_rotary_factor=0.5)))
+    with pytest.raises(ModelError, match="unsupported architecture 'gemma2'"):
+        load_model(str(tiny("Gemma2", tmp_path / "gemma2")))
 
 
 def test_the_gate_runs_once_per_fingerprint_and_refuses_a_failing_model(tiny_model, monkeypatch):
@@ -89,8 +96,8 @@ def test_check_model_cli(tiny_model_dir, tmp_path):
     assert "ok   capture" in r.output and r.output.strip().endswith("passed")
     r = CliRunner().invoke(cli, ["check-model", str(tiny_model_dir), "--json"])
     assert json.loads(r.stdout)["passed"] is True
-    r = CliRunner().invoke(cli, ["check-model", str(tiny("Qwen3", tmp_path / "q3"))])
-    assert r.exit_code == 1 and "unsupported architecture 'qwen3'" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["check-model", str(tiny("Gemma2", tmp_path / "g2"))])
+    assert r.exit_code == 1 and "unsupported architecture 'gemma2'" in r.output and "Traceback" not in r.output
 
 
 def test_encode_corpus_refuses_a_model_that_fails_the_check(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir,

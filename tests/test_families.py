@@ -1,0 +1,67 @@
+"""The query path on the families whose K/V capture differs from Llama's: Qwen3 (k_norm) and
+Phi-3 (fused qkv_proj), tiny random models built from their config classes."""
+
+import pytest
+import torch
+
+from conftest import unit_atoms, write_corpus
+from sparsecache.blend import assemble, attention_scores, question_ids, value_deviation
+from sparsecache.dictionary import DictConfig, Dictionary
+from sparsecache.model import default_prefix_ids, extract_kv, load_model
+from test_check_model import tiny
+
+QUESTION = "What does the statement do?"
+
+
+@pytest.fixture(scope="module", params=["Qwen3", "Phi3"])
+def model(request, tmp_path_factory):
+    return load_model(str(tiny(request.param, tmp_path_factory.mktemp(request.param))))
+
+
+def exact_context(model, texts):
+    prefix = default_prefix_ids(model)
+    chunks = [model.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return assemble(prefix, extract_kv(model, [prefix])[0], chunks, extract_kv(model, chunks, prefix), model)
+
+
+def test_attention_scores_match_the_models_own_eager_attention(model):
+    q = question_ids(model, QUESTION)
+    for layer in (0, 1):
+        ctx = exact_context(model, ["The pass statement does nothing at all.", "A break ends the loop early."])
+        scores = attention_scores(ctx, q, model, layer)
+        model.hf.set_attn_implementation("eager")
+        try:
+            S = ctx.length
+            out = model.hf(input_ids=torch.tensor([q]), position_ids=torch.arange(S, S + len(q))[None],
+                           past_key_values=ctx.cache, output_attentions=True)
+        finally:
+            model.hf.set_attn_implementation("sdpa")
+        torch.testing.assert_close(scores, out.attentions[layer][0, :, :, :S].sum((0, 1)), atol=1e-4, rtol=1e-4)
+
+
+def test_value_deviation_is_zero_for_one_exact_chunk(model):
+    """One chunk's exact V after the prefix is what full-context prefill computes."""
+    ctx = exact_context(model, ["The pass statement does nothing at all, and that is its purpose."])
+    assert value_deviation(ctx, model, 1).abs().max() < 1e-4
+
+
+def test_encode_store_query_end_to_end(model, embedder, tmp_path):
+    """encode-corpus → store → query; recomputing every chunk token reproduces full prefill."""
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.session import Session
+    from sparsecache.store import StoreConfig
+
+    m = model.m
+    d = Dictionary(unit_atoms(m, 512, 1), unit_atoms(m, 512, 2), DictConfig(512, 4, 1), model.fingerprint())
+    corpus = write_corpus(tmp_path / "corpus")
+    encode_corpus([str(corpus)], tmp_path / "store", d, model, StoreConfig(chunk_tokens=64), embedder=embedder,
+                  batch_tokens=512, progress=False)
+    s = Session(tmp_path / "store", model)
+    s._embedder = embedder
+    ids = [c.id for c in s.store.chunks()][:3]
+    full = s.query(QUESTION, chunks=ids, method="full", max_new_tokens=1).logits
+    for method in ("a3", "infoflow", "cacheblend"):
+        got = s.query(QUESTION, chunks=ids, method=method, recompute_ratio=1.0, max_new_tokens=1).logits
+        torch.testing.assert_close(got, full, atol=2e-4, rtol=1e-4)
+    a = s.query(QUESTION, top_k=2, method="infoflow", max_new_tokens=4)
+    assert len(a.chunks) == 2 and a.timings_ms["ttft"] > 0
