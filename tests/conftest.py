@@ -78,6 +78,19 @@ def text_file(tmp_path) -> Path:
     return p
 
 
+def eager_attention_mass(model, ctx, q_ids: list[int], layer: int) -> torch.Tensor:
+    """The reference for the scorers: the model's own eager attention weights of the question
+    over the context at `layer`, summed over question tokens and heads (float [S])."""
+    S = ctx.length
+    model.hf.set_attn_implementation("eager")
+    try:
+        out = model.hf(input_ids=torch.tensor([q_ids]), position_ids=torch.arange(S, S + len(q_ids))[None],
+                       past_key_values=ctx.cache, output_attentions=True)
+    finally:
+        model.hf.set_attn_implementation("sdpa")
+    return out.attentions[layer][0, :, :, :S].sum((0, 1))
+
+
 def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     d = torch.randn(m, n, generator=g)

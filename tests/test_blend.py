@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import eager_attention_mass
 from sparsecache.blend import (BlendConfig, Context, attention_scores, load_cache, question_ids, select)
 from sparsecache.errors import ConfigError
 from sparsecache.session import Session
@@ -85,15 +86,7 @@ def test_attention_scores_match_eager_attention(session, chunk_ids, tiny_model):
         ctx = load_cache(session.store, chunk_ids, tiny_model)
         scores = attention_scores(ctx, q, tiny_model, layer)
         assert ctx.cache.get_seq_length() == ctx.length  # the question's K/V did not stay behind
-        tiny_model.hf.set_attn_implementation("eager")
-        try:
-            S = ctx.length
-            out = tiny_model.hf(input_ids=torch.tensor([q]), position_ids=torch.arange(S, S + len(q))[None],
-                                past_key_values=ctx.cache, output_attentions=True)
-        finally:
-            tiny_model.hf.set_attn_implementation("sdpa")
-        ref = out.attentions[layer][0, :, :, :S].sum((0, 1))
-        torch.testing.assert_close(scores, ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(scores, eager_attention_mass(tiny_model, ctx, q, layer), atol=1e-4, rtol=1e-4)
 
 
 def _ctx(prefix: int, n: int) -> Context:

@@ -4,7 +4,7 @@ Phi-3 (fused qkv_proj), tiny random models built from their config classes."""
 import pytest
 import torch
 
-from conftest import unit_atoms, write_corpus
+from conftest import eager_attention_mass, unit_atoms, write_corpus
 from sparsecache.blend import assemble, attention_scores, question_ids, value_deviation
 from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
@@ -29,14 +29,7 @@ def test_attention_scores_match_the_models_own_eager_attention(model):
     for layer in (0, 1):
         ctx = exact_context(model, ["The pass statement does nothing at all.", "A break ends the loop early."])
         scores = attention_scores(ctx, q, model, layer)
-        model.hf.set_attn_implementation("eager")
-        try:
-            S = ctx.length
-            out = model.hf(input_ids=torch.tensor([q]), position_ids=torch.arange(S, S + len(q))[None],
-                           past_key_values=ctx.cache, output_attentions=True)
-        finally:
-            model.hf.set_attn_implementation("sdpa")
-        torch.testing.assert_close(scores, out.attentions[layer][0, :, :, :S].sum((0, 1)), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(scores, eager_attention_mass(model, ctx, q, layer), atol=1e-4, rtol=1e-4)
 
 
 def test_value_deviation_is_zero_for_one_exact_chunk(model):
