@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 COUNTERS = ("requests", "chunks", "tokens", "fallbacks", "load_errors")
+KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
 
 
 def tail_split(context_tokens: int, question_tokens: int, decode_tokens_per_s: float,
@@ -167,7 +168,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.rates = (float(extra.get("decode_tokens_per_s", 0) or 0), float(extra.get("prefill_tokens_per_s", 0) or 0))
         if self.tail == "auto" and not all(self.rates):
             raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s '
-                             "(`sparsecache bench vllm` measures them)")
+                             "(scripts/bench_vllm.py measures them)")
         self.layerwise = bool(extra.get("layerwise", False))
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
@@ -201,9 +202,12 @@ class SparsecacheConnector(KVConnectorBase_V1):
             if not published:
                 raise SparseCacheError(f"{self.where}: no published version")
             version = published[-1]
-        if version not in self._stores:
-            self._stores[version] = Store.open(self.where, version)
-        return self._stores[version]
+        store = self._stores.get(version)
+        if store is None:
+            store = self._stores[version] = Store.open(self.where, version)
+            for old in sorted(self._stores)[:-KEEP_OPEN]:  # a server outlives many nightly versions
+                del self._stores[old]
+        return store
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         params = (request.kv_transfer_params or {}).get(PARAMS_KEY)
