@@ -24,7 +24,8 @@ from sparsecache.model import KVModel, load_model  # noqa: E402
 LLAMA3 = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 256}}
 FAMILIES = [("Llama", {}, "Llama"), ("Llama", LLAMA3, "Llama 3.x"), ("Qwen2", {}, "Qwen2"), ("Mistral", {}, "Mistral"),
-            ("Qwen3", {}, "Qwen3"), ("Phi3", {}, "Phi-3"), ("Gemma2", {}, "Gemma 2")]
+            ("Qwen3", {}, "Qwen3"), ("Phi3", {}, "Phi-3"), ("Phi3", {"partial_rotary_factor": 0.5}, "Phi-3 partial"),
+            ("Gemma2", {}, "Gemma 2")]
 
 
 def main() -> None:

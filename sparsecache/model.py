@@ -104,10 +104,6 @@ def _check_config(config, where: str) -> None:
         )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
-    if partial != 1.0:
-        raise ModelError(f"{where}: partial rotary embeddings (factor {partial}) are not supported; "
-                         "keys are rotated over the whole head")
     if rope_type not in STATIC_ROPE_TYPES:
         raise ModelError(
             f"{where}: rope type {rope_type!r} depends on sequence length; "
@@ -299,7 +295,9 @@ def _batches(order: list[int], chunks, prefix_len: int, batch_tokens: int):
 @dataclass(frozen=True)
 class Rope:
     """One model family's RoPE at chosen positions, from its own rotary-embedding module
-    (scaling types included). Needs the config only, so vLLM's worker can rotate too."""
+    (scaling types included). Needs the config only, so vLLM's worker can rotate too.
+    Partial rotary (Phi-3 family with partial_rotary_factor < 1) rotates the first
+    rotary dims of each head, the width of the module's tables, and passes the rest."""
 
     rotary: torch.nn.Module
     n_kv_heads: int
@@ -327,22 +325,24 @@ class Rope:
     def rotate(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """RoPE on pre-RoPE keys [..., T, m] at `positions` [T]; a new tensor, same shape and dtype."""
         cos, sin = self.tables(positions.to(keys.device))
-        cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, D)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, R), R = rotary dims <= D
         k = keys.float().unflatten(-1, (self.n_kv_heads, self.head_dim))  # (..., T, H, D)
-        return (k * cos + _rotate_half(k) * sin).flatten(-2).to(keys.dtype)
+        r = cos.shape[-1]
+        rot = k[..., :r] * cos + _rotate_half(k[..., :r]) * sin
+        return torch.cat([rot, k[..., r:]], dim=-1).flatten(-2).to(keys.dtype)
 
     def rotate_(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """RoPE in place on float32 pre-RoPE keys [L, S, m] that the caller owns, in ~2.5
         passes instead of ~7. Valid when both halves of each head share their angles (the
         rotate-half convention of Llama/Qwen2/Mistral); anything else goes through `rotate`."""
-        cos, sin = self.tables(positions.to(keys.device))  # (S, D)
-        half = self.head_dim // 2
+        cos, sin = self.tables(positions.to(keys.device))  # (S, R), R = rotary dims <= D
+        half = cos.shape[-1] // 2
         if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
             keys.copy_(self.rotate(keys, positions))
             return keys
         c, s = cos[:, None, :half], sin[:, None, :half]  # (S, 1, D/2)
         k = keys.view(*keys.shape[:-1], self.n_kv_heads, self.head_dim)  # (L, S, H, D)
-        x1, x2 = k[..., :half], k[..., half:]
+        x1, x2 = k[..., :half], k[..., half: 2 * half]  # dims past the rotary ones stay as they are
         old = x1.clone()
         x1.mul_(c).addcmul_(x2, s, value=-1)  # x1·cos − x2·sin
         x2.mul_(c).addcmul_(old, s)  # x2·cos + x1·sin

@@ -1,5 +1,5 @@
 """The query path on the families whose K/V capture differs from Llama's: Qwen3 (k_norm) and
-Phi-3 (fused qkv_proj), tiny random models built from their config classes."""
+Phi-3 (fused qkv_proj; full and partial rotary), tiny random models built from their config classes."""
 
 import pytest
 import torch
@@ -13,9 +13,14 @@ from test_check_model import tiny
 QUESTION = "What does the statement do?"
 
 
-@pytest.fixture(scope="module", params=["Qwen3", "Phi3"])
+@pytest.fixture(scope="module", params=[("Qwen3", {}), ("Phi3", {}), ("Phi3", {"partial_rotary_factor": 0.5})],
+                ids=["qwen3", "phi3", "phi3-partial-rotary"])
 def model(request, tmp_path_factory):
-    return load_model(str(tiny(request.param, tmp_path_factory.mktemp(request.param))))
+    family, extra = request.param
+    m = load_model(str(tiny(family, tmp_path_factory.mktemp(family), **extra)))
+    if extra:  # the partial path is really taken: tables cover half of each 16-dim head
+        assert m.rope.tables(torch.arange(3))[0].shape[-1] == 8
+    return m
 
 
 def exact_context(model, texts):
