@@ -26,6 +26,7 @@ import torch
 
 from . import __version__
 from .errors import ConfigError, DictionaryError, DictionaryMismatch
+from .model import FINGERPRINT_FIELDS
 from .omp import batch_omp, gram, reconstruct
 
 FORMAT_VERSION = 1
@@ -117,7 +118,7 @@ class Dictionary:
     def check_model(self, fingerprint: dict) -> None:
         """Raise DictionaryMismatch unless this dictionary was learned on a model like `fingerprint`."""
         mine = self.model
-        for key in ("config_hash", "layers", "m"):
+        for key in FINGERPRINT_FIELDS:
             if mine.get(key) != fingerprint.get(key):
                 raise DictionaryMismatch(
                     f"dictionary was learned for {mine.get('name')} ({key}={mine.get(key)}), "

@@ -31,6 +31,8 @@ SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 # RoPE variants whose angle depends on the position alone; "dynamic" and "longrope"
 # rescale with the sequence length, so a chunk's keys could not be rotated at load time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# The fingerprint fields that must match for K/V to mean the same; "name" is for messages.
+FINGERPRINT_FIELDS = ("config_hash", "layers", "m")
 # Config keys that decide the shape and meaning of K/V; the fingerprint hashes them.
 _FINGERPRINT_KEYS = (
     "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -137,7 +139,7 @@ class KVModel:
 
     @property
     def head_dim(self) -> int:
-        return getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+        return _head_dim(self.config)
 
     @property
     def m(self) -> int:
@@ -153,14 +155,22 @@ class KVModel:
         return config_fingerprint(self.config, self.name)
 
 
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def config_fingerprint(config, name: str) -> dict:
     """A model's fingerprint from its transformers config: the keys that decide K/V's shape and meaning."""
     cfg = config.to_dict()
     subset = {k: cfg.get(k) for k in _FINGERPRINT_KEYS}
     digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return {"name": name, "config_hash": digest[:16], "layers": config.num_hidden_layers,
-            "m": config.num_key_value_heads * head_dim}
+            "m": config.num_key_value_heads * _head_dim(config)}
+
+
+def same_model(fingerprint: dict, recorded: dict) -> bool:
+    """Whether two fingerprints describe K/V of the same meaning (names are for messages only)."""
+    return all(fingerprint.get(k) == recorded.get(k) for k in FINGERPRINT_FIELDS)
 
 
 def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
@@ -203,30 +213,27 @@ def qkv_states(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, to
     """Queries, keys and values [B, T, heads, D] of one attention module for its input `x`,
     as the module itself forms them before RoPE: separate or fused (Phi-3's qkv_proj)
     projections, then any per-head normalisation (Qwen3's q_norm / k_norm)."""
-    D = attn.head_dim
     if hasattr(attn, "qkv_proj"):
-        qkv = attn.qkv_proj(x)
-        kv = (qkv.shape[-1] - attn.config.num_attention_heads * D) // 2
-        q, k, v = qkv.split([qkv.shape[-1] - 2 * kv, kv, kv], dim=-1)
+        q, k, v = _split_qkv(attn, attn.qkv_proj(x))
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    q, k, v = (t.unflatten(-1, (-1, D)) for t in (q, k, v))
+    q, k, v = (t.unflatten(-1, (-1, attn.head_dim)) for t in (q, k, v))
     if hasattr(attn, "k_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q, k, v
+
+
+def _split_qkv(attn: torch.nn.Module, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values [..., heads·D] of a fused qkv_proj output, in Phi-3's order."""
+    kv = attn.config.num_key_value_heads * attn.head_dim
+    return qkv.split([qkv.shape[-1] - 2 * kv, kv, kv], dim=-1)
 
 
 def _key_value_modules(attn: torch.nn.Module) -> list[tuple[torch.nn.Module, object]]:
     """(module, fn(output) → {"k"|"v": [B, T, m]}) whose outputs are the keys the attention
     rotates (after any normalisation) and the values it reads."""
     if hasattr(attn, "qkv_proj"):
-        kv = attn.config.num_key_value_heads * attn.head_dim
-
-        def split(out):
-            _, k, v = out.split([out.shape[-1] - 2 * kv, kv, kv], dim=-1)
-            return {"k": k, "v": v}
-
-        return [(attn.qkv_proj, split)]
+        return [(attn.qkv_proj, lambda out: dict(zip("kv", _split_qkv(attn, out)[1:])))]
     key = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
     return [(key, lambda out: {"k": out.flatten(-2) if out.dim() == 4 else out}),
             (attn.v_proj, lambda out: {"v": out})]
@@ -311,8 +318,7 @@ class Rope:
         _check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
         module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
         rotary = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding") and n[0] != "_")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(rotary(config), config.num_key_value_heads, head_dim)
+        return cls(rotary(config), config.num_key_value_heads, _head_dim(config))
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, head_dim] float32 at `positions` [T], on the positions' device."""
@@ -347,11 +353,6 @@ class Rope:
         x1.mul_(c).addcmul_(x2, s, value=-1)  # x1·cos − x2·sin
         x2.mul_(c).addcmul_(old, s)  # x2·cos + x1·sin
         return keys
-
-
-def rope_tables(model: KVModel, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, head_dim] float32 at the given positions, from the model's own rotary module."""
-    return model.rope.tables(positions.to(model.device))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .blend import question_ids
-from .errors import DictionaryMismatch
 from .model import DEFAULT, DEFAULT_NAME, config_fingerprint, default_model_dir
 from .store import Store
 
@@ -58,21 +57,19 @@ class RagPrompts:
         self.store = store if isinstance(store, Store) else Store.open(store)
         path = default_model_dir() if model == DEFAULT else Path(model)
         config = AutoConfig.from_pretrained(path)
-        fp, want = config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name), self.store.attrs["model"]
-        if fp["config_hash"] != want.get("config_hash"):
-            raise DictionaryMismatch(f"{self.store.backend} was encoded with model {want.get('name')}, not {fp['name']}")
+        self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = device
         self._embedder = None
 
     def retrieve(self, question: str, top_k: int) -> list[dict]:
+        from .session import retrieve
+
         if self._embedder is None:
             from .index import Embedder
 
             self._embedder = Embedder(self.store.config.embedder, self.device)
-        q = self._embedder.embed([question])[0]
-        return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
-                for c, s in self.store.search(q, top_k)]
+        return retrieve(self.store, self._embedder, question, top_k)
 
     def request(self, question: str, top_k: int = 4, chunks: list[str] | None = None,
                 answer_prefix: str = "") -> RagRequest:

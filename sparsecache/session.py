@@ -15,7 +15,7 @@ import torch
 
 from .blend import (BlendConfig, Context, Stopwatch, assemble, full_prefill, fuse, greedy_continue, load_cache,
                     question_ids)
-from .errors import ConfigError, DictionaryMismatch
+from .errors import ConfigError
 from .model import KVModel, extract_kv, load_model
 from .store import Store
 
@@ -47,10 +47,7 @@ class Session:
         self.store = store if isinstance(store, Store) else Store.open(store)
         self.device = torch.device(device)
         self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
-        fp, want = self.model.fingerprint(), self.store.attrs["model"]
-        if any(fp.get(k) != want.get(k) for k in ("config_hash", "layers", "m")):
-            raise DictionaryMismatch(f"{self.store.backend} was encoded with model {want.get('name')}, "
-                                     f"not {fp.get('name')}")
+        self.store.check_model(self.model.fingerprint())
         self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
         self._embedder = None
 
@@ -63,9 +60,7 @@ class Session:
         return self._embedder
 
     def retrieve(self, question: str, top_k: int) -> list[dict]:
-        q = self.embedder.embed([question])[0]
-        return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
-                for c, s in self.store.search(q, top_k)]
+        return retrieve(self.store, self.embedder, question, top_k)
 
     def query(self, question: str, top_k: int = 8, method: str = "infoflow", recompute_ratio: float = 0.15,
               max_new_tokens: int = 64, chunks: list[str] | None = None, group_window: int = 8,
@@ -157,6 +152,13 @@ class Session:
             ctx = assemble(prefix, (pk, pv), tokens, kv, self.model)
         ctx.timings_ms = {"bytes_read": sum(len(b) for b in blobs)}
         return ctx
+
+
+def retrieve(store: Store, embedder, question: str, top_k: int) -> list[dict]:
+    """The top_k chunks for `question` (id, doc_id, ordinal, score), best first."""
+    q = embedder.embed([question])[0]
+    return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
+            for c, s in store.search(q, top_k)]
 
 
 def _raw_dir(store: Store) -> Path:

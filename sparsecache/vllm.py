@@ -173,11 +173,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self._stores: dict[int, Store] = {}
-        latest = self._store()  # a missing or unreadable store stops the engine here, not per request
-        fp, want = config_fingerprint(vllm_config.model_config.hf_config, ""), latest.attrs["model"]
-        if (fp["config_hash"], fp["layers"], fp["m"]) != (want.get("config_hash"), want.get("layers"), want.get("m")):
-            raise ValueError(f"SparsecacheConnector: {self.where} was encoded with model {want.get('name')}, "
-                             f"not the model vLLM serves ({vllm_config.model_config.model})")
+        # a missing or unreadable store, or one of another model, stops the engine here, not per request
+        self._store().check_model(config_fingerprint(vllm_config.model_config.hf_config,
+                                                     f"the model vLLM serves ({vllm_config.model_config.model})"))
         # scheduler side
         self._plans: dict[str, LoadSpec] = {}
         self._to_load: dict[str, LoadSpec] = {}

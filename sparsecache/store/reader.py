@@ -15,7 +15,7 @@ import torch
 
 from ..codec import Codec, Codes
 from ..dictionary import Dictionary
-from ..errors import StoreCorrupt, StoreError
+from ..errors import DictionaryMismatch, StoreCorrupt, StoreError
 from ..index import load_index_bytes, search
 from .backend import Backend, open_backend
 from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_strings, root_attrs, store_config,
@@ -168,6 +168,15 @@ class Store:
             bad = [f"{self.manifest.generation}/{a}/{k}" for a in names for k in damaged_chunks(self.group[a])]
             raise StoreCorrupt(f"{self.backend}: {', '.join(bad) or name} unreadable "
                                f"({str(e).splitlines()[0][:80]}); `sparsecache verify` lists all damage") from e
+
+    def check_model(self, fingerprint: dict) -> None:
+        """Raise DictionaryMismatch unless this store was encoded with a model like `fingerprint`."""
+        from ..model import same_model
+
+        want = self.attrs["model"]
+        if not same_model(fingerprint, want):
+            raise DictionaryMismatch(f"{self.backend} was encoded with model {want.get('name')}, "
+                                     f"not {fingerprint.get('name')}")
 
     @property
     def dictionary(self) -> Dictionary:

@@ -22,6 +22,7 @@ from ..dictionary import Dictionary
 from ..errors import ConfigError, DictionaryMismatch, StoreError
 from ..failpoints import failpoint
 from ..index import build_index, index_kind, index_to_bytes
+from ..model import same_model
 from .backend import Backend, open_backend
 from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, StoreConfig, compressors,
                      create_generation, legacy_strings, now, open_group, put, root_attrs, store_config,
@@ -156,10 +157,9 @@ class Writer:
         if a["dictionary"] != dictionary.fingerprint():
             raise DictionaryMismatch(f"{self.backend} was encoded with dictionary {a['dictionary']}; "
                                      f"the one given is {dictionary.fingerprint()} (use the same --dict or a new store)")
-        for key in ("config_hash", "layers", "m") if model_fp else ():
-            if a["model"].get(key) != model_fp.get(key):
-                raise DictionaryMismatch(f"{self.backend} was encoded with model {a['model'].get('name')}, "
-                                         f"not {model_fp.get('name')}")
+        if model_fp and not same_model(model_fp, a["model"]):
+            raise DictionaryMismatch(f"{self.backend} was encoded with model {a['model'].get('name')}, "
+                                     f"not {model_fp.get('name')}")
         stored = store_config(a)
         for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder"):
             if getattr(stored, key) != getattr(config, key):
