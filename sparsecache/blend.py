@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import ConfigError
-from .model import KVModel, kv_cache, qkv_states
+from .model import KVModel, kv_cache, layer_windows, qkv_states
 
 SCORERS = ("a3", "infoflow", "cacheblend")
 METHODS = ("none", *SCORERS, "full", "raw")
@@ -171,13 +171,43 @@ def question_ids(model, question: str, answer_prefix: str = "") -> list[int]:
 
 
 def _rope_fn(model: KVModel):
-    """The model family's own apply_rotary_pos_emb (Llama, Qwen2 and Mistral share its shape)."""
+    """The model family's own apply_rotary_pos_emb (every supported family shares its signature)."""
     return sys.modules[type(model.hf.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
 
 
-def _causal_mask(q_pos: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """bool [1, 1, Q, kv_len]: query at position p sees keys at positions <= p."""
-    return (torch.arange(kv_len, device=q_pos.device)[None, :] <= q_pos[:, None])[None, None]
+def _mask(q_pos: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
+    """bool [1, 1, Q, kv_len]: a query at position p sees keys at positions j <= p (and
+    j > p - window in a sliding-window layer), wherever they sit in the cache."""
+    kv = torch.arange(kv_len, device=q_pos.device)[None, :]
+    seen = kv <= q_pos[:, None]
+    if window is not None:
+        seen &= kv > q_pos[:, None] - window
+    return seen[None, None]
+
+
+def layer_masks(model: KVModel, q_pos: torch.Tensor, kv_len: int) -> list[torch.Tensor]:
+    """Each layer's attention mask for queries at `q_pos` over cache positions 0..kv_len-1,
+    in the form the model's attention takes (boolean for SDPA, additive for eager)."""
+    windows = layer_windows(model.config)
+    masks = {w: _attention_form(model, _mask(q_pos, kv_len, w)) for w in set(windows)}
+    return [masks[w] for w in windows]
+
+
+def _attention_form(model: KVModel, mask: torch.Tensor) -> torch.Tensor:
+    if model.config._attn_implementation != "eager":
+        return mask
+    dtype = model.hf.dtype  # eager adds the mask to the attention logits
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def model_mask(model: KVModel, q_pos: torch.Tensor, kv_len: int):
+    """What the model's forward takes as `attention_mask` for those queries: one mask per
+    layer type where the family has layer types (it then skips building its own), else one."""
+    masks = layer_masks(model, q_pos, kv_len)
+    types = getattr(model.config, "layer_types", None)
+    if types is None:
+        return masks[0]  # one window (or none) for every layer
+    return {t: masks[i] for i, t in enumerate(types[: model.n_layers])}
 
 
 @torch.inference_mode()
@@ -188,20 +218,24 @@ def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int)
     ids = torch.tensor([q_ids], device=model.device)
     pos = torch.arange(S, S + len(q_ids), device=model.device)
     h = hf.embed_tokens(ids)
-    pe = hf.rotary_emb(h, pos[None])
-    mask = _causal_mask(pos, S + len(q_ids))
+    pe = model.rope.embeddings(h, pos[None], layer + 1)
+    masks = layer_masks(model, pos, S + len(q_ids))[:layer]
     try:
-        for block in hf.layers[:layer]:  # appends the question's K/V to layers < `layer`
-            h = block(h, attention_mask=mask, position_ids=pos[None], past_key_values=ctx.cache,
-                      use_cache=True, position_embeddings=pe)
+        for i, block in enumerate(hf.layers[:layer]):  # appends the question's K/V to layers < `layer`
+            h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=ctx.cache,
+                      use_cache=True, position_embeddings=pe[i])
         attn = hf.layers[layer].self_attn
         x = hf.layers[layer].input_layernorm(h)
         q, kq, _ = (t.transpose(1, 2) for t in qkv_states(attn, x))  # (1, nh, Q, D), (1, H, Q, D)
-        q, kq = _rope_fn(model)(q, kq, *pe)
+        q, kq = _rope_fn(model)(q, kq, *pe[layer])
         keys = torch.cat([ctx.cache.layers[layer].keys[:, :, :S], kq], dim=2)  # (1, H, S+Q, D)
         keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # GQA: (1, nh, S+Q, D)
         logits = (q @ keys.transpose(-1, -2)) * attn.scaling  # (1, nh, Q, S+Q)
-        probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+        cap = getattr(attn, "attn_logit_softcapping", None)  # Gemma 2
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        seen = _mask(pos, S + len(q_ids), layer_windows(model.config)[layer])
+        probs = logits.masked_fill(~seen, float("-inf")).softmax(-1)
         return probs[0, :, :, :S].sum((0, 1)).float()
     finally:
         _truncate(ctx.cache, S)
@@ -221,10 +255,11 @@ def value_deviation(ctx: Context, model: KVModel, layer: int = 1) -> torch.Tenso
     hf = model.hf.model
     pos = torch.arange(ctx.length, device=model.device)
     h = hf.embed_tokens(ctx.token_ids[None])
-    pe = hf.rotary_emb(h, pos[None])
-    for block in hf.layers[:layer]:
-        h = block(h, attention_mask=None, position_ids=pos[None], past_key_values=None, use_cache=False,
-                  position_embeddings=pe)
+    pe = model.rope.embeddings(h, pos[None], layer)
+    masks = layer_masks(model, pos, ctx.length)
+    for i, block in enumerate(hf.layers[:layer]):
+        h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=None, use_cache=False,
+                  position_embeddings=pe[i])
     attn = hf.layers[layer].self_attn
     v_full = qkv_states(attn, hf.layers[layer].input_layernorm(h))[2][0].flatten(-2)  # (S, m)
     v_cached = ctx.cache.layers[layer].values[0].transpose(0, 1).flatten(1)  # (S, m)
@@ -296,7 +331,7 @@ def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int
             continue
         limit = int(part[-1]) + 1
         model.hf.model(input_ids=ctx.token_ids[part][None], position_ids=part[None],
-                       attention_mask=_causal_mask(part, limit), past_key_values=_ScatterCache(ctx.cache, part, limit),
+                       attention_mask=model_mask(model, part, limit), past_key_values=_ScatterCache(ctx.cache, part, limit),
                        use_cache=True)
 
 

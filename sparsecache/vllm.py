@@ -331,7 +331,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
                 for spec, groups in plans:
                     if spec.block_ids and not self._failed(spec):
                         try:
-                            self._write(spec, groups(lo, hi), layers[lo:hi])
+                            self._write(spec, groups(lo, hi), layers[lo:hi], lo)
                         except (SparseCacheError, ValueError, OSError, RuntimeError) as e:
                             self._fail(spec, e)
                 for i in range(lo, hi):
@@ -374,11 +374,12 @@ class SparsecacheConnector(KVConnectorBase_V1):
         return group
 
     @torch.inference_mode()
-    def _write(self, spec: LoadSpec, kv: tuple[torch.Tensor, torch.Tensor], layers: list) -> None:
+    def _write(self, spec: LoadSpec, kv: tuple[torch.Tensor, torch.Tensor], layers: list, first_layer: int) -> None:
         """Rotate keys to positions [0, end) and write tokens [start, end) of each layer through
         the backend's own cache update (its layout, whatever it is)."""
         keys, values = kv
-        keys = self.rope.rotate_(keys.float().contiguous(), torch.arange(keys.shape[1], device=keys.device))
+        keys = self.rope.rotate_(keys.float().contiguous(), torch.arange(keys.shape[1], device=keys.device),
+                                 first_layer)
         slots = self._slots(spec, keys.device)
         shape = (-1, self.rope.n_kv_heads, self.rope.head_dim)
         for i, layer in enumerate(layers):

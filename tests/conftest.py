@@ -82,12 +82,13 @@ def eager_attention_mass(model, ctx, q_ids: list[int], layer: int) -> torch.Tens
     """The reference for the scorers: the model's own eager attention weights of the question
     over the context at `layer`, summed over question tokens and heads (float [S])."""
     S = ctx.length
+    was = model.config._attn_implementation
     model.hf.set_attn_implementation("eager")
     try:
         out = model.hf(input_ids=torch.tensor([q_ids]), position_ids=torch.arange(S, S + len(q_ids))[None],
                        past_key_values=ctx.cache, output_attentions=True)
     finally:
-        model.hf.set_attn_implementation("sdpa")
+        model.hf.set_attn_implementation(was)
     return out.attentions[layer][0, :, :, :S].sum((0, 1))
 
 

@@ -26,12 +26,24 @@ def _tokenizer():
     return AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+# Sliding-window families: a window shorter than check-model's ~100-token context, so the
+# window really cuts (layer 0 slides, layer 1 sees everything); Gemma 2's soft caps low enough
+# to bend a random model's logits; Gemma 3's two RoPE tables differ in base and scaling, as in
+# the real models.
+GEMMA2 = dict(sliding_window=24, query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
+              initializer_range=0.3)
+GEMMA3 = dict(sliding_window=24, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}})
+CONFIG_CLASS = {"Gemma3": "Gemma3TextConfig"}  # Gemma 3's text-only model (1B, or any size's text tower)
+
+
 def tiny(family: str, out: Path, **extra) -> Path:
     """A random 2-layer model of `family` saved with the default model's tokenizer."""
     import transformers
 
     tok = _tokenizer()
-    config_cls = getattr(transformers, f"{family}Config")
+    config_cls = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))
     model_cls = getattr(transformers, f"{family}ForCausalLM")
     torch.manual_seed(0)
     model_cls(config_cls(vocab_size=len(tok), **SMALL, **extra)).save_pretrained(out)
@@ -48,7 +60,11 @@ def tiny(family: str, out: Path, **extra) -> Path:
     ("Mistral", {}),
     ("Phi3", {}),
     ("Phi3", {"partial_rotary_factor": 0.5}),
-], ids=["llama", "llama3-rope", "qwen2", "qwen3", "mistral", "phi3", "phi3-partial-rotary"])
+    ("Mistral", {"sliding_window": 24}),
+    ("Gemma2", GEMMA2),
+    ("Gemma3", GEMMA3),
+], ids=["llama", "llama3-rope", "qwen2", "qwen3", "mistral", "phi3", "phi3-partial-rotary", "mistral-window",
+        "gemma2", "gemma3"])
 def test_supported_families_pass_every_check(tmp_path, family, extra):
     result = check_model(load_model(str(tiny(family, tmp_path / family, **extra))))
     assert [c.name for c in result.checks] == ["capture", "recompute-all", "single-chunk"]
@@ -68,9 +84,38 @@ def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path, monk
     assert capture.name == "capture" and not capture.passed and capture.error > 1e-2
 
 
+@pytest.mark.parametrize("family, extra", [("Gemma2", GEMMA2), ("Gemma3", GEMMA3), ("Mistral", {"sliding_window": 24})],
+                         ids=["gemma2", "gemma3", "mistral-window"])
+def test_ignoring_sliding_windows_fails_recompute_all(tmp_path, family, extra, monkeypatch):
+    """Recomputation must apply each layer's window at global positions; without it the
+    assembled context attends further back than the model ever does, and the check sees it."""
+    import sparsecache.blend as blend
+
+    model = load_model(str(tiny(family, tmp_path / family, **extra)))
+    monkeypatch.setattr(blend, "layer_windows", lambda config: [None] * config.num_hidden_layers)
+    capture, assembled, _ = check_model(model).checks
+    assert capture.passed and not assembled.passed and assembled.error > 1e-2
+
+
+def test_gemma3_needs_one_rope_table_per_layer_type(tmp_path, monkeypatch):
+    """Gemma 3's sliding layers rotate with a local base, its full layers with a scaled global
+    one; rotating every layer with one table puts keys at the wrong angles."""
+    import dataclasses
+
+    from sparsecache.model import KVModel
+
+    model = load_model(str(tiny("Gemma3", tmp_path / "gemma3", **GEMMA3)))
+    assert model.rope.layer_types == ("sliding_attention", "full_attention")
+    one_table = KVModel.rope.fget
+    monkeypatch.setattr(KVModel, "rope", property(
+        lambda self: dataclasses.replace(one_table(self), layer_types=("full_attention",) * 2)))
+    capture = check_model(model).checks[0]
+    assert not capture.passed and capture.error > 1e-2
+
+
 def test_other_families_are_refused_in_one_line(tmp_path):
-    with pytest.raises(ModelError, match="unsupported architecture 'gemma2'"):
-        load_model(str(tiny("Gemma2", tmp_path / "gemma2")))
+    with pytest.raises(ModelError, match="unsupported architecture 'gpt_neox'"):
+        load_model(str(tiny("GPTNeoX", tmp_path / "gpt_neox")))
 
 
 def test_the_gate_runs_once_per_fingerprint_and_refuses_a_failing_model(tiny_model, monkeypatch):
@@ -95,8 +140,8 @@ def test_check_model_cli(tiny_model_dir, tmp_path):
     assert "ok   capture" in r.output and r.output.strip().endswith("passed")
     r = CliRunner().invoke(cli, ["check-model", str(tiny_model_dir), "--json"])
     assert json.loads(r.stdout)["passed"] is True
-    r = CliRunner().invoke(cli, ["check-model", str(tiny("Gemma2", tmp_path / "g2"))])
-    assert r.exit_code == 1 and "unsupported architecture 'gemma2'" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["check-model", str(tiny("GPTNeoX", tmp_path / "neox"))])
+    assert r.exit_code == 1 and "unsupported architecture 'gpt_neox'" in r.output and "Traceback" not in r.output
 
 
 def test_encode_corpus_refuses_a_model_that_fails_the_check(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir,

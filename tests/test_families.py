@@ -1,5 +1,7 @@
-"""The query path on the families whose K/V capture differs from Llama's: Qwen3 (k_norm) and
-Phi-3 (fused qkv_proj; full and partial rotary), tiny random models built from their config classes."""
+"""The query path on the families whose K/V capture or attention differs from Llama's: Qwen3
+(k_norm), Phi-3 (fused qkv_proj; full and partial rotary), Gemma 2 (sliding-window layers,
+attention soft-capping, scaled embeddings) and Gemma 3 (sliding-window layers, k_norm, one RoPE
+table per layer type); tiny random models built from their config classes."""
 
 import pytest
 import torch
@@ -8,17 +10,18 @@ from conftest import eager_attention_mass, unit_atoms, write_corpus
 from sparsecache.blend import assemble, attention_scores, question_ids, value_deviation
 from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
-from test_check_model import tiny
+from test_check_model import GEMMA2, GEMMA3, tiny
 
 QUESTION = "What does the statement do?"
 
 
-@pytest.fixture(scope="module", params=[("Qwen3", {}), ("Phi3", {}), ("Phi3", {"partial_rotary_factor": 0.5})],
-                ids=["qwen3", "phi3", "phi3-partial-rotary"])
+@pytest.fixture(scope="module", params=[("Qwen3", {}), ("Phi3", {}), ("Phi3", {"partial_rotary_factor": 0.5}),
+                                        ("Gemma2", GEMMA2), ("Gemma3", GEMMA3)],
+                ids=["qwen3", "phi3", "phi3-partial-rotary", "gemma2", "gemma3"])
 def model(request, tmp_path_factory):
     family, extra = request.param
     m = load_model(str(tiny(family, tmp_path_factory.mktemp(family), **extra)))
-    if extra:  # the partial path is really taken: tables cover half of each 16-dim head
+    if extra.get("partial_rotary_factor"):  # the partial path is really taken: tables cover half of each 16-dim head
         assert m.rope.tables(torch.arange(3))[0].shape[-1] == 8
     return m
 
@@ -63,3 +66,17 @@ def test_encode_store_query_end_to_end(model, embedder, tmp_path):
         torch.testing.assert_close(got, full, atol=2e-4, rtol=1e-4)
     a = s.query(QUESTION, top_k=2, method="infoflow", max_new_tokens=4)
     assert len(a.chunks) == 2 and a.timings_ms["ttft"] > 0
+
+
+def test_rope_from_the_config_alone_rotates_as_the_model(model):
+    """vLLM's worker has the config, not the HF model: its Rope must rotate every layer as the
+    model's own, in place or not, for a group of layers starting anywhere (Gemma 3's tables differ by layer)."""
+    from sparsecache.model import Rope
+
+    keys = torch.randn(model.n_layers, 7, model.m)
+    pos = torch.arange(40, 47)
+    want = model.rope.rotate(keys, pos)
+    alone = Rope.for_config(model.config)
+    torch.testing.assert_close(alone.rotate(keys, pos), want)
+    torch.testing.assert_close(alone.rotate_(keys.clone(), pos), want)
+    torch.testing.assert_close(alone.rotate_(keys[1:].clone(), pos, first_layer=1), want[1:])
