@@ -28,7 +28,7 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, layers, device, 
 
     On a GPU it also times every torch formulation (GEMM correlations in fp32/fp16/bf16,
     Gram-row Batch-OMP) and the fused CPU kernel on the same machine."""
-    from sparsecache.benchmark import bench_omp
+    from sparsecache.bench.suite import bench_omp
 
     r = bench_omp(dict_path, atoms, sparsity, count, sklearn_n, kind, resolve_device(device), layers)
     forms = [f"  {name:<20} {f['vectors_per_s']:>12,.0f} signals/s  batch {f['batch']:>5}  "
@@ -57,7 +57,7 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, layers, device, 
 def decode_cmd(store_path, n_chunks, device, as_json):
     """Decode speed of retrieved chunks (unpack + embedding_bag, codes already on the device)
     against a device-to-device copy of the same bytes."""
-    from sparsecache.benchmark import bench_decode
+    from sparsecache.bench.suite import bench_decode
 
     r = bench_decode(store_path, n_chunks, resolve_device(device))
     emit(r, as_json, [
@@ -88,7 +88,7 @@ def index_coding_lines(ic: dict) -> list[str]:
 def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
     """Encode throughput (and where the time goes), then reading chunks' codes from the store vs
     their raw fp16 KV from one .safetensors file per chunk (TurboRAG/LMCache style), warm and cold."""
-    from sparsecache.benchmark import bench_store
+    from sparsecache.bench.suite import bench_store
 
     r = bench_store(workdir, n_chunks, repeats, resolve_device(device), min_tokens)
     e = r["encode"]
@@ -121,7 +121,7 @@ def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
 def passkey_cmd(workdir, trials, k, keys, tokens_per_chunk, plot, device, as_json):
     """Needle accuracy and TTFT of full / raw / none / a3 / infoflow / cacheblend at several
     recompute ratios, on the same seeded trials."""
-    from sparsecache.benchmark import bench_passkey, plot_passkey
+    from sparsecache.bench.suite import bench_passkey, plot_passkey
 
     r = bench_passkey(workdir, trials, k, keys, tokens_per_chunk, resolve_device(device))
     if plot:
@@ -142,7 +142,7 @@ def passkey_cmd(workdir, trials, k, keys, tokens_per_chunk, plot, device, as_jso
 @library_errors
 def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
     """TTFT breakdown of full / raw / none / a3 / infoflow / cacheblend (r = 0.15) vs chunk count."""
-    from sparsecache.benchmark import bench_ttft, plot_ttft
+    from sparsecache.bench.suite import bench_ttft, plot_ttft
     from sparsecache.session import STEPS
 
     r = bench_ttft(store_path, tuple(int(k) for k in ks.split(",")), repeats, resolve_device(device), cold)
@@ -190,7 +190,7 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
     Quality results are cached per method under the user cache, so a re-run only evaluates
     what is new; dictionaries missing from dictionaries/ and the cache are learned first.
     """
-    from sparsecache.frontier import SPARSE_CONFIGS, FrontierConfig, plot_frontier, run_frontier
+    from sparsecache.bench.frontier import SPARSE_CONFIGS, FrontierConfig, plot_frontier, run_frontier
     from sparsecache.model import load_model
 
     parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or SPARSE_CONFIGS

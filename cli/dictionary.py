@@ -93,7 +93,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     tokens scored with the exact vs the reconstructed context.
     """
     from sparsecache.dictionary import Dictionary, dictionary_dir
-    from sparsecache.evaluate import EvalConfig, evaluate_dictionary
+    from sparsecache.bench.evaluate import EvalConfig, evaluate_dictionary
     from sparsecache.model import load_model
 
     d = Dictionary.load(dictionary)

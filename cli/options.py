@@ -35,12 +35,13 @@ def resolve_device(name: str) -> str:
 
 
 def library_errors(f):
-    """Turn the library's named errors into one line on stderr and exit code 1."""
+    """Turn the library's named errors into one line on stderr and exit code 1. Anything
+    else is a bug and keeps its traceback."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         try:
             return f(*args, **kwargs)
-        except (SparseCacheError, ValueError) as e:
+        except SparseCacheError as e:
             raise click.ClickException(str(e)) from None
         except _object_store_errors() as e:  # unreachable endpoint, bad credentials, no bucket
             raise click.ClickException(f"object storage: {str(e).splitlines()[0][:300]}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
-from sparsecache.blend import METHODS
+from sparsecache.query_config import METHODS, ORDERS
 
 
 @click.command("query")
@@ -24,24 +24,27 @@ from sparsecache.blend import METHODS
               "infoflow 3/4 of the depth).")
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--chunks", "chunk_list", default=None, help="Comma-separated chunk ids: skip retrieval.")
-@click.option("--order", type=click.Choice(["given", "reverse"]), default="given", show_default=True,
+@click.option("--order", type=click.Choice(ORDERS), default="given", show_default=True,
               help="Context order: best chunk first, or best chunk next to the question.")
+@click.option("--compare", is_flag=True,
+              help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
 @device_option
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, model_path, device, as_json):
+              max_new_tokens, chunk_list, order, compare, model_path, device, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
     """
+    from sparsecache.query_config import QueryConfig
     from sparsecache.session import Session
 
+    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order)
     s = Session(store, model_path, resolve_device(device))
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
-    a = s.query(question, top_k, method, recompute_ratio, max_new_tokens, chunks, group_window, group_min,
-                score_layer, order)
+    a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
     t = a.timings_ms
     lines = [a.answer, "", "chunks:"]
     lines += [f"  {c['id']}  {c['doc_id']}#{c['ordinal']}" + (f"  {c['score']:.3f}" if c["score"] is not None else "")
@@ -50,4 +53,12 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
                   f"{a.recomputed_tokens} recomputed, {a.bytes_read:,} bytes read):",
               "  " + "  ".join(f"{k} {t[k]:.1f}" for k in t if k not in ("ttft", "generate")),
               f"  then {t['generate']:.1f} ms to generate the rest"]
-    emit(a.to_dict(), as_json, lines)
+    result = a.to_dict()
+    if compare:
+        ref = s.query(question, cfg, method="full", chunks=[c["id"] for c in a.chunks], max_new_tokens=max_new_tokens)
+        same = ref.answer == a.answer
+        result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same}
+        lines += ["", f"full prefill of the same chunks (no cache), TTFT {ref.timings_ms['ttft']:.1f} ms:", ref.answer,
+                  "same answer as full prefill: " + ("yes" if same else "no"),
+                  f"TTFT {ref.timings_ms['ttft'] / t['ttft']:.1f}x lower than full prefill" if t["ttft"] else ""]
+    emit(result, as_json, lines)

@@ -26,8 +26,8 @@ import torch
 
 from sparsecache.codec import coefficient_roundtrip
 from sparsecache.dictionary import Dictionary, default_dictionary
-from sparsecache.evaluate import EvalConfig, fidelity, passages
-from sparsecache.frontier import Coder, FrontierConfig
+from sparsecache.bench.evaluate import EvalConfig, fidelity, passages
+from sparsecache.bench.frontier import Coder, FrontierConfig
 from sparsecache.model import extract_kv, load_model
 from sparsecache.omp import batch_omp, gram, reconstruct
 from sparsecache.signals import from_signals, to_signals

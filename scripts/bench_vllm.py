@@ -14,7 +14,7 @@
     OMP_NUM_THREADS=2 python scripts/bench_vllm.py --store W/store --corpus W/corpus --passkey W/passkey \
         --out docs/benchmarks/vllm-cpu.json --plot docs/vllm.png
 
-(W/corpus: `python -c "from sparsecache.benchmark import bench_corpus; bench_corpus('W/corpus')"`.)
+(W/corpus: `python -c "from sparsecache.bench.suite import bench_corpus; bench_corpus('W/corpus')"`.)
 The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess. Each TTFT is
 the median of --repeats single-request `generate(max_tokens=1)` calls after one warm-up.
 """
@@ -50,7 +50,7 @@ def ensure_stores(store: Path, corpus: Path, work: Path, trials: int, k: int) ->
     from transformers import AutoTokenizer
 
     from sparsecache.model import default_model_dir
-    from sparsecache.passkey import make_task
+    from sparsecache.bench.passkey import make_task
 
     if not (work / "trials.json").exists():
         make_task(AutoTokenizer.from_pretrained(default_model_dir()), work, trials, k, 200, 1)
@@ -158,7 +158,7 @@ def ttft_table(llm, store, ks, repeats) -> tuple[list[dict], dict]:
 def needle_accuracy(llm, store: Path, work: Path, tails_auto_ratio: float) -> list[dict]:
     """Every configuration on the same passkey trials; tail-auto leaves the same fraction of the
     context to vLLM as the closed-form split chose at k = 8."""
-    from sparsecache.passkey import ANSWER_PREFIX, load_trials
+    from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
     from sparsecache.serving import RagPrompts
 
     rag = RagPrompts(store)

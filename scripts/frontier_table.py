@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sparsecache.frontier import INDEX_NAMES
+from sparsecache.bench.frontier import INDEX_NAMES
 
 
 def _num(x) -> str:

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sparsecache.benchmark import bench_corpus
+from sparsecache.bench.suite import bench_corpus
 from sparsecache.dictionary import Dictionary, default_dictionary
 from sparsecache.encoder import encode_corpus
 from sparsecache.model import load_model

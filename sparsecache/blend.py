@@ -23,44 +23,17 @@ cached ones layer by layer (A³ Eqs. 4-5). With r = 1 that is exactly a full pre
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from .errors import ConfigError
+from .query_config import SCORERS, QueryConfig
 from .model import KVModel, kv_cache, layer_windows, qkv_states
+from .generate import prefill
+from .stopwatch import Stopwatch
 
-SCORERS = ("a3", "infoflow", "cacheblend")
-METHODS = ("none", *SCORERS, "full", "raw")
 QUESTION_MARKER = "\u2063Q\u2063"
-
-
-@dataclass(frozen=True)
-class BlendConfig:
-    """How a query fuses retrieved chunks; validated on construction."""
-
-    method: str = "infoflow"  # measured best on the needle tasks (BENCHMARKS.md)
-    recompute_ratio: float = 0.15
-    group_window: int = 8  # CacheClip grouping; 1 turns it off
-    group_min: int = 0  # 0: whole windows by score mass up to the budget; M > 0: CacheClip's >= M rule
-    score_layer: int | None = None  # None: a3/cacheblend layer 1, infoflow 3/4 of the depth
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        if not 0.0 <= self.recompute_ratio <= 1.0:
-            raise ConfigError(f"--recompute-ratio must be in [0, 1], got {self.recompute_ratio}")
-        if self.group_window < 1 or (self.group_window > 1 and not 0 <= self.group_min <= self.group_window):
-            raise ConfigError(f"need 0 <= --group-min ({self.group_min}) <= --group-window ({self.group_window})")
-
-    def layer(self, n_layers: int) -> int:
-        if self.score_layer is not None:
-            if not 0 <= self.score_layer < n_layers:
-                raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
-            return self.score_layer
-        return (3 * n_layers) // 4 if self.method == "infoflow" else min(1, n_layers - 1)
 
 
 @dataclass
@@ -76,33 +49,6 @@ class Context:
     @property
     def length(self) -> int:
         return int(self.token_ids.shape[0])
-
-
-class Stopwatch(dict):
-    """Milliseconds per named step; synchronises CUDA so a step's time is its own."""
-
-    def __init__(self, device):
-        super().__init__()
-        self.device = torch.device(device)
-
-    def step(self, name: str):
-        watch = self
-
-        class _Step:
-            def __enter__(self):
-                _sync(watch.device)
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                _sync(watch.device)
-                watch[name] = watch.get(name, 0.0) + 1e3 * (time.perf_counter() - self.t)
-
-        return _Step()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------- assembly
@@ -124,29 +70,19 @@ def assemble(prefix_ids: list[int], prefix_kv: tuple[torch.Tensor, torch.Tensor]
     return Context(kv_cache(keys, values, model), tokens, len(prefix_ids), spans)
 
 
-def load_cache(store, chunk_ids: list[str], model: KVModel, device=None, order: str = "given") -> Context:
-    """The store's prefix and chunks (decoded on `device`) assembled into a DynamicCache.
+def load_cache(store, chunk_ids: list[str], model: KVModel, device=None) -> Context:
+    """The store's prefix and chunks (decoded on `device`, in the order given) in a DynamicCache.
 
-    `order` is "given" (first id first) or "reverse" (first id closest to the question).
-    `Context.timings_ms` has read (disk → CPU), transfer (CPU → device) and reconstruct
+    `Context.timings_ms` has read (storage → host), transfer (host → device) and reconstruct
     (unpack + gather + weighted sum + RoPE) times, and `bytes_read`.
     """
-    if order not in ("given", "reverse"):
-        raise ConfigError(f"order must be 'given' or 'reverse', got {order!r}")
-    ids = list(chunk_ids)[::-1] if order == "reverse" else list(chunk_ids)
     dev = torch.device(device) if device is not None else model.device
     watch = Stopwatch(dev)
     with watch.step("read"):
-        codes = store.read_codes(ids)
+        codes = store.read_codes(list(chunk_ids))
         prefix_ids, pk, pv = store.prefix()
-    with watch.step("transfer"):
-        parts = [torch.from_numpy(x).to(dev, non_blocking=True)
-                 for x in (codes.k.indices, codes.k.coefficients, codes.v.indices, codes.v.coefficients)]
+    pieces = store.decode_codes(codes, dev, watch)
     with watch.step("reconstruct"):
-        codec = store.codec()
-        k = codec.decode((parts[0], parts[1]), "k", dev)  # (L, T, m)
-        v = codec.decode((parts[2], parts[3]), "v", dev)
-        pieces = list(zip(k.split(codes.lengths, 1), v.split(codes.lengths, 1)))
         tokens = [t.tolist() for t in torch.from_numpy(codes.tokens).split(codes.lengths)]
         ctx = assemble(prefix_ids, (pk, pv), tokens, pieces, model)
     ctx.timings_ms = dict(watch, bytes_read=int(codes.nbytes))
@@ -297,7 +233,7 @@ def select(scores: torch.Tensor, ctx: Context, ratio: float, window: int = 1, mi
     return (torch.nonzero(keep).flatten() + P).sort().values
 
 
-# ---------------------------------------------------------------- recomputation and generation
+# ---------------------------------------------------------------- recomputation
 
 
 class _ScatterCache(DynamicCache):
@@ -335,13 +271,13 @@ def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int
                        use_cache=True)
 
 
-def fuse(ctx: Context, q_ids: list[int], cfg: BlendConfig, model: KVModel,
+def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
          watch: Stopwatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Score, select and recompute per `cfg`, then prefill the question: (next-token logits,
     recomputed positions). `none` (and `raw`) only prefill; `full` is not a fusion."""
     watch = watch if watch is not None else Stopwatch(model.device)
     positions = torch.zeros(0, dtype=torch.long)
-    if cfg.method in SCORERS and cfg.recompute_ratio > 0:
+    if cfg.recomputes:
         with watch.step("select"):
             layer = cfg.layer(model.n_layers)
             scores = value_deviation(ctx, model, layer) if cfg.method == "cacheblend" else \
@@ -350,46 +286,5 @@ def fuse(ctx: Context, q_ids: list[int], cfg: BlendConfig, model: KVModel,
         with watch.step("recompute"):
             recompute(ctx, positions, model)
     with watch.step("prefill"):
-        logits = prefill(ctx, q_ids, model)
+        logits = prefill(ctx.cache, q_ids, model)
     return logits, positions
-
-
-@torch.inference_mode()
-def prefill(ctx: Context, q_ids: list[int], model: KVModel) -> torch.Tensor:
-    """Run the question through the model after the context; float32 logits [vocab] of the next token."""
-    S = ctx.length
-    ids = torch.tensor([q_ids], device=model.device)
-    pos = torch.arange(S, S + len(q_ids), device=model.device)[None]
-    out = model.hf(input_ids=ids, position_ids=pos, past_key_values=ctx.cache, use_cache=True,
-                   logits_to_keep=1)
-    return out.logits[0, -1].float()
-
-
-@torch.inference_mode()
-def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, DynamicCache]:
-    """Logits [vocab] after the whole sequence and its cache: the no-reuse baseline."""
-    ids = torch.tensor([token_ids], device=model.device)
-    out = model.hf(input_ids=ids, use_cache=True, logits_to_keep=1)
-    return out.logits[0, -1].float(), out.past_key_values
-
-
-@torch.inference_mode()
-def greedy_continue(first_token: int, cache: DynamicCache, position: int, model: KVModel,
-                    max_new_tokens: int, until=None) -> list[int]:
-    """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS, or
-    once `until(tokens so far)` is true."""
-    eos = set(_eos_ids(model))
-    out = [first_token]
-    while len(out) < max_new_tokens and out[-1] not in eos and not (until and until(out)):
-        ids = torch.tensor([[out[-1]]], device=model.device)
-        pos = torch.tensor([[position + len(out) - 1]], device=model.device)
-        logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
-        out.append(int(logits[0, -1].argmax()))
-    return [t for t in out if t not in eos]
-
-
-def _eos_ids(model: KVModel) -> list[int]:
-    eos = model.hf.generation_config.eos_token_id
-    if eos is None:
-        eos = model.tokenizer.eos_token_id
-    return list(eos) if isinstance(eos, (list, tuple)) else [eos]

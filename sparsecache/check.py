@@ -71,7 +71,8 @@ def _sample_ids(model: KVModel, tokens: int) -> list[int]:
 @torch.inference_mode()
 def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
     """Run checks (a) to (c) on `model` (see the module docstring)."""
-    from .blend import assemble, full_prefill, prefill, question_ids, recompute
+    from .blend import assemble, question_ids, recompute
+    from .generate import full_prefill, prefill
 
     ids = _sample_ids(model, tokens)
     prefix = default_prefix_ids(model)
@@ -96,11 +97,11 @@ def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
     recompute(ctx, torch.arange(len(prefix), ctx.length, device=model.device), model)
     full, _ = full_prefill(prefix + [t for c in chunks for t in c] + q, model)
     assembled = Check("recompute-all", "per-chunk K/V at global positions, ratio 1.0, equals full prefill",
-                      _rel(prefill(ctx, q, model), full))
+                      _rel(prefill(ctx.cache, q, model), full))
 
     one = assemble(prefix, prefix_kv, chunks[:1], chunk_kv[:1], model)
     single = Check("single-chunk", "one chunk's K/V after the prefix, ratio 0, equals full prefill",
-                   _rel(prefill(one, q, model), full_prefill(prefix + chunks[0] + q, model)[0]))
+                   _rel(prefill(one.cache, q, model), full_prefill(prefix + chunks[0] + q, model)[0]))
     return ModelCheck(model.name, model.fingerprint(), [capture, assembled, single])
 
 

@@ -17,6 +17,7 @@ import torch
 
 from .bitpack import (ef_row_bytes, pack_rows, pack_sorted_rows, row_bytes, unpack_rows_torch,
                       unpack_sorted_rows_torch)
+from .errors import ConfigError
 from .dictionary import Dictionary
 from .omp import batch_omp, gram, reconstruct
 from .signals import from_signals, to_signals
@@ -55,7 +56,7 @@ def coefficient_roundtrip(coef: torch.Tensor, fmt: str) -> torch.Tensor:
         return torch.round(coef / scale).clamp(-127, 127) * scale
     if fmt == "float8":
         return to_e4m3(coef).float()
-    raise ValueError(f"coefficient format must be one of {', '.join(COEF_FORMATS)}, got {fmt!r}")
+    raise ConfigError(f"coefficient format must be one of {', '.join(COEF_FORMATS)}, got {fmt!r}")
 
 
 @dataclass
@@ -75,9 +76,9 @@ class Codec:
 
     def __init__(self, dictionary: Dictionary, coef_dtype: str = "float16", device="cpu", indices: str = "packed"):
         if coef_dtype not in COEF_DTYPES:
-            raise ValueError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}, got {coef_dtype!r}")
+            raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}, got {coef_dtype!r}")
         if indices not in INDEX_CODINGS:
-            raise ValueError(f"index coding must be one of {', '.join(INDEX_CODINGS)}, got {indices!r}")
+            raise ConfigError(f"index coding must be one of {', '.join(INDEX_CODINGS)}, got {indices!r}")
         self.dictionary = dictionary
         self.config = dictionary.config
         self.coef_dtype = COEF_DTYPES[coef_dtype]

@@ -7,16 +7,19 @@ greedy generation. The same object answers many queries, so latency is steady-st
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .blend import (BlendConfig, Context, Stopwatch, assemble, full_prefill, fuse, greedy_continue, load_cache,
-                    question_ids)
+from .blend import Context, assemble, fuse, load_cache, question_ids
 from .errors import ConfigError
+from .generate import full_prefill, greedy_continue
 from .model import KVModel, extract_kv, load_model
+from .query_config import QueryConfig
+from .stopwatch import Stopwatch
 from .store import Store
 
 STEPS = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
@@ -62,12 +65,12 @@ class Session:
     def retrieve(self, question: str, top_k: int) -> list[dict]:
         return retrieve(self.store, self.embedder, question, top_k)
 
-    def query(self, question: str, top_k: int = 8, method: str = "infoflow", recompute_ratio: float = 0.15,
-              max_new_tokens: int = 64, chunks: list[str] | None = None, group_window: int = 8,
-              group_min: int = 0, score_layer: int | None = None, order: str = "given",
-              answer_prefix: str = "") -> Answer:
-        """Answer `question` from the top_k retrieved chunks (or the given chunk ids)."""
-        cfg = BlendConfig(method, recompute_ratio, group_window, group_min, score_layer)
+    def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = 8,
+              chunks: list[str] | None = None, max_new_tokens: int = 64, answer_prefix: str = "",
+              **changes) -> Answer:
+        """Answer `question` from the top_k retrieved chunks (or the given chunk ids), fused as
+        `config` says; keyword `changes` override its fields (`method="none"`, `order="reverse"`)."""
+        cfg = dataclasses.replace(config or QueryConfig(), **changes)
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
         watch = Stopwatch(self.device)
@@ -79,7 +82,7 @@ class Session:
         if not ids:
             raise ConfigError("nothing to answer from: the store returned no chunks" if chunks is None
                               else "--chunks is empty")
-        if order == "reverse":
+        if cfg.order == "reverse":
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
         self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
@@ -92,7 +95,7 @@ class Session:
             tokens = greedy_continue(first, cache, position, self.model, max_new_tokens)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        return Answer(text, hits, timings, recomputed, nbytes, ctx_len, method, logits)
+        return Answer(text, hits, timings, recomputed, nbytes, ctx_len, cfg.method, logits)
 
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
@@ -101,7 +104,7 @@ class Session:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)
 
-    def _first_logits(self, ids: list[str], q_ids: list[int], cfg: BlendConfig, watch: Stopwatch):
+    def _first_logits(self, ids: list[str], q_ids: list[int], cfg: QueryConfig, watch: Stopwatch):
         """(next-token logits, cache, next position, context tokens, recomputed tokens, bytes read)."""
         if cfg.method == "full":
             with watch.step("read"):

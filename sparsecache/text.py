@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TextError
+from .errors import ConfigError, TextError
 
 BUILTIN = "builtin"
 _HELDOUT_PERCENT = 10
@@ -35,7 +35,7 @@ def builtin_documents(split: str = "train") -> list[Document]:
     `split` is "train", "heldout" or "all"; the split is by document name and never changes.
     """
     if split not in ("train", "heldout", "all"):
-        raise ValueError(f"unknown split {split!r}")
+        raise ConfigError(f"unknown split {split!r} (train, heldout or all)")
     docs = _pydoc_topics() + _stdlib_docstrings()
     if split == "all":
         return docs

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsecache.baselines import CrossLayerSVD, Fp8, Fp16, Kivi, LayerSVD, default_baselines
+from sparsecache.bench.baselines import CrossLayerSVD, Fp8, Fp16, Kivi, LayerSVD, default_baselines
 
 
 def kivi_reference(x: np.ndarray, bits: int, group: int, kind: str) -> np.ndarray:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import eager_attention_mass
-from sparsecache.blend import (BlendConfig, Context, attention_scores, load_cache, question_ids, select)
+from sparsecache.blend import Context, attention_scores, load_cache, question_ids, select
+from sparsecache.query_config import QueryConfig
 from sparsecache.errors import ConfigError
 from sparsecache.session import Session
 
@@ -68,6 +69,21 @@ def test_chunk_order_is_respected(session, chunk_ids):
     torch.testing.assert_close(rev, full)
 
 
+def test_the_query_cache_holds_the_stores_decoded_kv(session, chunk_ids, tiny_model):
+    """One decode path: the context a query assembles is Store.load_kv's K/V, rotated where
+    each chunk lands, bit for bit."""
+    ctx = load_cache(session.store, chunk_ids, tiny_model)
+    prefix, pk, pv = session.store.prefix()
+    kv = session.store.load_kv(chunk_ids)
+    keys = torch.cat([pk] + [k for k, _ in kv], 1)
+    values = torch.cat([pv] + [v for _, v in kv], 1)
+    keys = tiny_model.rope.rotate_(keys.float(), torch.arange(keys.shape[1]))
+    for layer in range(tiny_model.n_layers):
+        cached = ctx.cache.layers[layer]
+        assert torch.equal(cached.keys[0].transpose(0, 1).flatten(1), keys[layer])
+        assert torch.equal(cached.values[0].transpose(0, 1).flatten(1), values[layer].float())
+
+
 def test_cache_plugs_into_generate(session, chunk_ids, tiny_model):
     ctx = load_cache(session.store, chunk_ids, tiny_model)
     q = question_ids(tiny_model, QUESTION)
@@ -120,10 +136,12 @@ def test_budgeted_grouping_takes_the_windows_with_most_score():
 
 def test_config_is_validated():
     with pytest.raises(ConfigError, match="--method"):
-        BlendConfig("magic")
+        QueryConfig("magic")
     with pytest.raises(ConfigError, match="recompute-ratio"):
-        BlendConfig("a3", 1.5)
+        QueryConfig("a3", 1.5)
     with pytest.raises(ConfigError, match="group-min"):
-        BlendConfig("a3", 0.1, 4, 5)
-    assert BlendConfig("a3", 0.1, 1, 5).group_window == 1  # grouping off: M is ignored
-    assert BlendConfig("infoflow").layer(30) == 22 and BlendConfig("a3").layer(30) == 1
+        QueryConfig("a3", 0.1, 4, 5)
+    with pytest.raises(ConfigError, match="--order"):
+        QueryConfig(order="sideways")
+    assert QueryConfig("a3", 0.1, 1, 5).group_window == 1  # grouping off: M is ignored
+    assert QueryConfig("infoflow").layer(30) == 22 and QueryConfig("a3").layer(30) == 1

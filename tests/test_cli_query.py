@@ -31,6 +31,12 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     r = run(cli, base + ["--chunks", ids, "--method", "full"])
     assert r.exit_code == 0, r.output
     assert "TTFT" in r.output and "(full," in r.output and "0 recomputed" in r.output
+    r = run(cli, base + ["--chunks", ids, "--method", "full", "--compare", "--json"])  # full against itself
+    ref = json.loads(r.stdout)["full_prefill"]
+    assert ref["same_answer"] is True and ref["answer"] == json.loads(r.stdout)["answer"]
+    r = run(cli, base + ["--chunks", ids, "--method", "none", "--compare"])
+    assert r.exit_code == 0 and "full prefill of the same chunks" in r.output
+    assert "same answer as full prefill: yes" in r.output or "same answer as full prefill: no" in r.output
 
     r = run(cli, base + ["--chunks", "nope"])
     assert r.exit_code == 1 and "no live chunk 'nope'" in r.output
@@ -38,3 +44,36 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     assert r.exit_code == 1 and "--recompute-ratio must be in [0, 1]" in r.output
     r = run(cli, ["query", str(store), "q", "--device", "cpu"])  # the default model is not the tiny one
     assert r.exit_code == 1 and "was encoded with model" in r.output
+
+
+def test_a_bug_keeps_its_traceback_and_a_library_error_is_one_line(tmp_path, monkeypatch):
+    """The error boundary turns the library's own errors into one line, never a real bug:
+    a bare ValueError from inside the library must reach the user with its traceback."""
+    import sparsecache.session as session
+    from sparsecache.errors import StoreError
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(session, "Session", broken)
+    r = CliRunner().invoke(cli, ["query", str(tmp_path), "q", "--device", "cpu"])
+    assert isinstance(r.exception, ValueError) and r.exit_code != 0
+    assert r.exc_info[2] is not None and "an internal invariant broke" in str(r.exception)
+
+    def refused(*args, **kwargs):
+        raise StoreError("no store here")
+
+    monkeypatch.setattr(session, "Session", refused)
+    r = CliRunner().invoke(cli, ["query", str(tmp_path), "q", "--device", "cpu"])
+    assert r.exit_code == 1 and r.output.strip() == "Error: no store here"
+
+
+def test_help_does_not_import_torch():
+    """`sparsecache --help` is instant: the CLI imports torch and transformers only in the
+    command that needs them."""
+    import subprocess
+    import sys
+
+    code = "import sys, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

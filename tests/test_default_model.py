@@ -61,7 +61,7 @@ def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp
     accurate as the decoded KV alone (and full prefill is the bound)."""
     from sparsecache.dictionary import default_dictionary
     from sparsecache.encoder import encode_corpus
-    from sparsecache.passkey import make_task, run_trials
+    from sparsecache.bench.passkey import make_task, run_trials
     from sparsecache.session import Session
 
     trials = make_task(default_model.tokenizer, tmp_path, trials=16, k=5, tokens_per_chunk=120, seed=1)

@@ -9,8 +9,8 @@ import torch
 from click.testing import CliRunner
 
 from cli.main import cli
-from sparsecache.baselines import Kivi
-from sparsecache.frontier import Coder, FrontierConfig, Sparse, pareto, ratios, series, targets
+from sparsecache.bench.baselines import Kivi
+from sparsecache.bench.frontier import Coder, FrontierConfig, Sparse, pareto, ratios, series, targets
 
 
 ROOT = Path(__file__).resolve().parent.parent

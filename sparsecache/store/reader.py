@@ -17,6 +17,7 @@ from ..codec import Codec, Codes
 from ..dictionary import Dictionary
 from ..errors import DictionaryMismatch, StoreCorrupt, StoreError
 from ..index import load_index_bytes, search
+from ..stopwatch import Stopwatch
 from .backend import Backend, open_backend
 from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_strings, root_attrs, store_config,
                      text_arrays)
@@ -281,14 +282,22 @@ class Store:
                     raise StoreCorrupt(f"{self.backend}: {name} is missing {key}")
 
     def load_kv(self, chunk_ids: list[str], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Decoded pre-RoPE (keys, values) per chunk, each [n_layers, T_chunk, m] float32 on `device`.
+        """Decoded pre-RoPE (keys, values) per chunk, each [n_layers, T_chunk, m] float32 on `device`."""
+        return self.decode_codes(self.read_codes(chunk_ids), device)
 
-        All chunks are decoded in one batched call per K and V.
-        """
-        codes = self.read_codes(chunk_ids)
-        codec = self.codec()
-        k = codec.decode(codes.k, "k", device)  # (n_layers, T, m)
-        v = codec.decode(codes.v, "v", device)
+    def decode_codes(self, codes: ChunkCodes, device="cpu", watch: Stopwatch | None = None,
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) per chunk of `codes` on `device`, in one batched decode per K and V.
+        `watch` times the transfer (host → device) and the reconstruction apart."""
+        dev = torch.device(device)
+        watch = watch if watch is not None else Stopwatch(dev)
+        with watch.step("transfer"):
+            parts = [torch.from_numpy(x).to(dev, non_blocking=True)
+                     for x in (codes.k.indices, codes.k.coefficients, codes.v.indices, codes.v.coefficients)]
+        with watch.step("reconstruct"):
+            codec = self.codec()
+            k = codec.decode((parts[0], parts[1]), "k", dev)  # (n_layers, T, m)
+            v = codec.decode((parts[2], parts[3]), "v", dev)
         return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
 
     def index(self):

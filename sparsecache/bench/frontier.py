@@ -28,14 +28,16 @@ import torch
 from tqdm import tqdm
 
 from .baselines import default_baselines
-from .bitpack import rice_bits, rice_parameter
-from .blend import BlendConfig, assemble, fuse, greedy_continue, full_prefill, question_ids
-from .codec import COEF_FORMATS, coefficient_roundtrip, index_row_bytes
-from .dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
+from ..bitpack import rice_bits, rice_parameter
+from ..blend import assemble, fuse, question_ids
+from ..generate import full_prefill, greedy_continue
+from ..query_config import QueryConfig
+from ..codec import COEF_FORMATS, coefficient_roundtrip, index_row_bytes
+from ..dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
 from .evaluate import EvalConfig, fidelity, passages
-from .model import KVModel, cache_root, default_prefix_ids, extract_kv
-from .omp import batch_omp, gram, reconstruct
-from .signals import from_signals, to_signals
+from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
+from ..omp import batch_omp, gram, reconstruct
+from ..signals import from_signals, to_signals
 
 # (L, s): s = 64 only where it is below the signal size L·192 by enough to compress (L ≥ 1)
 SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 64))
@@ -223,7 +225,7 @@ def needle_trials(model: KVModel, cfg: FrontierConfig) -> Needles:
     return Needles(trials, tokens, kv, prefix, (pk, pv))
 
 
-def _answer(model: KVModel, n: Needles, trial, chunk_kv, fusion: BlendConfig | None) -> bool:
+def _answer(model: KVModel, n: Needles, trial, chunk_kv, fusion: QueryConfig | None) -> bool:
     from .passkey import ANSWER_PREFIX
 
     q_ids = question_ids(model, trial.question, ANSWER_PREFIX.format(key=trial.key))
@@ -246,7 +248,7 @@ def _answer(model: KVModel, n: Needles, trial, chunk_kv, fusion: BlendConfig | N
 
 
 @torch.inference_mode()
-def needle_accuracy(model: KVModel, n: Needles, method, fusions: dict[str, BlendConfig]) -> dict[str, float]:
+def needle_accuracy(model: KVModel, n: Needles, method, fusions: dict[str, QueryConfig]) -> dict[str, float]:
     """Accuracy of `method`'s K/V under each fusion (None as a method: full prefill)."""
     if method is None:
         return {"full": sum(_answer(model, n, t, None, None) for t in n.trials) / len(n.trials)}
@@ -336,8 +338,8 @@ def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs
         log(f"needle trials skipped for {len(todo)} methods")
     elif todo or reference is None:
         n = needle_trials(model, cfg)
-        fusions = {"none": BlendConfig("none", 0.0),
-                   cfg.fusion: BlendConfig(cfg.fusion, cfg.recompute_ratio)}
+        fusions = {"none": QueryConfig("none", 0.0),
+                   cfg.fusion: QueryConfig(cfg.fusion, cfg.recompute_ratio)}
         if reference is None:
             reference = needle_accuracy(model, n, None, fusions)
             cache_path("full-prefill").write_text(json.dumps(reference))

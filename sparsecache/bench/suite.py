@@ -10,15 +10,16 @@ import time
 import numpy as np
 import torch
 
-from .dictionary import Dictionary, initial_atoms
-from .omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
+from ..dictionary import Dictionary, initial_atoms
+from ..errors import StoreError
+from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
 
 def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
     """Real pre-RoPE K or V signals [count, layers·192] of the default model on held-out text."""
-    from .dictionary import collect_signals
-    from .model import default_prefix_ids, load_model
-    from .text import builtin_documents
+    from ..dictionary import collect_signals
+    from ..model import default_prefix_ids, load_model
+    from ..text import builtin_documents
 
     model = load_model()
     groups = model.n_layers // layers
@@ -141,7 +142,7 @@ def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20
     """Decoding `n_chunks` full chunks of a store on `device`: unpack + embedding_bag with the
     codes already there, in signals/s and K/V bytes written per second (fp32 [layers, T, m]),
     beside a device-to-device copy of the same bytes (the memory-bandwidth yardstick)."""
-    from .store import Store
+    from ..store import Store
 
     store = Store.open(store_path)
     ids = [c.id for c in sorted(store.chunks(), key=lambda c: -c.token_length)[:n_chunks]]
@@ -174,7 +175,7 @@ def bench_index_coding(idx, bits: int, atoms: int) -> dict:
     """Bits per index and CPU decode speed (indices/s) of the index codings on the same codes:
     13-bit packed rows, Elias–Fano sorted-set rows (the store's; numpy and the codec's torch
     path beside packed's torch path), and variable-length Rice-coded sorted sets."""
-    from .bitpack import (pack_rows, pack_sorted_rows, rice_decode, rice_encode, rice_parameter, unpack_rows,
+    from ..bitpack import (pack_rows, pack_sorted_rows, rice_decode, rice_encode, rice_parameter, unpack_rows,
                           unpack_rows_torch, unpack_sorted_rows, unpack_sorted_rows_torch)
 
     rows, s = idx.shape
@@ -252,11 +253,11 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
 
     from safetensors.torch import load
 
-    from .dictionary import default_dictionary
-    from .encoder import encode_corpus
-    from .model import load_model
-    from .session import Session
-    from .store import Store, StoreConfig
+    from ..dictionary import default_dictionary
+    from ..encoder import encode_corpus
+    from ..model import load_model
+    from ..session import Session
+    from ..store import Store, StoreConfig
 
     work = Path(workdir)
     store_path = work / "store"
@@ -306,7 +307,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
 
 
 def _touched_files(store, ids) -> set:
-    from .store import CODE_ARRAYS
+    from ..store import CODE_ARRAYS
 
     out = set()
     for a, b in store.spans(ids):
@@ -323,7 +324,7 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
 
     import zarr
 
-    from .store import CODE_ARRAYS, LocalBackend, compressors, plain_chunks, read_spans_direct, read_zarr
+    from ..store import CODE_ARRAYS, LocalBackend, compressors, plain_chunks, read_spans_direct, read_zarr
 
     m = store.manifest
     spans = store.spans(ids)
@@ -373,12 +374,12 @@ def bench_passkey(workdir, trials: int = 24, k: int = 8, keys: int = 1, tokens_p
     shipped s16 dictionary). The store of filler + needle chunks is built once per workdir."""
     from pathlib import Path
 
-    from .dictionary import default_dictionary
-    from .encoder import encode_corpus
-    from .model import load_model
+    from ..dictionary import default_dictionary
+    from ..encoder import encode_corpus
+    from ..model import load_model
     from .passkey import load_trials, make_task, run_trials
-    from .session import Session
-    from .store import StoreConfig
+    from ..session import Session
+    from ..store import StoreConfig
 
     work = Path(workdir)
     model = load_model(device=device)
@@ -440,8 +441,8 @@ def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu",
     prefill at the largest k runs once: it takes a minute on a CPU). With `cold`, the
     largest k is also run with the store's and raw files evicted from the page cache.
     """
-    from .model import load_model
-    from .session import STEPS, Session
+    from ..model import load_model
+    from ..session import STEPS, Session
 
     model = load_model(device=device)
     session = Session(store_path, model, device)
@@ -449,7 +450,7 @@ def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu",
     rows = []
     for k in ks:
         if k > len(full_chunks):
-            raise ValueError(f"the store has only {len(full_chunks)} chunks of >= 480 tokens")
+            raise StoreError(f"the store has only {len(full_chunks)} chunks of >= 480 tokens")
         ids = [c.id for c in full_chunks[:k]]
         for method, ratio in TTFT_METHODS:
             runs = 1 if (method == "full" and k == max(ks)) else repeats
@@ -492,7 +493,7 @@ def plot_ttft(result: dict, out) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .session import STEPS
+    from ..session import STEPS
 
     rows = [r for r in result["rows"] if r["page_cache"] == "warm"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))

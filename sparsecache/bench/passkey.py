@@ -15,6 +15,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import ConfigError, TextError
+
 KEYS = ("apple", "river", "falcon", "copper", "meadow", "lantern", "violet", "harbor", "cedar", "comet")
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 ANSWER_PREFIX = "The special magic number for {key} mentioned in the provided text is"
@@ -31,7 +33,7 @@ class Trial:
 
 def _filler(tokenizer, tokens_per_chunk: int, count: int) -> list[str]:
     """`count` pieces of held-out documentation of about `tokens_per_chunk` tokens each."""
-    from .text import builtin_documents
+    from ..text import builtin_documents
 
     pieces = []
     for d in builtin_documents("heldout"):
@@ -40,7 +42,7 @@ def _filler(tokenizer, tokens_per_chunk: int, count: int) -> list[str]:
             pieces.append(tokenizer.decode(ids[start : start + tokens_per_chunk]))
             if len(pieces) == count:
                 return pieces
-    raise ValueError(f"not enough held-out text for {count} filler chunks")
+    raise TextError(f"not enough held-out text for {count} filler chunks")
 
 
 def _insert(text: str, sentence: str, rng: random.Random) -> str:
@@ -91,7 +93,7 @@ def chunk_ids_by_doc(store) -> dict[str, str]:
     out = {}
     for c in store.chunks():
         if c.ordinal > 0:
-            raise ValueError(f"passkey documents must fit one chunk; {c.doc_id} has several")
+            raise ConfigError(f"passkey documents must fit one chunk; {c.doc_id} has several")
         out[c.doc_id] = c.id
     return out
 

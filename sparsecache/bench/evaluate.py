@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from .codec import Codec
-from .dictionary import Dictionary
-from .errors import TextError
-from .model import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
-from .text import read_documents, token_chunks
+from ..codec import Codec
+from ..dictionary import Dictionary
+from ..errors import TextError
+from ..model import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
+from ..text import read_documents, token_chunks
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,63 @@
+"""Does context order matter? The needle chunk ranked first, as retrieval ranks the relevant
+chunk, then laid out `given` (rank 1 first, farthest from the question) or `reverse` (rank 1
+next to the question). Same trials, same store, every method; JSON to --out.
+
+    python scripts/measure_order.py --store W/store --passkey W/passkey --out docs/benchmarks/order.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+from pathlib import Path
+
+from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
+from sparsecache.session import Session
+
+METHODS = (("full", 0.0), ("none", 0.0), ("infoflow", 0.15), ("infoflow", 0.5), ("a3", 0.15))
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(centre - half, 3), round(centre + half, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--passkey", required=True, help="directory with trials.json (bench passkey's task)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--trials", type=int, default=20)
+    args = ap.parse_args()
+    s = Session(args.store)
+    trials = load_trials(args.passkey)[: args.trials]
+    docs = {d for t in trials for d in t.chunk_docs}  # the store may hold other documents too
+    ids = {c.doc_id: c.id for c in s.store.chunks() if c.doc_id in docs}
+    rows = []
+    for method, ratio in METHODS:
+        for order in ("given", "reverse"):
+            correct, ttft = 0, []
+            for t in trials:
+                needle = next(d for d in t.chunk_docs if d.startswith("needle"))
+                ranked = [needle] + [d for d in t.chunk_docs if d != needle]  # retrieval's rank 1 first
+                a = s.query(t.question, chunks=[ids[d] for d in ranked], method=method, recompute_ratio=ratio,
+                            order=order, max_new_tokens=12, answer_prefix=ANSWER_PREFIX.format(key=t.key))
+                correct += t.value in a.answer
+                ttft.append(a.timings_ms["ttft"])
+            row = {"method": method, "ratio": ratio, "order": order, "accuracy": correct / len(trials),
+                   "interval95": wilson(correct, len(trials)), "trials": len(trials),
+                   "ttft_ms": round(sum(ttft) / len(ttft), 1)}
+            print(row, flush=True)
+            rows.append(row)
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    cpu = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), platform.processor())
+    Path(args.out).write_text(json.dumps({"cpu": cpu, "k": len(trials[0].chunk_docs), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

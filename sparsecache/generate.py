@@ -1,0 +1,51 @@
+"""Generation after a context: the question's prefill, full prefill (the no-reuse baseline)
+and greedy decoding, the same for every fusion method."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .model import KVModel
+
+
+@torch.inference_mode()
+def prefill(cache: DynamicCache, q_ids: list[int], model: KVModel) -> torch.Tensor:
+    """Run the question through the model after the context held in `cache` (positions
+    0..S-1); float32 logits [vocab] of the next token. The question's K/V join the cache."""
+    S = cache.get_seq_length()
+    ids = torch.tensor([q_ids], device=model.device)
+    pos = torch.arange(S, S + len(q_ids), device=model.device)[None]
+    out = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
+    return out.logits[0, -1].float()
+
+
+@torch.inference_mode()
+def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, DynamicCache]:
+    """Logits [vocab] after the whole sequence and its cache: the no-reuse baseline."""
+    ids = torch.tensor([token_ids], device=model.device)
+    out = model.hf(input_ids=ids, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1].float(), out.past_key_values
+
+
+@torch.inference_mode()
+def greedy_continue(first_token: int, cache: DynamicCache, position: int, model: KVModel,
+                    max_new_tokens: int, until=None) -> list[int]:
+    """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS, or
+    once `until(tokens so far)` is true."""
+    eos = set(_eos_ids(model))
+    out = [first_token]
+    while len(out) < max_new_tokens and out[-1] not in eos and not (until and until(out)):
+        ids = torch.tensor([[out[-1]]], device=model.device)
+        pos = torch.tensor([[position + len(out) - 1]], device=model.device)
+        logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        out.append(int(logits[0, -1].argmax()))
+    return [t for t in out if t not in eos]
+
+
+def _eos_ids(model: KVModel) -> list[int]:
+    eos = model.hf.generation_config.eos_token_id
+    if eos is None:
+        eos = model.tokenizer.eos_token_id
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]

@@ -1,0 +1,54 @@
+"""What one query does with its retrieved chunks (`QueryConfig`), kept free of heavy imports
+so the CLI can offer the choices without loading torch or transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+SCORERS = ("a3", "infoflow", "cacheblend")
+METHODS = ("none", *SCORERS, "full", "raw")
+ORDERS = ("given", "reverse")
+
+
+@dataclass(frozen=True)
+class QueryConfig:
+    """How a query lays out and fuses retrieved chunks; validated on construction.
+
+    - method: `none` (decoded KV as is), a scorer (`a3`, `infoflow`, `cacheblend`: recompute
+      the tokens it selects), `full` (prefill everything, no cache) or `raw` (exact fp16 KV);
+    - recompute_ratio: the fraction of chunk tokens a scorer recomputes;
+    - group_window / group_min: CacheClip grouping (window 1 turns it off; min 0 takes whole
+      windows by score mass up to the budget, M > 0 CacheClip's windows with >= M top tokens);
+    - score_layer: the layer a scorer reads (None: a3/cacheblend 1, infoflow 3/4 of the depth);
+    - order: `given` (best chunk first) or `reverse` (best chunk next to the question).
+    """
+
+    method: str = "infoflow"  # measured best on the needle tasks (BENCHMARKS.md)
+    recompute_ratio: float = 0.15
+    group_window: int = 8
+    group_min: int = 0
+    score_layer: int | None = None
+    order: str = "given"
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if not 0.0 <= self.recompute_ratio <= 1.0:
+            raise ConfigError(f"--recompute-ratio must be in [0, 1], got {self.recompute_ratio}")
+        if self.group_window < 1 or (self.group_window > 1 and not 0 <= self.group_min <= self.group_window):
+            raise ConfigError(f"need 0 <= --group-min ({self.group_min}) <= --group-window ({self.group_window})")
+        if self.order not in ORDERS:
+            raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+
+    @property
+    def recomputes(self) -> bool:
+        return self.method in SCORERS and self.recompute_ratio > 0
+
+    def layer(self, n_layers: int) -> int:
+        if self.score_layer is not None:
+            if not 0 <= self.score_layer < n_layers:
+                raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
+            return self.score_layer
+        return (3 * n_layers) // 4 if self.method == "infoflow" else min(1, n_layers - 1)
