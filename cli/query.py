@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
-from sparsecache.query_config import METHODS, ORDERS
+from sparsecache.query_config import METHODS, ORDERS, REORDERS
 
 
 @click.command("query")
@@ -26,6 +26,9 @@ from sparsecache.query_config import METHODS, ORDERS
 @click.option("--chunks", "chunk_list", default=None, help="Comma-separated chunk ids: skip retrieval.")
 @click.option("--order", type=click.Choice(ORDERS), default="given", show_default=True,
               help="Context order: best chunk first, or best chunk next to the question.")
+@click.option("--reorder", type=click.Choice(REORDERS), default="none", show_default=True,
+              help="attention: order chunks by the question's attention to each (scored alone, so retrieval "
+                   "rank does not bias it), most important next to the question (InfoFlow).")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
@@ -33,7 +36,7 @@ from sparsecache.query_config import METHODS, ORDERS
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, compare, model_path, device, as_json):
+              max_new_tokens, chunk_list, order, reorder, compare, model_path, device, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
@@ -41,7 +44,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     from sparsecache.query_config import QueryConfig
     from sparsecache.session import Session
 
-    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order)
+    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder)
     s = Session(store, model_path, resolve_device(device))
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
@@ -55,7 +58,8 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
               f"  then {t['generate']:.1f} ms to generate the rest"]
     result = a.to_dict()
     if compare:
-        ref = s.query(question, cfg, method="full", chunks=[c["id"] for c in a.chunks], max_new_tokens=max_new_tokens)
+        ref = s.query(question, cfg, method="full", reorder="none", order="given", chunks=a.context_ids,
+                      max_new_tokens=max_new_tokens)  # the same context, in the same order
         same = ref.answer == a.answer
         result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same}
         lines += ["", f"full prefill of the same chunks (no cache), TTFT {ref.timings_ms['ttft']:.1f} ms:", ref.answer,

@@ -1,6 +1,8 @@
 """Does context order matter? The needle chunk ranked first, as retrieval ranks the relevant
-chunk, then laid out `given` (rank 1 first, farthest from the question) or `reverse` (rank 1
-next to the question). Same trials, same store, every method; JSON to --out.
+chunk, then laid out `given` (rank 1 first, farthest from the question), `reverse` (rank 1
+next to the question) or by `attention` (InfoFlow's reordering: each chunk scored alone by
+the question's attention, most important next to the question). Same trials, same store,
+every method; JSON to --out.
 
     python scripts/measure_order.py --store W/store --passkey W/passkey --out docs/benchmarks/order.json
 """
@@ -33,6 +35,7 @@ def main() -> None:
     ap.add_argument("--passkey", required=True, help="directory with trials.json (bench passkey's task)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--orders", default="given,reverse,attention")
     args = ap.parse_args()
     s = Session(args.store)
     trials = load_trials(args.passkey)[: args.trials]
@@ -40,13 +43,16 @@ def main() -> None:
     ids = {c.doc_id: c.id for c in s.store.chunks() if c.doc_id in docs}
     rows = []
     for method, ratio in METHODS:
-        for order in ("given", "reverse"):
+        for order in args.orders.split(","):
+            if order == "attention" and method == "full":
+                continue  # reordering scores decoded codes
             correct, ttft = 0, []
             for t in trials:
                 needle = next(d for d in t.chunk_docs if d.startswith("needle"))
                 ranked = [needle] + [d for d in t.chunk_docs if d != needle]  # retrieval's rank 1 first
+                layout = {"order": "given", "reorder": "attention"} if order == "attention" else {"order": order}
                 a = s.query(t.question, chunks=[ids[d] for d in ranked], method=method, recompute_ratio=ratio,
-                            order=order, max_new_tokens=12, answer_prefix=ANSWER_PREFIX.format(key=t.key))
+                            max_new_tokens=12, answer_prefix=ANSWER_PREFIX.format(key=t.key), **layout)
                 correct += t.value in a.answer
                 ttft.append(a.timings_ms["ttft"])
             row = {"method": method, "ratio": ratio, "order": order, "accuracy": correct / len(trials),

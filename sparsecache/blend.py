@@ -22,6 +22,7 @@ cached ones layer by layer (A³ Eqs. 4-5). With r = 1 that is exactly a full pre
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 
@@ -78,15 +79,57 @@ def load_cache(store, chunk_ids: list[str], model: KVModel, device=None) -> Cont
     """
     dev = torch.device(device) if device is not None else model.device
     watch = Stopwatch(dev)
+    chunks = decode_chunks(store, chunk_ids, dev, watch)
+    with watch.step("reconstruct"):
+        ctx = chunks.assemble(model)
+    ctx.timings_ms = dict(watch, bytes_read=chunks.nbytes)
+    return ctx
+
+
+@dataclass
+class DecodedChunks:
+    """The shared prefix and some chunks' decoded pre-RoPE K/V, not yet placed anywhere."""
+
+    prefix_ids: list[int]
+    prefix_kv: tuple[torch.Tensor, torch.Tensor]
+    ids: list[str]
+    tokens: list[list[int]]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    nbytes: int
+
+    def assemble(self, model: KVModel) -> Context:
+        return assemble(self.prefix_ids, self.prefix_kv, self.tokens, self.kv, model)
+
+    def reordered(self, order: list[int]) -> "DecodedChunks":
+        return DecodedChunks(self.prefix_ids, self.prefix_kv, [self.ids[i] for i in order],
+                             [self.tokens[i] for i in order], [self.kv[i] for i in order], self.nbytes)
+
+
+def decode_chunks(store, chunk_ids: list[str], device, watch: Stopwatch) -> DecodedChunks:
+    """Read and decode `chunk_ids` (and the prefix), timing read, transfer and reconstruct."""
     with watch.step("read"):
         codes = store.read_codes(list(chunk_ids))
         prefix_ids, pk, pv = store.prefix()
-    pieces = store.decode_codes(codes, dev, watch)
-    with watch.step("reconstruct"):
-        tokens = [t.tolist() for t in torch.from_numpy(codes.tokens).split(codes.lengths)]
-        ctx = assemble(prefix_ids, (pk, pv), tokens, pieces, model)
-    ctx.timings_ms = dict(watch, bytes_read=int(codes.nbytes))
-    return ctx
+    kv = store.decode_codes(codes, device, watch)
+    tokens = [t.tolist() for t in torch.from_numpy(codes.tokens).split(codes.lengths)]
+    return DecodedChunks(prefix_ids, (pk, pv), list(chunk_ids), tokens, kv, int(codes.nbytes))
+
+
+@torch.inference_mode()
+def attention_order(chunks: DecodedChunks, q_ids: list[int], cfg: QueryConfig, model: KVModel) -> list[int]:
+    """Chunk indices ordered least to most important, so the most important lands next to the
+    question (InfoFlow's reordering). A chunk's importance is the question's attention mass on
+    its top-r tokens (r the recompute budget, 0.15 where nothing is recomputed) at InfoFlow's layer, with the chunk placed alone after the prefix: every
+    chunk is scored at the same positions, so none is favoured for where retrieval put it."""
+    layer = dataclasses.replace(cfg, method="infoflow").layer(model.n_layers)  # InfoFlow's layer
+    budget = cfg.recompute_ratio if cfg.recomputes else 0.15  # the tokens InfoFlow would select
+    importance = []
+    for tokens, kv in zip(chunks.tokens, chunks.kv):
+        ctx = assemble(chunks.prefix_ids, chunks.prefix_kv, [tokens], [kv], model)
+        scores = attention_scores(ctx, q_ids, model, layer)[ctx.prefix_len:]
+        top = max(1, round(budget * len(tokens)))
+        importance.append(float(scores.topk(min(top, len(tokens))).values.sum()))
+    return sorted(range(len(importance)), key=importance.__getitem__)
 
 
 def question_ids(model, question: str, answer_prefix: str = "") -> list[int]:

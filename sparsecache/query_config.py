@@ -10,6 +10,7 @@ from .errors import ConfigError
 SCORERS = ("a3", "infoflow", "cacheblend")
 METHODS = ("none", *SCORERS, "full", "raw")
 ORDERS = ("given", "reverse")
+REORDERS = ("none", "attention")
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,9 @@ class QueryConfig:
     - group_window / group_min: CacheClip grouping (window 1 turns it off; min 0 takes whole
       windows by score mass up to the budget, M > 0 CacheClip's windows with >= M top tokens);
     - score_layer: the layer a scorer reads (None: a3/cacheblend 1, infoflow 3/4 of the depth);
-    - order: `given` (best chunk first) or `reverse` (best chunk next to the question).
+    - order: `given` (best chunk first) or `reverse` (best chunk next to the question);
+    - reorder: `attention` lays the chunks out by the question's attention instead, the most
+      important next to the question (InfoFlow's reordering; decoded codes only).
     """
 
     method: str = "infoflow"  # measured best on the needle tasks (BENCHMARKS.md)
@@ -31,6 +34,7 @@ class QueryConfig:
     group_min: int = 0
     score_layer: int | None = None
     order: str = "given"
+    reorder: str = "none"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -41,6 +45,10 @@ class QueryConfig:
             raise ConfigError(f"need 0 <= --group-min ({self.group_min}) <= --group-window ({self.group_window})")
         if self.order not in ORDERS:
             raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        if self.reorder not in REORDERS:
+            raise ConfigError(f"--reorder must be one of {', '.join(REORDERS)}, got {self.reorder!r}")
+        if self.reorder != "none" and self.method in ("full", "raw"):
+            raise ConfigError(f"--reorder {self.reorder} scores decoded codes; it does not apply to --method {self.method}")
 
     @property
     def recomputes(self) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .blend import Context, assemble, fuse, load_cache, question_ids
+from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids
 from .errors import ConfigError
 from .generate import full_prefill, greedy_continue
 from .model import KVModel, extract_kv, load_model
@@ -34,12 +34,23 @@ class Answer:
     bytes_read: int
     context_tokens: int
     method: str
+    context_ids: list[str] = field(default_factory=list)  # chunk ids in context order (prefix first)
     logits: torch.Tensor | None = field(default=None, repr=False)  # next-token logits after the question
 
     def to_dict(self) -> dict:
-        return {"answer": self.answer, "chunks": self.chunks, "timings_ms": self.timings_ms,
-                "recomputed_tokens": self.recomputed_tokens, "bytes_read": self.bytes_read,
-                "context_tokens": self.context_tokens, "method": self.method}
+        return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
+                "timings_ms": self.timings_ms, "recomputed_tokens": self.recomputed_tokens,
+                "bytes_read": self.bytes_read, "context_tokens": self.context_tokens, "method": self.method}
+
+
+@dataclass
+class _Prefilled:
+    logits: torch.Tensor  # next-token logits after the question
+    cache: object  # the model's cache: context + question
+    context_tokens: int
+    recomputed: int
+    bytes_read: int
+    context_ids: list[str]
 
 
 class Session:
@@ -86,16 +97,17 @@ class Session:
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
         self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
-        logits, cache, position, ctx_len, recomputed, nbytes = self._first_logits(ids, q_ids, cfg, watch)
+        p = self._prefilled(ids, q_ids, cfg, watch)
         with watch.step("first_token"):
-            first = int(logits.argmax())
+            first = int(p.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
         timings["ttft"] = round(sum(timings.values()), 3)
         with watch.step("generate"):
-            tokens = greedy_continue(first, cache, position, self.model, max_new_tokens)
+            tokens = greedy_continue(first, p.cache, p.context_tokens + len(q_ids), self.model, max_new_tokens)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        return Answer(text, hits, timings, recomputed, nbytes, ctx_len, cfg.method, logits)
+        return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
+                      p.logits)
 
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
@@ -104,8 +116,8 @@ class Session:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)
 
-    def _first_logits(self, ids: list[str], q_ids: list[int], cfg: QueryConfig, watch: Stopwatch):
-        """(next-token logits, cache, next position, context tokens, recomputed tokens, bytes read)."""
+    def _prefilled(self, ids: list[str], q_ids: list[int], cfg: QueryConfig, watch: Stopwatch) -> "_Prefilled":
+        """The context and question in the model's cache, by `cfg`'s method, with the first logits."""
         if cfg.method == "full":
             with watch.step("read"):
                 prefix, _, _ = self.store.prefix()
@@ -113,16 +125,21 @@ class Session:
             seq = prefix + [t for c in tokens for t in c] + q_ids
             with watch.step("prefill"):
                 logits, cache = full_prefill(seq, self.model)
-            return logits, cache, len(seq), len(seq) - len(q_ids), 0, 4 * len(seq)
+            return _Prefilled(logits, cache, len(seq) - len(q_ids), 0, 4 * len(seq), ids)
         if cfg.method == "raw":
             ctx = self._raw_context(ids, watch)
+            nbytes = ctx.timings_ms["bytes_read"]
         else:
-            ctx = load_cache(self.store, ids, self.model, self.device)
-            for k in ("read", "transfer", "reconstruct"):
-                watch[k] = watch.get(k, 0.0) + ctx.timings_ms[k]
+            chunks = decode_chunks(self.store, ids, self.device, watch)
+            if cfg.reorder == "attention":
+                with watch.step("select"):
+                    chunks = chunks.reordered(attention_order(chunks, q_ids, cfg, self.model))
+                ids = chunks.ids
+            with watch.step("reconstruct"):
+                ctx = chunks.assemble(self.model)
+            nbytes = chunks.nbytes
         logits, positions = fuse(ctx, q_ids, cfg, self.model, watch)
-        return (logits, ctx.cache, ctx.length + len(q_ids), ctx.length, int(positions.numel()),
-                int(ctx.timings_ms.get("bytes_read", 0)))
+        return _Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), ids)
 
     def raw_files(self, ids: list[str]) -> list[Path]:
         """One fp16 .safetensors of exact pre-RoPE keys/values per chunk in `raw_dir`, computed

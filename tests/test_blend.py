@@ -143,5 +143,32 @@ def test_config_is_validated():
         QueryConfig("a3", 0.1, 4, 5)
     with pytest.raises(ConfigError, match="--order"):
         QueryConfig(order="sideways")
+    with pytest.raises(ConfigError, match="--reorder attention scores decoded codes"):
+        QueryConfig("full", reorder="attention")
     assert QueryConfig("a3", 0.1, 1, 5).group_window == 1  # grouping off: M is ignored
     assert QueryConfig("infoflow").layer(30) == 22 and QueryConfig("a3").layer(30) == 1
+
+
+def test_reordered_context_at_ratio_one_is_full_prefill_of_the_new_order(session, chunk_ids):
+    """InfoFlow's reordering only changes the layout: with every chunk token recomputed, the
+    answer is full prefill of the chunks in the order it chose."""
+    got = session.query(QUESTION, chunks=chunk_ids, method="infoflow", recompute_ratio=1.0, reorder="attention",
+                        max_new_tokens=1)
+    assert sorted(got.context_ids) == sorted(chunk_ids)
+    full = session.query(QUESTION, chunks=got.context_ids, method="full", max_new_tokens=1)
+    torch.testing.assert_close(got.logits, full.logits, atol=2e-4, rtol=1e-4)
+
+
+def test_attention_order_does_not_depend_on_the_retrieval_order(session, chunk_ids, tiny_model):
+    """Each chunk is scored alone at the same positions: the order it picks is the same
+    whatever order retrieval handed the chunks in."""
+    from sparsecache.blend import attention_order, decode_chunks
+    from sparsecache.stopwatch import Stopwatch
+
+    q = question_ids(tiny_model, QUESTION)
+    cfg = QueryConfig("infoflow", 0.15, reorder="attention")
+    picked = []
+    for ids in (chunk_ids, chunk_ids[::-1]):
+        chunks = decode_chunks(session.store, ids, "cpu", Stopwatch("cpu"))
+        picked.append(chunks.reordered(attention_order(chunks, q, cfg, tiny_model)).ids)
+    assert picked[0] == picked[1]
