@@ -14,7 +14,8 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS
 @click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
 @click.option("--method", type=click.Choice(METHODS), default="infoflow", show_default=True,
               help="none: decoded KV as is; a3 / infoflow / cacheblend: recompute the top --recompute-ratio "
-                   "tokens they select; full: prefill everything (no cache); raw: exact uncompressed KV.")
+                   "tokens they select; cake: prefill the first chunks while the last ones load, on two threads; "
+                   "full: prefill everything (no cache); raw: exact uncompressed KV.")
 @click.option("--recompute-ratio", default=0.15, show_default=True, help="Fraction of chunk tokens to recompute.")
 @click.option("--group-window", default=8, show_default=True, help="CacheClip grouping window (1 = off).")
 @click.option("--group-min", default=0, show_default=True,
@@ -29,6 +30,8 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS
 @click.option("--reorder", type=click.Choice(REORDERS), default="none", show_default=True,
               help="attention: order chunks by the question's attention to each (scored alone, so retrieval "
                    "rank does not bias it), most important next to the question (InfoFlow).")
+@click.option("--cake-split", type=int, default=None,
+              help="cake: recompute exactly this many leading chunks (default: the two threads meet where they meet).")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
@@ -36,7 +39,7 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, reorder, compare, model_path, device, as_json):
+              max_new_tokens, chunk_list, order, reorder, cake_split, compare, model_path, device, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
@@ -44,7 +47,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     from sparsecache.query_config import QueryConfig
     from sparsecache.session import Session
 
-    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder)
+    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split)
     s = Session(store, model_path, resolve_device(device))
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
@@ -58,7 +61,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
               f"  then {t['generate']:.1f} ms to generate the rest"]
     result = a.to_dict()
     if compare:
-        ref = s.query(question, cfg, method="full", reorder="none", order="given", chunks=a.context_ids,
+        ref = s.query(question, cfg, method="full", reorder="none", order="given", cake_split=None, chunks=a.context_ids,
                       max_new_tokens=max_new_tokens)  # the same context, in the same order
         same = ref.answer == a.answer
         result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same}

@@ -133,7 +133,7 @@ def measure(llm, req, config: str, tails: dict, repeats: int) -> dict:
 
 def ttft_table(llm, store, ks, repeats) -> tuple[list[dict], dict]:
     from sparsecache.serving import RagPrompts
-    from sparsecache.vllm import tail_split
+    from sparsecache.overlap import tail_split
 
     rag = RagPrompts(store)
     chunks = sorted((c for c in rag.store.chunks() if c.token_length >= 480), key=lambda c: c.id)

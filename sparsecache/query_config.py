@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 SCORERS = ("a3", "infoflow", "cacheblend")
-METHODS = ("none", *SCORERS, "full", "raw")
+METHODS = ("none", *SCORERS, "cake", "full", "raw")
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
 
@@ -18,7 +18,9 @@ class QueryConfig:
     """How a query lays out and fuses retrieved chunks; validated on construction.
 
     - method: `none` (decoded KV as is), a scorer (`a3`, `infoflow`, `cacheblend`: recompute
-      the tokens it selects), `full` (prefill everything, no cache) or `raw` (exact fp16 KV);
+      the tokens it selects), `cake` (recompute the first chunks by prefill while the last
+      ones are read and decoded, on two threads), `full` (prefill everything, no cache) or
+      `raw` (exact fp16 KV);
     - recompute_ratio: the fraction of chunk tokens a scorer recomputes;
     - group_window / group_min: CacheClip grouping (window 1 turns it off; min 0 takes whole
       windows by score mass up to the budget, M > 0 CacheClip's windows with >= M top tokens);
@@ -35,6 +37,7 @@ class QueryConfig:
     score_layer: int | None = None
     order: str = "given"
     reorder: str = "none"
+    cake_split: int | None = None  # cake: chunks recomputed; None lets the two threads meet
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -47,7 +50,9 @@ class QueryConfig:
             raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.reorder not in REORDERS:
             raise ConfigError(f"--reorder must be one of {', '.join(REORDERS)}, got {self.reorder!r}")
-        if self.reorder != "none" and self.method in ("full", "raw"):
+        if self.cake_split is not None and (self.method != "cake" or self.cake_split < 0):
+            raise ConfigError("--cake-split is a number of chunks >= 0, for --method cake")
+        if self.reorder != "none" and self.method in ("full", "raw", "cake"):
             raise ConfigError(f"--reorder {self.reorder} scores decoded codes; it does not apply to --method {self.method}")
 
     @property

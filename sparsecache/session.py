@@ -16,7 +16,7 @@ import torch
 
 from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids
 from .errors import ConfigError
-from .generate import full_prefill, greedy_continue
+from .generate import full_prefill, greedy_continue, prefill
 from .model import KVModel, extract_kv, load_model
 from .query_config import QueryConfig
 from .stopwatch import Stopwatch
@@ -126,6 +126,15 @@ class Session:
             with watch.step("prefill"):
                 logits, cache = full_prefill(seq, self.model)
             return _Prefilled(logits, cache, len(seq) - len(q_ids), 0, 4 * len(seq), ids)
+        if cfg.method == "cake":
+            from .overlap import cake_context
+
+            with watch.step("recompute"):  # loading runs inside it, on a second thread
+                ctx, computed = cake_context(self.store, ids, self.model, cfg.cake_split)
+            with watch.step("prefill"):
+                logits = prefill(ctx.cache, q_ids, self.model)
+            recomputed = sum(b - a for a, b in ctx.spans[:computed])
+            return _Prefilled(logits, ctx.cache, ctx.length, recomputed, 0, ids)
         if cfg.method == "raw":
             ctx = self._raw_context(ids, watch)
             nbytes = ctx.timings_ms["bytes_read"]

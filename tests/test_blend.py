@@ -172,3 +172,49 @@ def test_attention_order_does_not_depend_on_the_retrieval_order(session, chunk_i
         chunks = decode_chunks(session.store, ids, "cpu", Stopwatch("cpu"))
         picked.append(chunks.reordered(attention_order(chunks, q, cfg, tiny_model)).ids)
     assert picked[0] == picked[1]
+
+
+def test_cake_is_full_prefill_when_it_computes_everything_and_none_when_it_computes_nothing(session, chunk_ids):
+    """Cake's computing thread prefills leading chunks exactly; its loader places decoded
+    codes after them. Both ends of the split are methods already tested."""
+    full = session.query(QUESTION, chunks=chunk_ids, method="full", max_new_tokens=1)
+    none = session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=1)
+    all_computed = session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=len(chunk_ids), max_new_tokens=1)
+    torch.testing.assert_close(all_computed.logits, full.logits, atol=2e-4, rtol=1e-4)
+    assert all_computed.recomputed_tokens == full.context_tokens - len(session.store.prefix()[0])
+    nothing = session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=0, max_new_tokens=1)
+    torch.testing.assert_close(nothing.logits, none.logits, atol=1e-5, rtol=1e-5)
+    assert nothing.recomputed_tokens == 0
+
+
+def test_cake_two_threads_meet_and_cover_every_chunk(session, chunk_ids):
+    """Left to meet on their own, the threads split the chunks somewhere; the result is the
+    fixed split at that point, whichever it was."""
+    lengths = [session.store.chunk(c).token_length for c in chunk_ids]
+    free = session.query(QUESTION, chunks=chunk_ids, method="cake", max_new_tokens=1)
+    computed = next(n for n in range(len(chunk_ids) + 1) if sum(lengths[:n]) == free.recomputed_tokens)
+    fixed = session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=computed, max_new_tokens=1)
+    torch.testing.assert_close(free.logits, fixed.logits, atol=1e-5, rtol=1e-5)
+    assert free.context_tokens == fixed.context_tokens
+
+
+def test_cake_reports_a_failed_load_in_the_callers_thread(session, chunk_ids, monkeypatch):
+    from sparsecache.errors import StoreCorrupt
+
+    def broken(*args, **kwargs):
+        raise StoreCorrupt("chunk unreadable")
+
+    monkeypatch.setattr(session.store, "load_kv", broken)
+    with pytest.raises(StoreCorrupt, match="chunk unreadable"):
+        session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=0, max_new_tokens=1)
+
+
+def test_closed_form_splits_balance_decode_against_prefill():
+    from sparsecache.overlap import cake_split, tail_split
+
+    # vLLM's orientation (the engine prefills the tail + question): / r_p = (S - N) / r_d  →  N = (S·r_p − Q·r_d) / (r_p + r_d)
+    assert tail_split(1000, 20, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 82
+    assert tail_split(100, 50, 1e6, 10) == 0 and tail_split(100, 0, 1, 1e9) == 100
+    # our loop: compute N while S - N load, so N / r_p = (S - N) / r_d
+    assert cake_split(1000, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 100
+    assert cake_split(1000, 1e9, 1) == 0 and cake_split(1000, 1, 1e9) == 1000

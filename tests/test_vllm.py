@@ -151,14 +151,6 @@ def test_layerwise_loading_writes_the_same_kv(store, rag, llm):
     assert all(abs(first[t] - sync_first[t]) < 1e-4 for t in sync_first)
 
 
-def test_tail_split_balances_decode_against_prefill():
-    from sparsecache.vllm import tail_split
-
-    # (N + Q) / r_p = (S - N) / r_d  →  N = (S·r_p − Q·r_d) / (r_p + r_d)
-    assert tail_split(1000, 20, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 82
-    assert tail_split(100, 50, 1e6, 10) == 0 and tail_split(100, 0, 1, 1e9) == 100
-
-
 def test_a_mismatched_or_broken_request_is_prefilled_and_answered_correctly(llm, store, rag):
     ids = [c.id for c in store.store.chunks()]
     req = rag.request(QUESTIONS[0], chunks=ids[:2])

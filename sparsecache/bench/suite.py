@@ -429,7 +429,8 @@ def plot_passkey(results: list[dict], out) -> None:
     fig.savefig(out, dpi=120)
 
 
-TTFT_METHODS = (("full", 0.0), ("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cacheblend", 0.15))
+TTFT_METHODS = (("full", 0.0), ("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cacheblend", 0.15),
+                ("cake", 0.0))
 TTFT_QUESTION = "Summarise what these sections say about special method names."
 
 

@@ -1,0 +1,84 @@
+"""When does Cake's load/recompute overlap pay? TTFT of `none`, `infoflow` and `cake` (the
+two threads left to meet, the closed-form split, and fixed splits) for k chunks of 480–512
+tokens, with the store warm and with its files evicted from the page cache before each query.
+
+    python scripts/measure_cake.py --store W/store --out docs/benchmarks/cake-cpu.json
+
+The store is `bench store`'s (or any with >= max(k) chunks of >= 480 tokens). The closed-form
+split comes from this run's own rates: decode = context tokens ÷ (read + transfer +
+reconstruct) of `none`, prefill = context tokens ÷ the prefill time of `full`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from sparsecache.bench.suite import drop_page_cache
+from sparsecache.overlap import cake_split
+from sparsecache.session import Session
+
+QUESTION = "Summarise what these sections say about special method names."
+
+
+def median_ttft(session, ids, repeats: int, cold: bool, **cfg) -> dict:
+    answers = []
+    session.query(QUESTION, chunks=ids, max_new_tokens=1, **cfg)  # warm-up (model, codec, caches)
+    for _ in range(repeats):
+        if cold:
+            drop_page_cache([session.store.backend.local_root / "data"])
+        answers.append(session.query(QUESTION, chunks=ids, max_new_tokens=1, **cfg))
+    a = sorted(answers, key=lambda a: a.timings_ms["ttft"])[len(answers) // 2]
+    return {"ttft": a.timings_ms["ttft"], "recomputed_tokens": a.recomputed_tokens,
+            "context_tokens": a.context_tokens, **{k: a.timings_ms[k] for k in ("read", "transfer", "reconstruct",
+                                                                                 "select", "recompute", "prefill")}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ks", default="8,32")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    s = Session(args.store)
+    long = sorted((c for c in s.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
+    rows = []
+    for k in map(int, args.ks.split(",")):
+        chunks = long[:k]
+        ids = [c.id for c in chunks]
+        prefix = len(s.store.prefix()[0])
+        full = median_ttft(s, ids, 1, False, method="full")
+        none = median_ttft(s, ids, args.repeats, False, method="none")
+        tokens = full["context_tokens"] - prefix
+        decode_rate = tokens / ((none["read"] + none["transfer"] + none["reconstruct"]) / 1e3)
+        prefill_rate = tokens / (full["prefill"] / 1e3)
+        n_tokens = cake_split(tokens, decode_rate, prefill_rate)
+        lengths = [c.token_length for c in chunks]
+        closed = min(range(k + 1), key=lambda n: abs(sum(lengths[:n]) - n_tokens))
+        splits = sorted({0, 1, 2, k // 8, closed})
+        for cache in ("warm", "cold"):
+            cold = cache == "cold"
+            runs = {"full": full if not cold else median_ttft(s, ids, 1, True, method="full"),
+                    "none": none if not cold else median_ttft(s, ids, args.repeats, True, method="none"),
+                    "infoflow": median_ttft(s, ids, args.repeats, cold, method="infoflow"),
+                    "cake (threads meet)": median_ttft(s, ids, args.repeats, cold, method="cake")}
+            for n in splits:
+                runs[f"cake split {n}"] = median_ttft(s, ids, args.repeats, cold, method="cake", cake_split=n)
+            for name, r in runs.items():
+                rows.append({"k": k, "page_cache": cache, "method": name, **r})
+                print(f"k={k} {cache} {name:<22} ttft {r['ttft']:8.1f} ms  recomputed {r['recomputed_tokens']}",
+                      file=sys.stderr, flush=True)
+        rows.append({"k": k, "closed_form": {"decode_tokens_per_s": round(decode_rate), "prefill_tokens_per_s":
+                                             round(prefill_rate), "split_tokens": n_tokens, "split_chunks": closed}})
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    cpu = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), platform.processor())
+    Path(args.out).write_text(json.dumps({"cpu": cpu, "question": QUESTION, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

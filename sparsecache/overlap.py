@@ -1,0 +1,116 @@
+"""Load/recompute overlap (Cake's two pointers, from "RAG Workloads Performance with KV Cache
+Partial Recomputation"): while one thread reads and decodes chunks from the end of the
+context, another recomputes chunks from its start by prefill of their tokens; they meet
+where neither is waiting. The start of the context is then exact (it was computed with
+everything before it, like full prefill); the rest is decoded codes at global positions.
+
+The paper's warning holds: recomputation pays only where loading is slow. On a fast local
+store decoding a chunk costs a fraction of prefilling it, so the loader takes almost every
+chunk; on cold storage or an object store the computing thread takes more.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .blend import Context
+from .model import KVModel, kv_cache
+
+
+def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_per_s: float) -> int:
+    """Leading context tokens to recompute while the rest loads, in this loop's orientation:
+    compute N tokens while S − N load, both done together when N / r_p = (S − N) / r_d,
+    so N* = S·r_p / (r_p + r_d)."""
+    rp, rd = prefill_tokens_per_s, decode_tokens_per_s
+    return max(0, min(context_tokens, int(round(context_tokens * rp / (rp + rd)))))
+
+
+def tail_split(context_tokens: int, question_tokens: int, decode_tokens_per_s: float,
+               prefill_tokens_per_s: float) -> int:
+    """Context tokens to leave to the engine when loading overlaps its compute.
+
+    The closed form of "recompute a part, load the rest" (KVPR's program, solved by equating
+    the two times, as the partial-recompute study does), in vLLM's orientation: the store
+    supplies the first S − N tokens while the engine prefills the last N plus the question,
+    so (N + Q) / prefill_rate = (S − N) / decode_rate gives
+    N* = (S·r_p − Q·r_d) / (r_p + r_d), clamped to [0, S]."""
+    rp, rd = prefill_tokens_per_s, decode_tokens_per_s
+    n = (context_tokens * rp - question_tokens * rd) / (rp + rd)
+    return max(0, min(context_tokens, int(round(n))))
+
+
+class _Pointers:
+    """Two claims on chunk indices 0..n-1: `front` from the start, `back` from the end."""
+
+    def __init__(self, n: int, split: int | None):
+        self.lock = threading.Lock()
+        self.front, self.back = 0, n
+        self.split = split  # a fixed number of computed chunks, or None: whoever comes first
+
+    def claim_front(self) -> int | None:
+        with self.lock:
+            if self.front >= self.back or (self.split is not None and self.front >= self.split):
+                return None
+            self.front += 1
+            return self.front - 1
+
+    def claim_back(self) -> int | None:
+        with self.lock:
+            if self.back <= self.front or (self.split is not None and self.back <= self.split):
+                return None
+            self.back -= 1
+            return self.back
+
+
+@torch.inference_mode()
+def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None = None) -> tuple[Context, int]:
+    """The context of `chunk_ids` with its first chunks recomputed and the rest decoded, both
+    at once; (context, chunks recomputed). `split` fixes how many chunks are recomputed
+    (None: the two threads meet where they meet)."""
+    prefix_ids, pk, pv = store.prefix()
+    tokens = store.tokens(chunk_ids)
+    n, dev = len(chunk_ids), model.device
+    pointers = _Pointers(n, split)
+    decoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            while (i := pointers.claim_back()) is not None:
+                decoded[i] = store.load_kv([chunk_ids[i]], dev)[0]
+        except BaseException as e:  # re-raised in the caller's thread
+            errors.append(e)
+
+    loader = threading.Thread(target=load, name="sparsecache-cake-loader")
+    loader.start()
+    P = len(prefix_ids)
+    keys = model.rope.rotate(pk.to(dev).float(), torch.arange(P, device=dev))
+    cache = kv_cache(keys, pv.float(), model)  # exact prefix; computed chunks append to it
+    position = P
+    try:
+        while (i := pointers.claim_front()) is not None:
+            ids = torch.tensor([tokens[i]], device=dev)
+            pos = torch.arange(position, position + ids.shape[1], device=dev)[None]
+            model.hf.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            position += ids.shape[1]
+    finally:
+        loader.join()
+    if errors:
+        raise errors[0]
+    computed = pointers.front
+    if computed < n:  # decoded chunks follow, rotated to where they land
+        back_k = torch.cat([decoded[i][0] for i in range(computed, n)], 1).to(dev).float()
+        back_v = torch.cat([decoded[i][1] for i in range(computed, n)], 1).to(dev).float()
+        back_k = model.rope.rotate_(back_k, torch.arange(position, position + back_k.shape[1], device=dev))
+        back = kv_cache(back_k, back_v, model)
+        for layer, tail in zip(cache.layers, back.layers):
+            layer.keys = torch.cat([layer.keys, tail.keys], dim=-2)
+            layer.values = torch.cat([layer.values, tail.values], dim=-2)
+    spans, start = [], P
+    for t in tokens:
+        spans.append((start, start + len(t)))
+        start += len(t)
+    token_ids = torch.tensor(list(prefix_ids) + [t for c in tokens for t in c], dtype=torch.long, device=dev)
+    return Context(cache, token_ids, P, spans), computed
