@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
-from sparsecache.query_config import METHODS, ORDERS, REORDERS
+from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
 
 
 @click.command("query")
@@ -25,8 +25,9 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS
               "infoflow 3/4 of the depth).")
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--chunks", "chunk_list", default=None, help="Comma-separated chunk ids: skip retrieval.")
-@click.option("--order", type=click.Choice(ORDERS), default="given", show_default=True,
-              help="Context order: best chunk first, or best chunk next to the question.")
+@click.option("--order", type=click.Choice(ORDERS), default=QueryConfig.order, show_default=True,
+              help="Context order: given (best chunk first) or reverse (best chunk next to the question; "
+                   "measured better on needle tasks).")
 @click.option("--reorder", type=click.Choice(REORDERS), default="none", show_default=True,
               help="attention: order chunks by the question's attention to each (scored alone, so retrieval "
                    "rank does not bias it), most important next to the question (InfoFlow).")
@@ -44,7 +45,6 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
 
     Prints the answer, the chunks used and where the time to first token went.
     """
-    from sparsecache.query_config import QueryConfig
     from sparsecache.session import Session
 
     cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split)

@@ -35,7 +35,7 @@ class QueryConfig:
     group_window: int = 8
     group_min: int = 0
     score_layer: int | None = None
-    order: str = "given"
+    order: str = "reverse"  # measured: best chunk next to the question (BENCHMARKS.md, "Context order")
     reorder: str = "none"
     cake_split: int | None = None  # cake: chunks recomputed; None lets the two threads meet
 

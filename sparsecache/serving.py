@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .blend import question_ids
+from .errors import ConfigError
 from .model import DEFAULT, DEFAULT_NAME, config_fingerprint, default_model_dir
+from .query_config import ORDERS, QueryConfig
 from .store import Store
 
 PARAMS_KEY = "sparsecache"  # kv_transfer_params[PARAMS_KEY] = {"chunks": [...], "version": N}
@@ -72,9 +74,14 @@ class RagPrompts:
         return retrieve(self.store, self._embedder, question, top_k)
 
     def request(self, question: str, top_k: int = 4, chunks: list[str] | None = None,
-                answer_prefix: str = "") -> RagRequest:
-        """The prompt for `question` over the top_k retrieved chunks (or the given chunk ids)."""
+                answer_prefix: str = "", order: str = QueryConfig.order) -> RagRequest:
+        """The prompt for `question` over the top_k retrieved chunks (or the given chunk ids),
+        laid out as `query` lays them out: `order` "reverse" puts the first chunk next to the question."""
+        if order not in ORDERS:
+            raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         hits = self.retrieve(question, top_k) if chunks is None else [{"id": c} for c in chunks]
+        if order == "reverse":
+            hits = hits[::-1]
         ids = [h["id"] for h in hits]
         prefix = self.store.prefix()[0]
         context = prefix + [t for toks in self.store.tokens(ids) for t in toks]

@@ -62,9 +62,10 @@ def test_raw_single_chunk_equals_full(session, chunk_ids):
 
 def test_chunk_order_is_respected(session, chunk_ids):
     shuffled = [chunk_ids[2], chunk_ids[0], chunk_ids[3], chunk_ids[1]]
-    full = first_logits(session, shuffled, "full")
-    torch.testing.assert_close(first_logits(session, shuffled, "a3", 1.0, group_window=1), full, atol=2e-5, rtol=1e-5)
-    assert (first_logits(session, chunk_ids, "full") - full).abs().max() > 1e-3  # order matters at all
+    full = first_logits(session, shuffled, "full", order="given")
+    torch.testing.assert_close(first_logits(session, shuffled, "a3", 1.0, group_window=1, order="given"), full,
+                               atol=2e-5, rtol=1e-5)
+    assert (first_logits(session, chunk_ids, "full", order="given") - full).abs().max() > 1e-3  # order matters at all
     rev = session.query(QUESTION, chunks=shuffled[::-1], method="full", max_new_tokens=1, order="reverse").logits
     torch.testing.assert_close(rev, full)
 
@@ -155,7 +156,7 @@ def test_reordered_context_at_ratio_one_is_full_prefill_of_the_new_order(session
     got = session.query(QUESTION, chunks=chunk_ids, method="infoflow", recompute_ratio=1.0, reorder="attention",
                         max_new_tokens=1)
     assert sorted(got.context_ids) == sorted(chunk_ids)
-    full = session.query(QUESTION, chunks=got.context_ids, method="full", max_new_tokens=1)
+    full = session.query(QUESTION, chunks=got.context_ids, method="full", order="given", max_new_tokens=1)
     torch.testing.assert_close(got.logits, full.logits, atol=2e-4, rtol=1e-4)
 
 
@@ -190,8 +191,8 @@ def test_cake_is_full_prefill_when_it_computes_everything_and_none_when_it_compu
 def test_cake_two_threads_meet_and_cover_every_chunk(session, chunk_ids):
     """Left to meet on their own, the threads split the chunks somewhere; the result is the
     fixed split at that point, whichever it was."""
-    lengths = [session.store.chunk(c).token_length for c in chunk_ids]
     free = session.query(QUESTION, chunks=chunk_ids, method="cake", max_new_tokens=1)
+    lengths = [session.store.chunk(c).token_length for c in free.context_ids]  # in context order
     computed = next(n for n in range(len(chunk_ids) + 1) if sum(lengths[:n]) == free.recomputed_tokens)
     fixed = session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=computed, max_new_tokens=1)
     torch.testing.assert_close(free.logits, fixed.logits, atol=1e-5, rtol=1e-5)

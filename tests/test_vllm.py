@@ -155,7 +155,7 @@ def test_a_mismatched_or_broken_request_is_prefilled_and_answered_correctly(llm,
     ids = [c.id for c in store.store.chunks()]
     req = rag.request(QUESTIONS[0], chunks=ids[:2])
     full, _, _ = generate(llm, req, None)
-    wrong_order = {"sparsecache": {"chunks": ids[:2][::-1]}}
+    wrong_order = {"sparsecache": {"chunks": req.kv_transfer_params["sparsecache"]["chunks"][::-1]}}
     unknown = {"sparsecache": {"chunks": ids[:1] + ["no-such-chunk"]}}
     malformed = {"sparsecache": {"chunks": "not a list"}}
     bad_tail = {"sparsecache": {"chunks": ids[:2], "recompute_tail": -3}}
@@ -206,11 +206,12 @@ def test_rag_prompts_lay_out_prefix_chunks_question(store, rag):
     from sparsecache.blend import question_ids
 
     ids = [c.id for c in store.store.chunks()][:3]
-    req = rag.request("why?", chunks=ids)
+    req = rag.request("why?", chunks=ids, order="given")
     expected = store.store.prefix()[0] + [t for toks in store.store.tokens(ids) for t in toks]
     assert req.prompt_token_ids == expected + question_ids(store.model, "why?")
     assert req.context_tokens == len(expected)
     assert req.kv_transfer_params == {"sparsecache": {"chunks": ids, "version": store.store.version}}
+    assert rag.request("why?", chunks=ids).kv_transfer_params["sparsecache"]["chunks"] == ids[::-1]  # query's default
     hits = rag.request("What does pass do?", top_k=2)
     assert len(hits.chunks) == 2 and hits.kv_transfer_params["sparsecache"]["chunks"] == [h["id"] for h in hits.chunks]
 

@@ -462,7 +462,7 @@ def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu",
             rows.append(_ttft_row(answers, k, method, ratio, "warm", STEPS))
             print(f"k={k:<3} {method:>10} ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
         if cold and k == max(ks):
-            for method, ratio in (("raw", 0.0), ("none", 0.0), ("a3", 0.15)):
+            for method, ratio in (("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cake", 0.0)):
                 def evict():
                     drop_page_cache([session.store.root / "data", session.raw_dir])
                 answers = []
