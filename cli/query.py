@@ -63,9 +63,14 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     if compare:
         ref = s.query(question, cfg, method="full", reorder="none", order="given", cake_split=None, chunks=a.context_ids,
                       max_new_tokens=max_new_tokens)  # the same context, in the same order
+        # full prefill's answer fed through our context: agreement that survives one different word
+        forced = s.query(question, cfg, chunks=[c["id"] for c in a.chunks], reference=ref.tokens)
         same = ref.answer == a.answer
-        result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same}
+        result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same,
+                                  "token_agreement": forced.agreement}
+        agree = round(forced.agreement * len(ref.tokens))
         lines += ["", f"full prefill of the same chunks (no cache), TTFT {ref.timings_ms['ttft']:.1f} ms:", ref.answer,
-                  "same answer as full prefill: " + ("yes" if same else "no"),
+                  "", "same answer as full prefill: " + ("yes" if same else "no")
+                  + f"; along its answer, {agree} of {len(ref.tokens)} next tokens agree ({forced.agreement:.0%})",
                   f"TTFT {ref.timings_ms['ttft'] / t['ttft']:.1f}x lower than full prefill" if t["ttft"] else ""]
     emit(result, as_json, lines)

@@ -49,3 +49,20 @@ def _eos_ids(model: KVModel) -> list[int]:
     if eos is None:
         eos = model.tokenizer.eos_token_id
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+@torch.inference_mode()
+def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, reference: list[int],
+                     model: KVModel) -> int:
+    """How many of `reference`'s tokens greedy decoding would pick, starting from `logits` (the
+    next-token logits after the context and question in `cache`, whose next position is
+    `position`) and fed the reference's own tokens (teacher forcing): top-1 agreement along
+    another method's answer, which does not stop counting at the first difference."""
+    agree = 0
+    for i, token in enumerate(reference):
+        agree += int(logits.argmax()) == token
+        if i + 1 < len(reference):
+            ids = torch.tensor([[token]], device=model.device)
+            pos = torch.tensor([[position + i]], device=model.device)
+            logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1]
+    return agree

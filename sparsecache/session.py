@@ -16,7 +16,7 @@ import torch
 
 from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids
 from .errors import ConfigError
-from .generate import full_prefill, greedy_continue, prefill
+from .generate import forced_agreement, full_prefill, greedy_continue, prefill
 from .model import KVModel, extract_kv, load_model
 from .query_config import QueryConfig
 from .stopwatch import Stopwatch
@@ -36,6 +36,8 @@ class Answer:
     method: str
     context_ids: list[str] = field(default_factory=list)  # chunk ids in context order (prefix first)
     logits: torch.Tensor | None = field(default=None, repr=False)  # next-token logits after the question
+    tokens: list[int] = field(default_factory=list, repr=False)  # the answer's token ids
+    agreement: float | None = None  # with `reference=`: top-1 agreement along the reference answer
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
@@ -78,9 +80,11 @@ class Session:
 
     def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = 8,
               chunks: list[str] | None = None, max_new_tokens: int = 64, answer_prefix: str = "",
-              **changes) -> Answer:
+              reference: list[int] | None = None, **changes) -> Answer:
         """Answer `question` from the top_k retrieved chunks (or the given chunk ids), fused as
-        `config` says; keyword `changes` override its fields (`method="none"`, `order="reverse"`)."""
+        `config` says; keyword `changes` override its fields (`method="none"`, `order="reverse"`).
+        With `reference` (another answer's token ids) the answer is not generated: `agreement`
+        says how many of the reference's tokens this context would predict, teacher-forced."""
         cfg = dataclasses.replace(config or QueryConfig(), **changes)
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
@@ -102,12 +106,18 @@ class Session:
             first = int(p.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
         timings["ttft"] = round(sum(timings.values()), 3)
+        position = p.context_tokens + len(q_ids)
+        agreement = None
         with watch.step("generate"):
-            tokens = greedy_continue(first, p.cache, p.context_tokens + len(q_ids), self.model, max_new_tokens)
+            if reference is not None:
+                tokens = []
+                agreement = forced_agreement(p.logits, p.cache, position, reference, self.model) / max(1, len(reference))
+            else:
+                tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
-                      p.logits)
+                      p.logits, tokens, agreement)
 
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)

@@ -34,9 +34,11 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     r = run(cli, base + ["--chunks", ids, "--method", "full", "--compare", "--json"])  # full against itself
     ref = json.loads(r.stdout)["full_prefill"]
     assert ref["same_answer"] is True and ref["answer"] == json.loads(r.stdout)["answer"]
+    assert ref["token_agreement"] == 1.0  # full prefill predicts its own greedy answer
     r = run(cli, base + ["--chunks", ids, "--method", "none", "--compare"])
     assert r.exit_code == 0 and "full prefill of the same chunks" in r.output
     assert "same answer as full prefill: yes" in r.output or "same answer as full prefill: no" in r.output
+    assert "next tokens agree" in r.output
 
     r = run(cli, base + ["--chunks", "nope"])
     assert r.exit_code == 1 and "no live chunk 'nope'" in r.output
