@@ -57,7 +57,7 @@ store)
   ;;
 learn)
   stage
-  stamp main command; ( time (sc encode-corpus builtin:heldout --store /tmp/demo.store --device cuda --json && sc query /tmp/demo.store "What does a context manager's __exit__ method return?" --device cuda --json) ) > "$OUT/main-command.json" 2> "$OUT/main-command.err"; tail -5 "$OUT/main-command.err"
+  stamp main command; ( time (sc encode-corpus builtin:heldout --store /tmp/demo.store --device cuda --json && sc query /tmp/demo.store "Which RFC does the uuid module follow?" --compare --device cuda --json) ) > "$OUT/main-command.json" 2> "$OUT/main-command.err"; tail -5 "$OUT/main-command.err"
   stamp learn-dict; timeout 300 $SC learn-dict --device cuda --steps 40 --out /tmp/dict-gpu > "$OUT/learn-dict.log" 2>&1; tail -5 "$OUT/learn-dict.log"
   cp /tmp/dict-gpu/dictionary.json "$OUT/learn-dict-gpu.json" 2>/dev/null
   ;;

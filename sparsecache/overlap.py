@@ -65,21 +65,25 @@ class _Pointers:
 
 
 @torch.inference_mode()
-def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None = None) -> tuple[Context, int]:
+def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None = None,
+                 ) -> tuple[Context, int, int]:
     """The context of `chunk_ids` with its first chunks recomputed and the rest decoded, both
-    at once; (context, chunks recomputed). `split` fixes how many chunks are recomputed
-    (None: the two threads meet where they meet)."""
+    at once; (context, chunks recomputed, code bytes read). `split` fixes how many chunks are
+    recomputed (None: the two threads meet where they meet)."""
     prefix_ids, pk, pv = store.prefix()
     tokens = store.tokens(chunk_ids)
     n, dev = len(chunk_ids), model.device
     pointers = _Pointers(n, split)
     decoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     errors: list[BaseException] = []
+    nbytes = [0]
 
     def load() -> None:
         try:
             while (i := pointers.claim_back()) is not None:
-                decoded[i] = store.load_kv([chunk_ids[i]], dev)[0]
+                codes = store.read_codes([chunk_ids[i]])
+                decoded[i] = store.decode_codes(codes, dev)[0]
+                nbytes[0] += codes.nbytes
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 
@@ -113,4 +117,4 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
         spans.append((start, start + len(t)))
         start += len(t)
     token_ids = torch.tensor(list(prefix_ids) + [t for c in tokens for t in c], dtype=torch.long, device=dev)
-    return Context(cache, token_ids, P, spans), computed
+    return Context(cache, token_ids, P, spans), computed, nbytes[0]

@@ -140,11 +140,11 @@ class Session:
             from .overlap import cake_context
 
             with watch.step("recompute"):  # loading runs inside it, on a second thread
-                ctx, computed = cake_context(self.store, ids, self.model, cfg.cake_split)
+                ctx, computed, nbytes = cake_context(self.store, ids, self.model, cfg.cake_split)
             with watch.step("prefill"):
                 logits = prefill(ctx.cache, q_ids, self.model)
             recomputed = sum(b - a for a, b in ctx.spans[:computed])
-            return _Prefilled(logits, ctx.cache, ctx.length, recomputed, 0, ids)
+            return _Prefilled(logits, ctx.cache, ctx.length, recomputed, nbytes, ids)
         if cfg.method == "raw":
             ctx = self._raw_context(ids, watch)
             nbytes = ctx.timings_ms["bytes_read"]

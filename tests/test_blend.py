@@ -205,7 +205,7 @@ def test_cake_reports_a_failed_load_in_the_callers_thread(session, chunk_ids, mo
     def broken(*args, **kwargs):
         raise StoreCorrupt("chunk unreadable")
 
-    monkeypatch.setattr(session.store, "load_kv", broken)
+    monkeypatch.setattr(session.store, "read_codes", broken)
     with pytest.raises(StoreCorrupt, match="chunk unreadable"):
         session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=0, max_new_tokens=1)
 
