@@ -13,8 +13,8 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
 @click.argument("question")
 @click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
 @click.option("--method", type=click.Choice(METHODS), default="infoflow", show_default=True,
-              help="none: decoded KV as is; a3 / infoflow / cacheblend: recompute the top --recompute-ratio "
-                   "tokens they select; cake: prefill the first chunks while the last ones load, on two threads; "
+              help="none: decoded KV as is; a3 / infoflow / cacheblend / cacheclip: recompute the top "
+                   "--recompute-ratio tokens they select; cake: prefill the first chunks while the last ones load, on two threads; "
                    "full: prefill everything (no cache); raw: exact uncompressed KV.")
 @click.option("--recompute-ratio", default=0.15, show_default=True, help="Fraction of chunk tokens to recompute.")
 @click.option("--group-window", default=8, show_default=True, help="CacheClip grouping window (1 = off).")
@@ -33,6 +33,12 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
                    "rank does not bias it), most important next to the question (InfoFlow).")
 @click.option("--cake-split", type=int, default=None,
               help="cake: recompute exactly this many leading chunks (default: the two threads meet where they meet).")
+@click.option("--selector-model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="cacheclip: a small local HF model with the same tokenizer whose full-context pass picks the "
+                   "tokens to recompute (default: the main model's first --selector-layers layers).")
+@click.option("--selector-layers", type=int, default=None,
+              help="cacheclip: layers of the selector to run (default: all of --selector-model's, or a quarter "
+                   "of the main model's).")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
@@ -40,14 +46,16 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, reorder, cake_split, compare, model_path, device, as_json):
+              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, compare,
+              model_path, device, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
     """
     from sparsecache.session import Session
 
-    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split)
+    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
+                      selector_model, selector_layers)
     s = Session(store, model_path, resolve_device(device))
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
@@ -61,7 +69,8 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
               f"  then {t['generate']:.1f} ms to generate the rest"]
     result = a.to_dict()
     if compare:
-        ref = s.query(question, cfg, method="full", reorder="none", order="given", cake_split=None, chunks=a.context_ids,
+        ref = s.query(question, cfg, method="full", reorder="none", order="given", cake_split=None, selector_model=None,
+                      selector_layers=None, chunks=a.context_ids,
                       max_new_tokens=max_new_tokens)  # the same context, in the same order
         # full prefill's answer fed through our context: agreement that survives one different word
         forced = s.query(question, cfg, chunks=[c["id"] for c in a.chunks], reference=ref.tokens)

@@ -220,6 +220,31 @@ def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int)
         _truncate(ctx.cache, S)
 
 
+@torch.inference_mode()
+def selector_scores(ctx: Context, q_ids: list[int], selector: KVModel, n_layers: int) -> torch.Tensor:
+    """float32 [S]: CacheClip's selection signal. A full-context prefill of the context's tokens
+    through the selector's first `n_layers` layers, then the question's attention mass on each
+    context token at the last of them: exact cross-chunk attention, at a fraction of the cost."""
+    hf = selector.hf.model
+    n = min(n_layers, selector.n_layers)
+    ids = ctx.token_ids.to(selector.device)[None]
+    pos = torch.arange(ids.shape[1], device=selector.device)
+    h = hf.embed_tokens(ids)
+    pe = selector.rope.embeddings(h, pos[None], n)
+    masks = layer_masks(selector, pos, ids.shape[1])
+    cache = DynamicCache()
+    for i, block in enumerate(hf.layers[: n - 1]):
+        h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=cache, use_cache=True,
+                  position_embeddings=pe[i])
+    attn = hf.layers[n - 1].self_attn  # the last layer's K/V for the context, then its attention
+    x = hf.layers[n - 1].input_layernorm(h)
+    _, k, v = (t.transpose(1, 2) for t in qkv_states(attn, x))
+    k = _rope_fn(selector)(k, k, *pe[n - 1])[1]
+    cache.update(k, v, n - 1)
+    full = Context(cache, ctx.token_ids, ctx.prefix_len, ctx.spans)
+    return attention_scores(full, q_ids, selector, n - 1).to(ctx.token_ids.device)
+
+
 def _truncate(cache: DynamicCache, length: int) -> None:
     for layer in cache.layers:
         if layer.keys is not None and layer.keys.shape[-2] > length:
@@ -315,16 +340,22 @@ def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int
 
 
 def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
-         watch: Stopwatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         watch: Stopwatch | None = None, selector: KVModel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Score, select and recompute per `cfg`, then prefill the question: (next-token logits,
-    recomputed positions). `none` (and `raw`) only prefill; `full` is not a fusion."""
+    recomputed positions). `none` (and `raw`) only prefill; `full` is not a fusion.
+    `cacheclip` scores with `selector` (default: `model`) over its first `cfg.selector_layers`."""
     watch = watch if watch is not None else Stopwatch(model.device)
     positions = torch.zeros(0, dtype=torch.long)
     if cfg.recomputes:
         with watch.step("select"):
             layer = cfg.layer(model.n_layers)
-            scores = value_deviation(ctx, model, layer) if cfg.method == "cacheblend" else \
-                attention_scores(ctx, q_ids, model, layer)
+            if cfg.method == "cacheblend":
+                scores = value_deviation(ctx, model, layer)
+            elif cfg.method == "cacheclip":  # all of an auxiliary model's layers, a quarter of the main one's
+                n = cfg.selector_layers or (selector.n_layers if selector else max(1, model.n_layers // 4))
+                scores = selector_scores(ctx, q_ids, selector or model, n)
+            else:
+                scores = attention_scores(ctx, q_ids, model, layer)
             positions = select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
         with watch.step("recompute"):
             recompute(ctx, positions, model)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-SCORERS = ("a3", "infoflow", "cacheblend")
+SCORERS = ("a3", "infoflow", "cacheblend", "cacheclip")
 METHODS = ("none", *SCORERS, "cake", "full", "raw")
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
@@ -17,8 +17,8 @@ REORDERS = ("none", "attention")
 class QueryConfig:
     """How a query lays out and fuses retrieved chunks; validated on construction.
 
-    - method: `none` (decoded KV as is), a scorer (`a3`, `infoflow`, `cacheblend`: recompute
-      the tokens it selects), `cake` (recompute the first chunks by prefill while the last
+    - method: `none` (decoded KV as is), a scorer (`a3`, `infoflow`, `cacheblend`,
+      `cacheclip`: recompute the tokens it selects), `cake` (recompute the first chunks by prefill while the last
       ones are read and decoded, on two threads), `full` (prefill everything, no cache) or
       `raw` (exact fp16 KV);
     - recompute_ratio: the fraction of chunk tokens a scorer recomputes;
@@ -38,6 +38,9 @@ class QueryConfig:
     order: str = "reverse"  # measured: best chunk next to the question (BENCHMARKS.md, "Context order")
     reorder: str = "none"
     cake_split: int | None = None  # cake: chunks recomputed; None lets the two threads meet
+    # cacheclip: a small model's full-context pass picks the tokens (CacheClip's auxiliary selector):
+    selector_model: str | None = None  # a local HF model with the same tokenizer; None: the main model...
+    selector_layers: int | None = None  # ...truncated to its first N layers (None: a quarter of them)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -52,6 +55,10 @@ class QueryConfig:
             raise ConfigError(f"--reorder must be one of {', '.join(REORDERS)}, got {self.reorder!r}")
         if self.cake_split is not None and (self.method != "cake" or self.cake_split < 0):
             raise ConfigError("--cake-split is a number of chunks >= 0, for --method cake")
+        if (self.selector_model is not None or self.selector_layers is not None) and self.method != "cacheclip":
+            raise ConfigError("--selector-model / --selector-layers choose cacheclip's selector; use --method cacheclip")
+        if self.selector_layers is not None and self.selector_layers < 1:
+            raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
         if self.reorder != "none" and self.method in ("full", "raw", "cake"):
             raise ConfigError(f"--reorder {self.reorder} scores decoded codes; it does not apply to --method {self.method}")
 

@@ -66,6 +66,7 @@ class Session:
         self.store.check_model(self.model.fingerprint())
         self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
         self._embedder = None
+        self._selectors: dict[str, KVModel] = {}
 
     @property
     def embedder(self):
@@ -119,6 +120,18 @@ class Session:
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
                       p.logits, tokens, agreement)
 
+    def _selector(self, path: str | None) -> KVModel | None:
+        """CacheClip's auxiliary model, loaded once; it must tokenise exactly as the main model."""
+        if path is None:
+            return None
+        if path not in self._selectors:
+            selector = load_model(path, device=self.device)
+            if selector.tokenizer.get_vocab() != self.model.tokenizer.get_vocab():
+                raise ConfigError(f"--selector-model {path}: its tokenizer differs from {self.model.name}'s; "
+                                  "the selector must read the same token ids")
+            self._selectors[path] = selector
+        return self._selectors[path]
+
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         total = len(self.store.prefix()[0]) + sum(self.store.chunk(c).token_length for c in ids) + extra
@@ -157,7 +170,7 @@ class Session:
             with watch.step("reconstruct"):
                 ctx = chunks.assemble(self.model)
             nbytes = chunks.nbytes
-        logits, positions = fuse(ctx, q_ids, cfg, self.model, watch)
+        logits, positions = fuse(ctx, q_ids, cfg, self.model, watch, self._selector(cfg.selector_model))
         return _Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), ids)
 
     def raw_files(self, ids: list[str]) -> list[Path]:

@@ -144,6 +144,10 @@ def test_config_is_validated():
         QueryConfig("a3", 0.1, 4, 5)
     with pytest.raises(ConfigError, match="--order"):
         QueryConfig(order="sideways")
+    with pytest.raises(ConfigError, match="use --method cacheclip"):
+        QueryConfig("a3", selector_layers=2)
+    with pytest.raises(ConfigError, match="--selector-layers must be >= 1"):
+        QueryConfig("cacheclip", selector_layers=0)
     with pytest.raises(ConfigError, match="--reorder attention scores decoded codes"):
         QueryConfig("full", reorder="attention")
     assert QueryConfig("a3", 0.1, 1, 5).group_window == 1  # grouping off: M is ignored
@@ -219,3 +223,43 @@ def test_closed_form_splits_balance_decode_against_prefill():
     # our loop: compute N while S - N load, so N / r_p = (S - N) / r_d
     assert cake_split(1000, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 100
     assert cake_split(1000, 1e9, 1) == 0 and cake_split(1000, 1, 1e9) == 1000
+
+
+def test_selector_scores_are_the_truncated_models_own_attention(session, chunk_ids, tiny_model):
+    """CacheClip's selector: full prefill of context + question through the first n layers;
+    its scores are the question's eager attention weights at layer n-1 of that prefill."""
+    from sparsecache.blend import selector_scores
+
+    ctx = load_cache(session.store, chunk_ids, tiny_model)
+    q = question_ids(tiny_model, QUESTION)
+    S = ctx.length
+    tiny_model.hf.set_attn_implementation("eager")
+    try:
+        ids = torch.cat([ctx.token_ids, torch.tensor(q)])[None]
+        attn = tiny_model.hf(input_ids=ids, output_attentions=True).attentions
+    finally:
+        tiny_model.hf.set_attn_implementation("sdpa")
+    for n in (1, 2):
+        want = attn[n - 1][0, :, S:, :S].sum((0, 1))
+        torch.testing.assert_close(selector_scores(ctx, q, tiny_model, n), want, atol=1e-4, rtol=1e-4)
+
+
+def test_cacheclip_recomputing_everything_is_full_prefill(session, chunk_ids):
+    full = first_logits(session, chunk_ids, "full")
+    got = first_logits(session, chunk_ids, "cacheclip", 1.0, selector_layers=2)
+    torch.testing.assert_close(got, full, atol=2e-4, rtol=1e-4)
+
+
+def test_a_selector_with_another_tokenizer_is_one_clear_error(session, chunk_ids, tiny_model_dir, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<not-in-the-main-vocabulary>"])
+    tok.save_pretrained(other)
+    with pytest.raises(ConfigError, match="tokenizer differs"):
+        first_logits(session, chunk_ids, "cacheclip", 0.2, selector_model=str(other))
+    assert first_logits(session, chunk_ids, "cacheclip", 0.2, selector_model=str(tiny_model_dir)).isfinite().all()
