@@ -19,7 +19,7 @@ from pathlib import Path
 from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
 from sparsecache.session import Session
 
-METHODS = (("full", 0.0), ("none", 0.0), ("infoflow", 0.15), ("a3", 0.15))
+METHODS = "full:0,none:0,infoflow:0.15,a3:0.15,cacheclip:0.15"
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -36,13 +36,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--orders", default="given,reverse,attention")
+    ap.add_argument("--methods", default=METHODS, help="method:ratio, comma-separated")
     args = ap.parse_args()
     s = Session(args.store)
     trials = load_trials(args.passkey)[: args.trials]
     docs = {d for t in trials for d in t.chunk_docs}  # the store may hold other documents too
     ids = {c.doc_id: c.id for c in s.store.chunks() if c.doc_id in docs}
     rows = []
-    for method, ratio in METHODS:
+    for method, ratio in ((m, float(r)) for m, r in (x.split(":") for x in args.methods.split(","))):
         for order in args.orders.split(","):
             if order == "attention" and method == "full":
                 continue  # reordering scores decoded codes

@@ -12,6 +12,7 @@ chunk; on cold storage or an object store the computing thread takes more.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -39,6 +40,29 @@ def tail_split(context_tokens: int, question_tokens: int, decode_tokens_per_s: f
     rp, rd = prefill_tokens_per_s, decode_tokens_per_s
     n = (context_tokens * rp - question_tokens * rd) / (rp + rd)
     return max(0, min(context_tokens, int(round(n))))
+
+
+@dataclass
+class Rates:
+    """Decode and prefill speeds (tokens/s) measured by a session's own queries, smoothed:
+    what the closed-form split needs. None until a query has measured it."""
+
+    decode_tokens_per_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+    def observe(self, kind: str, tokens: int, ms: float) -> None:
+        if tokens <= 0 or ms <= 0:
+            return
+        rate, old = tokens / (ms / 1e3), getattr(self, kind)
+        setattr(self, kind, rate if old is None else (old + rate) / 2)
+
+    def split(self, lengths: list[int]) -> int | None:
+        """Chunks to recompute by the closed form (leading chunks whose tokens come nearest
+        N*), or None while either rate is unknown."""
+        if self.decode_tokens_per_s is None or self.prefill_tokens_per_s is None:
+            return None
+        n = cake_split(sum(lengths), self.decode_tokens_per_s, self.prefill_tokens_per_s)
+        return min(range(len(lengths) + 1), key=lambda k: abs(sum(lengths[:k]) - n))
 
 
 class _Pointers:

@@ -37,7 +37,8 @@ class QueryConfig:
     score_layer: int | None = None
     order: str = "reverse"  # measured: best chunk next to the question (BENCHMARKS.md, "Context order")
     reorder: str = "none"
-    cake_split: int | None = None  # cake: chunks recomputed; None lets the two threads meet
+    cake_split: int | None = None  # cake: chunks recomputed; None: the closed form from the session's measured
+    # rates, or, before any query has measured them, wherever the two threads meet
     # cacheclip: a small model's full-context pass picks the tokens (CacheClip's auxiliary selector):
     selector_model: str | None = None  # a local HF model with the same tokenizer; None: the main model...
     selector_layers: int | None = None  # ...truncated to its first N layers (None: a quarter of them)

@@ -18,6 +18,7 @@ from .blend import Context, assemble, attention_order, decode_chunks, fuse, ques
 from .errors import ConfigError
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
 from .model import KVModel, extract_kv, load_model
+from .overlap import Rates, cake_context
 from .query_config import QueryConfig
 from .stopwatch import Stopwatch
 from .store import Store
@@ -67,6 +68,7 @@ class Session:
         self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
         self._embedder = None
         self._selectors: dict[str, KVModel] = {}
+        self.rates = Rates()  # measured by every query; cake's split comes from them
 
     @property
     def embedder(self):
@@ -148,12 +150,13 @@ class Session:
             seq = prefix + [t for c in tokens for t in c] + q_ids
             with watch.step("prefill"):
                 logits, cache = full_prefill(seq, self.model)
+            self.rates.observe("prefill_tokens_per_s", len(seq), watch["prefill"])
             return _Prefilled(logits, cache, len(seq) - len(q_ids), 0, 4 * len(seq), ids)
         if cfg.method == "cake":
-            from .overlap import cake_context
-
+            lengths = [self.store.chunk(c).token_length for c in ids]
+            split = cfg.cake_split if cfg.cake_split is not None else self.rates.split(lengths)
             with watch.step("recompute"):  # loading runs inside it, on a second thread
-                ctx, computed, nbytes = cake_context(self.store, ids, self.model, cfg.cake_split)
+                ctx, computed, nbytes = cake_context(self.store, ids, self.model, split)
             with watch.step("prefill"):
                 logits = prefill(ctx.cache, q_ids, self.model)
             recomputed = sum(b - a for a, b in ctx.spans[:computed])
@@ -170,6 +173,8 @@ class Session:
             with watch.step("reconstruct"):
                 ctx = chunks.assemble(self.model)
             nbytes = chunks.nbytes
+            self.rates.observe("decode_tokens_per_s", sum(map(len, chunks.tokens)),
+                               sum(watch.get(s, 0.0) for s in ("read", "transfer", "reconstruct")))
         logits, positions = fuse(ctx, q_ids, cfg, self.model, watch, self._selector(cfg.selector_model))
         return _Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), ids)
 

@@ -195,6 +195,9 @@ def test_cake_is_full_prefill_when_it_computes_everything_and_none_when_it_compu
 def test_cake_two_threads_meet_and_cover_every_chunk(session, chunk_ids):
     """Left to meet on their own, the threads split the chunks somewhere; the result is the
     fixed split at that point, whichever it was."""
+    from sparsecache.overlap import Rates
+
+    session.rates = Rates()  # nothing measured yet: no closed form to follow
     free = session.query(QUESTION, chunks=chunk_ids, method="cake", max_new_tokens=1)
     lengths = [session.store.chunk(c).token_length for c in free.context_ids]  # in context order
     computed = next(n for n in range(len(chunk_ids) + 1) if sum(lengths[:n]) == free.recomputed_tokens)
@@ -263,3 +266,19 @@ def test_a_selector_with_another_tokenizer_is_one_clear_error(session, chunk_ids
     with pytest.raises(ConfigError, match="tokenizer differs"):
         first_logits(session, chunk_ids, "cacheclip", 0.2, selector_model=str(other))
     assert first_logits(session, chunk_ids, "cacheclip", 0.2, selector_model=str(tiny_model_dir)).isfinite().all()
+
+
+def test_cake_splits_by_the_closed_form_once_the_session_has_measured_its_rates(session, chunk_ids):
+    """A `none` query measures decoding and a `full` one prefill; cake's default split is then
+    the closed form's, the leading chunks whose tokens come nearest N* = S·r_p / (r_p + r_d)."""
+    from sparsecache.overlap import Rates
+
+    session.rates = Rates()
+    session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=1)
+    session.query(QUESTION, chunks=chunk_ids, method="full", max_new_tokens=1)
+    assert session.rates.decode_tokens_per_s > 0 and session.rates.prefill_tokens_per_s > 0
+    session.rates = Rates(decode_tokens_per_s=1_000.0, prefill_tokens_per_s=1_000.0)  # N* = half the tokens
+    a = session.query(QUESTION, chunks=chunk_ids, method="cake", max_new_tokens=1)
+    lengths = [session.store.chunk(c).token_length for c in a.context_ids]
+    assert a.recomputed_tokens == sum(lengths[: session.rates.split(lengths)])
+    assert 0 < a.recomputed_tokens < sum(lengths)
