@@ -59,7 +59,7 @@ def main() -> None:
         prefill_rate = tokens / (full["prefill"] / 1e3)
         n_tokens = cake_split(tokens, decode_rate, prefill_rate)
         lengths = [c.token_length for c in chunks]
-        closed = min(range(k + 1), key=lambda n: abs(sum(lengths[:n]) - n_tokens))
+        closed = max(n for n in range(k + 1) if sum(lengths[:n]) <= n_tokens)  # as Rates.split
         splits = sorted({0, 1, 2, k // 8, closed})
         for cache in ("warm", "cold"):
             cold = cache == "cold"

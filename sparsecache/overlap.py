@@ -57,12 +57,13 @@ class Rates:
         setattr(self, kind, rate if old is None else (old + rate) / 2)
 
     def split(self, lengths: list[int]) -> int | None:
-        """Chunks to recompute by the closed form (leading chunks whose tokens come nearest
-        N*), or None while either rate is unknown."""
+        """Chunks to recompute by the closed form: the most leading chunks whose tokens fit in
+        N* (a chunk past it makes the slower prefill the one everyone waits for), or None
+        while either rate is unknown."""
         if self.decode_tokens_per_s is None or self.prefill_tokens_per_s is None:
             return None
         n = cake_split(sum(lengths), self.decode_tokens_per_s, self.prefill_tokens_per_s)
-        return min(range(len(lengths) + 1), key=lambda k: abs(sum(lengths[:k]) - n))
+        return max(k for k in range(len(lengths) + 1) if sum(lengths[:k]) <= n)
 
 
 class _Pointers:

@@ -270,7 +270,7 @@ def test_a_selector_with_another_tokenizer_is_one_clear_error(session, chunk_ids
 
 def test_cake_splits_by_the_closed_form_once_the_session_has_measured_its_rates(session, chunk_ids):
     """A `none` query measures decoding and a `full` one prefill; cake's default split is then
-    the closed form's, the leading chunks whose tokens come nearest N* = S·r_p / (r_p + r_d)."""
+    the closed form's, the most leading chunks whose tokens fit in N* = S·r_p / (r_p + r_d)."""
     from sparsecache.overlap import Rates
 
     session.rates = Rates()
