@@ -192,7 +192,7 @@ def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
 def test_recompute_tail_leaves_the_last_chunk_to_vllm(llm, store, rag):
     ids = [c.id for c in store.store.chunks()]
     req = rag.request(QUESTIONS[0], chunks=ids)
-    last = store.store.chunk(ids[-1]).token_length
+    last = store.store.chunk(req.kv_transfer_params["sparsecache"]["chunks"][-1]).token_length  # in prompt order
     _, _, delta = generate(llm, req, with_source(req, "codes", recompute_tail="chunk"))
     assert delta["tokens"] == req.context_tokens - last
     _, _, delta = generate(llm, req, with_source(req, "codes", recompute_tail=7))
