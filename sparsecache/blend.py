@@ -63,12 +63,18 @@ def assemble(prefix_ids: list[int], prefix_kv: tuple[torch.Tensor, torch.Tensor]
     values = torch.cat([prefix_kv[1].to(dev)] + [v.to(dev) for _, v in chunk_kv], dim=1)
     S = keys.shape[1]
     keys = model.rope.rotate_(keys.float(), torch.arange(S, device=dev))
+    return Context(kv_cache(keys, values, model), *layout(prefix_ids, chunk_ids, dev))
+
+
+def layout(prefix_ids: list[int], chunk_ids: list[list[int]], device) -> tuple[torch.Tensor, int, list]:
+    """Token ids [S] of prefix + chunks on `device`, the prefix length, and each chunk's
+    [start, end) positions: the Context fields every way of filling a cache shares."""
     spans, start = [], len(prefix_ids)
     for ids in chunk_ids:
         spans.append((start, start + len(ids)))
         start += len(ids)
-    tokens = torch.tensor(list(prefix_ids) + [t for ids in chunk_ids for t in ids], dtype=torch.long, device=dev)
-    return Context(kv_cache(keys, values, model), tokens, len(prefix_ids), spans)
+    tokens = torch.tensor(list(prefix_ids) + [t for ids in chunk_ids for t in ids], dtype=torch.long, device=device)
+    return tokens, len(prefix_ids), spans
 
 
 def load_cache(store, chunk_ids: list[str], model: KVModel, device=None) -> Context:
@@ -196,13 +202,8 @@ def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int)
     hf, S = model.hf.model, ctx.length
     ids = torch.tensor([q_ids], device=model.device)
     pos = torch.arange(S, S + len(q_ids), device=model.device)
-    h = hf.embed_tokens(ids)
-    pe = model.rope.embeddings(h, pos[None], layer + 1)
-    masks = layer_masks(model, pos, S + len(q_ids))[:layer]
     try:
-        for i, block in enumerate(hf.layers[:layer]):  # appends the question's K/V to layers < `layer`
-            h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=ctx.cache,
-                      use_cache=True, position_embeddings=pe[i])
+        h, pe = _first_layers(model, ids, pos, layer, ctx.cache)  # the question's K/V join layers < `layer`
         attn = hf.layers[layer].self_attn
         x = hf.layers[layer].input_layernorm(h)
         q, kq, _ = (t.transpose(1, 2) for t in qkv_states(attn, x))  # (1, nh, Q, D), (1, H, Q, D)
@@ -229,13 +230,8 @@ def selector_scores(ctx: Context, q_ids: list[int], selector: KVModel, n_layers:
     n = min(n_layers, selector.n_layers)
     ids = ctx.token_ids.to(selector.device)[None]
     pos = torch.arange(ids.shape[1], device=selector.device)
-    h = hf.embed_tokens(ids)
-    pe = selector.rope.embeddings(h, pos[None], n)
-    masks = layer_masks(selector, pos, ids.shape[1])
     cache = DynamicCache()
-    for i, block in enumerate(hf.layers[: n - 1]):
-        h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=cache, use_cache=True,
-                  position_embeddings=pe[i])
+    h, pe = _first_layers(selector, ids, pos, n - 1, cache)
     attn = hf.layers[n - 1].self_attn  # the last layer's K/V for the context, then its attention
     x = hf.layers[n - 1].input_layernorm(h)
     _, k, v = (t.transpose(1, 2) for t in qkv_states(attn, x))
@@ -243,6 +239,22 @@ def selector_scores(ctx: Context, q_ids: list[int], selector: KVModel, n_layers:
     cache.update(k, v, n - 1)
     full = Context(cache, ctx.token_ids, ctx.prefix_len, ctx.spans)
     return attention_scores(full, q_ids, selector, n - 1).to(ctx.token_ids.device)
+
+
+def _first_layers(model: KVModel, ids: torch.Tensor, pos: torch.Tensor, n: int,
+                  cache: DynamicCache | None = None) -> tuple[torch.Tensor, list]:
+    """Hidden states of tokens `ids` [1, T] at positions `pos` [T] after the first `n` decoder
+    layers, each with its own window mask over the cache (the tokens' K/V join `cache` when
+    given, after what it holds) and rotary table; with the position embeddings of layers
+    0..n, layer n's for the caller's own attention there."""
+    hf = model.hf.model
+    h = hf.embed_tokens(ids)
+    pe = model.rope.embeddings(h, pos[None], n + 1)
+    masks = layer_masks(model, pos, (cache.get_seq_length() if cache is not None else 0) + len(pos))
+    for i, block in enumerate(hf.layers[:n]):
+        h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=cache,
+                  use_cache=cache is not None, position_embeddings=pe[i])
+    return h, pe
 
 
 def _truncate(cache: DynamicCache, length: int) -> None:
@@ -258,12 +270,7 @@ def value_deviation(ctx: Context, model: KVModel, layer: int = 1) -> torch.Tenso
     prefill of the layers below it (CacheBlend's selection signal)."""
     hf = model.hf.model
     pos = torch.arange(ctx.length, device=model.device)
-    h = hf.embed_tokens(ctx.token_ids[None])
-    pe = model.rope.embeddings(h, pos[None], layer)
-    masks = layer_masks(model, pos, ctx.length)
-    for i, block in enumerate(hf.layers[:layer]):
-        h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=None, use_cache=False,
-                  position_embeddings=pe[i])
+    h, _ = _first_layers(model, ctx.token_ids[None], pos, layer)
     attn = hf.layers[layer].self_attn
     v_full = qkv_states(attn, hf.layers[layer].input_layernorm(h))[2][0].flatten(-2)  # (S, m)
     v_cached = ctx.cache.layers[layer].values[0].transpose(0, 1).flatten(1)  # (S, m)

@@ -37,11 +37,15 @@ def greedy_continue(first_token: int, cache: DynamicCache, position: int, model:
     eos = set(_eos_ids(model))
     out = [first_token]
     while len(out) < max_new_tokens and out[-1] not in eos and not (until and until(out)):
-        ids = torch.tensor([[out[-1]]], device=model.device)
-        pos = torch.tensor([[position + len(out) - 1]], device=model.device)
-        logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
-        out.append(int(logits[0, -1].argmax()))
+        out.append(int(_next_logits(out[-1], position + len(out) - 1, cache, model).argmax()))
     return [t for t in out if t not in eos]
+
+
+def _next_logits(token: int, position: int, cache: DynamicCache, model: KVModel) -> torch.Tensor:
+    """Logits [vocab] after feeding one token at `position`; its K/V join `cache`."""
+    ids = torch.tensor([[token]], device=model.device)
+    pos = torch.tensor([[position]], device=model.device)
+    return model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1]
 
 
 def _eos_ids(model: KVModel) -> list[int]:
@@ -62,7 +66,5 @@ def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, r
     for i, token in enumerate(reference):
         agree += int(logits.argmax()) == token
         if i + 1 < len(reference):
-            ids = torch.tensor([[token]], device=model.device)
-            pos = torch.tensor([[position + i]], device=model.device)
-            logits = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = _next_logits(token, position + i, cache, model)
     return agree

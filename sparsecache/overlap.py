@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .blend import Context
+from .blend import Context, assemble, layout
 from .model import KVModel, kv_cache
 
 
@@ -114,10 +114,8 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
 
     loader = threading.Thread(target=load, name="sparsecache-cake-loader")
     loader.start()
-    P = len(prefix_ids)
-    keys = model.rope.rotate(pk.to(dev).float(), torch.arange(P, device=dev))
-    cache = kv_cache(keys, pv.float(), model)  # exact prefix; computed chunks append to it
-    position = P
+    cache = assemble(prefix_ids, (pk, pv), [], [], model).cache  # exact prefix; computed chunks append to it
+    position = len(prefix_ids)
     try:
         while (i := pointers.claim_front()) is not None:
             ids = torch.tensor([tokens[i]], device=dev)
@@ -137,9 +135,4 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
         for layer, tail in zip(cache.layers, back.layers):
             layer.keys = torch.cat([layer.keys, tail.keys], dim=-2)
             layer.values = torch.cat([layer.values, tail.values], dim=-2)
-    spans, start = [], P
-    for t in tokens:
-        spans.append((start, start + len(t)))
-        start += len(t)
-    token_ids = torch.tensor(list(prefix_ids) + [t for c in tokens for t in c], dtype=torch.long, device=dev)
-    return Context(cache, token_ids, P, spans), computed, nbytes[0]
+    return Context(cache, *layout(prefix_ids, tokens, dev)), computed, nbytes[0]
