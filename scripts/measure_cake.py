@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from sparsecache.bench.suite import drop_page_cache
 from sparsecache.overlap import cake_split
 from sparsecache.session import Session
@@ -44,8 +46,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ks", default="8,32")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    s = Session(args.store)
+    s = Session(args.store, device=args.device)
     long = sorted((c for c in s.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
     rows = []
     for k in map(int, args.ks.split(",")):
@@ -77,7 +80,9 @@ def main() -> None:
                                              round(prefill_rate), "split_tokens": n_tokens, "split_chunks": closed}})
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     cpu = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), platform.processor())
-    Path(args.out).write_text(json.dumps({"cpu": cpu, "question": QUESTION, "rows": rows}, indent=1))
+    gpu = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else None
+    Path(args.out).write_text(json.dumps({"cpu": cpu, "gpu": gpu, "device": str(s.device), "question": QUESTION,
+                                          "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ chunk; on cold storage or an object store the computing thread takes more.
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -103,12 +104,19 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
     errors: list[BaseException] = []
     nbytes = [0]
 
+    # On a GPU the decode runs on a stream of its own, or it would queue behind the prefill's
+    # kernels on the default stream and nothing would overlap.
+    side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+
     def load() -> None:
         try:
-            while (i := pointers.claim_back()) is not None:
-                codes = store.read_codes([chunk_ids[i]])
-                decoded[i] = store.decode_codes(codes, dev)[0]
-                nbytes[0] += codes.nbytes
+            with torch.cuda.stream(side) if side is not None else nullcontext():
+                while (i := pointers.claim_back()) is not None:
+                    codes = store.read_codes([chunk_ids[i]])
+                    decoded[i] = store.decode_codes(codes, dev)[0]
+                    nbytes[0] += codes.nbytes
+            if side is not None:  # finished before the main stream reads (or frees) them
+                side.synchronize()
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 

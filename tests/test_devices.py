@@ -77,20 +77,47 @@ def test_gpu_encoded_store_holds_the_same_chunks(cuda_store):
     assert a.info()["chunks"] == b.info()["chunks"]
 
 
-@pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend"])
+@pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend", "cacheclip"])
 def test_recomputing_everything_on_cuda_reproduces_full_prefill(cuda_store, tiny_model_dir, method):
     from sparsecache.session import Session
 
     s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda")
     ids = [c.id for c in s.store.chunks()][:4]
 
-    def logits(m, r=0.0):
-        return s.query(QUESTION, chunks=ids, method=m, recompute_ratio=r, max_new_tokens=1).logits
+    def logits(m, r=0.0, **cfg):
+        return s.query(QUESTION, chunks=ids, method=m, recompute_ratio=r, max_new_tokens=1, **cfg).logits
 
     torch.testing.assert_close(logits(method, 1.0), logits("full"), atol=1e-4, rtol=1e-4)
+    # reordered by the question's attention, everything recomputed = full prefill of that order
+    reordered = s.query(QUESTION, chunks=ids, method=method, recompute_ratio=1.0, max_new_tokens=1,
+                        reorder="attention")
+    full = s.query(QUESTION, chunks=reordered.context_ids, method="full", order="given", max_new_tokens=1)
+    torch.testing.assert_close(reordered.logits, full.logits, atol=1e-4, rtol=1e-4)
     cpu = Session(cuda_store / "cuda", str(tiny_model_dir), "cpu")
     got = cpu.query(QUESTION, chunks=ids, method="none", max_new_tokens=1).logits
     torch.testing.assert_close(logits("none").cpu(), got.cpu(), atol=1e-3, rtol=1e-3)
+
+
+def test_cake_on_cuda_overlaps_into_the_same_context(cuda_store, tiny_model_dir):
+    """The loader decodes on its own CUDA stream: every split gives what the fixed methods give."""
+    from sparsecache.session import Session
+
+    s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda")
+    ids = [c.id for c in s.store.chunks()][:4]
+
+    def logits(**cfg):
+        return s.query(QUESTION, chunks=ids, max_new_tokens=1, **cfg).logits
+
+    torch.testing.assert_close(logits(method="cake", cake_split=len(ids)), logits(method="full"),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits(method="cake", cake_split=0), logits(method="none"), atol=1e-4, rtol=1e-4)
+    from sparsecache.overlap import Rates
+
+    s.rates = Rates()  # nothing measured: the threads meet where they meet
+    free = s.query(QUESTION, chunks=ids, max_new_tokens=1, method="cake")
+    lengths = [s.store.chunk(c).token_length for c in free.context_ids]
+    computed = next(n for n in range(len(ids) + 1) if sum(lengths[:n]) == free.recomputed_tokens)
+    torch.testing.assert_close(free.logits, logits(method="cake", cake_split=computed), atol=1e-4, rtol=1e-4)
 
 
 def test_query_cli_on_cuda(cuda_store, tiny_model_dir):
