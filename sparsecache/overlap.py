@@ -82,12 +82,17 @@ class _Pointers:
             self.front += 1
             return self.front - 1
 
-    def claim_back(self) -> int | None:
+    def claim_back(self) -> list[int]:
+        """The next chunks for the loader, in context order: with a fixed split all of its
+        side at once (one read and one batched decode, which a GPU needs: decoding 32 chunks
+        one by one costs ~1.5× the batch in kernel launches), else one at a time."""
         with self.lock:
-            if self.back <= self.front or (self.split is not None and self.back <= self.split):
-                return None
-            self.back -= 1
-            return self.back
+            stop = self.front if self.split is None else max(self.front, self.split)
+            if self.back <= stop:
+                return []
+            start = stop if self.split is not None else self.back - 1
+            claimed, self.back = list(range(start, self.back)), start
+            return claimed
 
 
 @torch.inference_mode()
@@ -111,9 +116,9 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
     def load() -> None:
         try:
             with torch.cuda.stream(side) if side is not None else nullcontext():
-                while (i := pointers.claim_back()) is not None:
-                    codes = store.read_codes([chunk_ids[i]])
-                    decoded[i] = store.decode_codes(codes, dev)[0]
+                while claimed := pointers.claim_back():
+                    codes = store.read_codes([chunk_ids[i] for i in claimed])
+                    decoded.update(zip(claimed, store.decode_codes(codes, dev)))
                     nbytes[0] += codes.nbytes
             if side is not None:  # finished before the main stream reads (or frees) them
                 side.synchronize()
