@@ -108,26 +108,36 @@ def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
     emit(r, as_json, lines)
 
 
-@bench.command("passkey")
-@click.option("--workdir", default="bench-passkey", show_default=True, type=click.Path(file_okay=False))
-@click.option("--trials", default=24, show_default=True)
+@bench.command("ruler")
+@click.option("--workdir", default="bench-ruler", show_default=True, type=click.Path(file_okay=False),
+              help="Where the suite, its store and results.json go; a rerun resumes there.")
+@click.option("--tasks", default="single,multikey,multivalue,vartrack,cwe", show_default=True,
+              help="Tasks, comma-separated.")
+@click.option("--trials", default=20, show_default=True, help="Trials per task.")
 @click.option("--k", "k", default=8, show_default=True, help="Chunks per trial.")
-@click.option("--keys", default=1, show_default=True, help="Needles per trial (the question asks for one).")
 @click.option("--tokens-per-chunk", default=200, show_default=True)
-@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write accuracy vs TTFT here (PNG).")
+@click.option("--methods", default="full,raw,none,a3,infoflow,cacheblend,cacheclip,infoflow+reorder,cake",
+              show_default=True, help="Labels, or method:ratio (append +reorder to reorder by attention).")
+@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
+              help="Write accuracy vs TTFT here (PNG), one panel per task.")
 @device_option
 @json_option
 @library_errors
-def passkey_cmd(workdir, trials, k, keys, tokens_per_chunk, plot, device, as_json):
-    """Needle accuracy and TTFT of full / raw / none / a3 / infoflow / cacheblend at several
-    recompute ratios, on the same seeded trials."""
-    from sparsecache.bench.suite import bench_passkey, plot_passkey
+def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device, as_json):
+    """A RULER-style suite over k retrieved chunks: single and multi-key needles, multi-value
+    needles, variable tracking and common-words extraction, generated with a seed from
+    held-out text. Every method on the same trials: accuracy with its Wilson 95% interval,
+    recall, mean TTFT."""
+    from sparsecache.bench.ruler import parse_methods, plot_suite
+    from sparsecache.bench.suite import bench_ruler
 
-    r = bench_passkey(workdir, trials, k, keys, tokens_per_chunk, resolve_device(device))
+    r = bench_ruler(workdir, [t.strip() for t in tasks.split(",") if t.strip()], trials, k, tokens_per_chunk,
+                    parse_methods(methods), resolve_device(device))
     if plot:
-        plot_passkey([r], plot)
-    emit(r, as_json, [f"{x['method']:>10} r={x['ratio']:<4} accuracy {x['accuracy']:.3f}  ttft {x['ttft_ms']:.0f} ms"
-                      for x in r["rows"]])
+        plot_suite(r["rows"], plot)
+    emit(r, as_json, [f"{x['task']:>10} {x['label']:>16}  accuracy {x['accuracy']:.2f} "
+                      f"[{x['interval95'][0]:.2f}, {x['interval95'][1]:.2f}]  recall {x['recall']:.2f}  "
+                      f"ttft {x['ttft_ms']:.0f} ms" for x in r["rows"]])
 
 
 @bench.command("ttft")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import socket
 import subprocess
@@ -25,10 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), platform.processor())
+from sparsecache.bench.suite import cpu_model
 
 
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
@@ -150,7 +146,7 @@ def main():
     ap.add_argument("--skip-encode", action="store_true")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="scaleout-"))
-    result = {"machine": cpu_name(), "cores": __import__("os").cpu_count(), "device": a.device}
+    result = {"machine": cpu_model(), "cores": __import__("os").cpu_count(), "device": a.device}
     if not a.skip_encode:
         result["encode"] = encode_runs(work, a.tokens, a.device)
     result["read"] = read_latency(Path(a.read_store) if a.read_store else work / "store-0", a.chunks, a.repeats)

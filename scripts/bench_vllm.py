@@ -24,23 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from sparsecache.bench.suite import cpu_model
+
 # k = 32 chunks of ~500 tokens exceed the default model's 8,192 positions: TTFT is a matter of
 # compute, so vLLM is allowed the longer length (answers there are not judged; needles use k = 8).
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 TTFT_QUESTION = "Summarise what these passages say about the subject they share."
-
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), platform.processor())
 
 
 def ensure_stores(store: Path, corpus: Path, work: Path, trials: int, k: int) -> None:
@@ -224,7 +220,7 @@ def main() -> None:
     k8 = next(r for r in rows if r["k"] == (8 if 8 in args.ks else args.ks[0]))
     ratio = k8["tail_auto"] / k8["context_tokens"]
     needles = needle_accuracy(llm, args.store, args.passkey, ratio)
-    result = {"device": "cpu", "cpu": cpu_name(), "threads": os.environ.get("OMP_NUM_THREADS"),
+    result = {"device": "cpu", "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"),
               "date": time.strftime("%Y-%m-%d"), "vllm": __import__("vllm").__version__, "ttft": rows,
               "tail_auto_ratio_from_k8": round(ratio, 4), "needle": needles}
     args.out.parent.mkdir(parents=True, exist_ok=True)

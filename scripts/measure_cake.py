@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from sparsecache.bench.suite import drop_page_cache
+from sparsecache.bench.suite import cpu_model, drop_page_cache
 from sparsecache.overlap import cake_split
 from sparsecache.session import Session
 
@@ -78,10 +76,8 @@ def main() -> None:
                       file=sys.stderr, flush=True)
         rows.append({"k": k, "closed_form": {"decode_tokens_per_s": round(decode_rate), "prefill_tokens_per_s":
                                              round(prefill_rate), "split_tokens": n_tokens, "split_chunks": closed}})
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), platform.processor())
     gpu = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else None
-    Path(args.out).write_text(json.dumps({"cpu": cpu, "gpu": gpu, "device": str(s.device), "question": QUESTION,
+    Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "gpu": gpu, "device": str(s.device), "question": QUESTION,
                                           "rows": rows}, indent=1))
 
 

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import platform
-import subprocess
 from pathlib import Path
 
 from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
+from sparsecache.bench.ruler import wilson
+from sparsecache.bench.suite import cpu_model
 from sparsecache.session import Session
 
 METHODS = "full:0,none:0,infoflow:0.15,a3:0.15,cacheclip:0.15"
-
-
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)
 
 
 def main() -> None:
@@ -61,9 +53,7 @@ def main() -> None:
                    "ttft_ms": round(sum(ttft) / len(ttft), 1)}
             print(row, flush=True)
             rows.append(row)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), platform.processor())
-    Path(args.out).write_text(json.dumps({"cpu": cpu, "k": len(trials[0].chunk_docs), "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "k": len(trials[0].chunk_docs), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

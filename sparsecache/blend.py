@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .query_config import SCORERS, QueryConfig
+from .query_config import QueryConfig
 from .model import KVModel, kv_cache, layer_windows, qkv_states
 from .generate import prefill
 from .stopwatch import Stopwatch

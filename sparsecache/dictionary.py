@@ -27,7 +27,7 @@ import torch
 from . import __version__
 from .errors import ConfigError, DictionaryError, DictionaryMismatch
 from .model import FINGERPRINT_FIELDS
-from .omp import batch_omp, gram, reconstruct
+from .omp import batch_omp, reconstruct
 
 FORMAT_VERSION = 1
 ATOMS_FILE = "atoms.safetensors"

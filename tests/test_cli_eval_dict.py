@@ -1,6 +1,5 @@
 import json
 
-import torch
 from click.testing import CliRunner
 
 from cli.main import cli

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ..dictionary import Dictionary, initial_atoms
-from ..errors import StoreError
+from ..errors import ConfigError, StoreError
 from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
 
@@ -363,70 +363,51 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
 # ---------------------------------------------------------------- query time
 
 
-PASSKEY_CONFIGS = [("full", 0.0, {}), ("raw", 0.0, {}), ("none", 0.0, {})] + [
-    (m, r, {}) for m in ("a3", "infoflow", "cacheblend") for r in (0.05, 0.15, 0.3)] + [
-    ("a3", 0.15, {"group_window": 1}), ("a3", 0.15, {"group_window": 8, "group_min": 5})]
+def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200, methods=None,
+                device="cpu") -> dict:
+    """Accuracy (± Wilson 95%), recall and mean TTFT of every method on every task of the
+    RULER-style suite (`ruler.py`), same trials, default model and store configuration.
 
-
-def bench_passkey(workdir, trials: int = 24, k: int = 8, keys: int = 1, tokens_per_chunk: int = 200,
-                  device="cpu", configs=None) -> dict:
-    """Needle accuracy and mean TTFT of every fusion method on the same trials (default model,
-    shipped s16 dictionary). The store of filler + needle chunks is built once per workdir."""
+    The suite and its store are made once per workdir (the store encodes incrementally, so a
+    killed encode resumes); every finished (task, method) cell is saved to results.json at
+    once, and a rerun skips the cells already there."""
+    import json
     from pathlib import Path
 
     from ..dictionary import default_dictionary
     from ..encoder import encode_corpus
     from ..model import load_model
-    from .passkey import load_trials, make_task, run_trials
     from ..session import Session
     from ..store import StoreConfig
+    from .ruler import METHODS, load_suite, make_suite, run_suite
 
     work = Path(workdir)
+    settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk}
+    made = work / "suite.json"
+    if made.exists() and json.loads(made.read_text()) != settings:
+        raise ConfigError(f"{work} holds a suite made with {made.read_text().strip()}; use another --workdir")
     model = load_model(device=device)
-    if not (work / "trials.json").exists():
-        make_task(model.tokenizer, work, trials, k, tokens_per_chunk, keys)
-    task = load_trials(work)
+    if not made.exists():
+        make_suite(model.tokenizer, work, tasks, trials, k, tokens_per_chunk)
+        made.write_text(json.dumps(settings))
     encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
-                  StoreConfig(), device=device, progress=False)
+                  StoreConfig(), device=device)
     session = Session(work / "store", model, device)
-    rows = []
-    for method, ratio, kw in configs or PASSKEY_CONFIGS:
-        r = run_trials(session, task, method, ratio, **kw)
-        rows.append({**r, **kw})
-        print(f"{method:>10} r={ratio:<4} {kw or ''} accuracy {r['accuracy']:.3f}  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
-    return {"device": str(device), "trials": len(task), "k": k, "keys": keys, "tokens_per_chunk": tokens_per_chunk,
-            "rows": rows}
+    rows = run_suite(session, load_suite(work), methods or METHODS, work / "results.json")
+    return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
 
 
-def plot_passkey(results: list[dict], out) -> None:
-    """Accuracy vs mean TTFT, one panel per task variant, one series per method."""
-    import matplotlib
+def cpu_model() -> str:
+    """lscpu's model name (timings differ between AVX2 and AVX-512 machines)."""
+    import platform
+    import subprocess
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
-    for ax, res in zip(axes[0], results):
-        by_method: dict[str, list] = {}
-        for row in res["rows"]:
-            label = row["method"] + ("" if "group_window" not in row else f" W{row['group_window']}/M{row.get('group_min', 0)}")
-            by_method.setdefault(label, []).append(row)
-        for label, rows in by_method.items():
-            rows = sorted(rows, key=lambda r: r["ratio"])
-            ax.plot([r["ttft_ms"] for r in rows], [r["accuracy"] for r in rows], "o-", label=label)
-            for r in rows:
-                if r["ratio"]:
-                    ax.annotate(f"{r['ratio']:g}", (r["ttft_ms"], r["accuracy"]), fontsize=7,
-                                textcoords="offset points", xytext=(3, 3))
-        ax.set_xscale("log")
-        ax.set_xlabel("mean TTFT (ms, log)")
-        ax.set_ylabel("accuracy")
-        ax.set_title(f"{res['keys']}-key needle in {res['k']} chunks × ~{res['tokens_per_chunk']} tokens, "
-                     f"{res['trials']} trials")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
+    return next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")),
+                platform.processor())
 
 
 TTFT_METHODS = (("full", 0.0), ("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cacheblend", 0.15),

@@ -1,0 +1,306 @@
+"""A small RULER-style task suite over k retrieved chunks, for comparing fusion methods.
+
+Every task is generated with a seed from held-out text (Python's documentation, which no
+shipped dictionary was learned on), and every trial is k chunks of ~200 tokens whose
+needle chunks are spread among shared filler chunks. The tasks, after "RULER: What's the
+Real Context Size of Your Long-Context Language Models?":
+
+- `single`: one 6-digit number for a named key, in one chunk; asks for it.
+- `multikey`: three keys in three chunks; asks for one of them (the others distract).
+- `multivalue`: one key with three numbers in three chunks; asks for all of them.
+- `vartrack`: a chain of `VAR X = VAR Y` assignments (3-5 hops from a number) spread over
+  three chunks, with a distractor chain; asks for every variable that holds the number.
+- `cwe`: common-words extraction: four chunks are numbered word lists in which three words
+  recur; asks for the three most common.
+
+A trial is correct when every expected string is in the answer; `recall` is the mean
+fraction found (RULER's own score for the multi-answer tasks). Filler chunks are shared by
+all trials and tasks, so only needle chunks are encoded per trial (encoding on 2 CPU cores
+runs at ~70 tokens/s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import string
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, TextError
+from .passkey import KEYS, _filler, _insert, chunk_ids_by_doc
+
+TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
+
+# Every method at the default ratio (and the selector, reordering and overlap) on the same
+# trials; a label maps to `Session.query`'s settings.
+METHODS = {
+    "full": {"method": "full"},
+    "raw": {"method": "raw"},
+    "none": {"method": "none"},
+    "a3": {"method": "a3", "recompute_ratio": 0.15},
+    "infoflow": {"method": "infoflow", "recompute_ratio": 0.15},
+    "cacheblend": {"method": "cacheblend", "recompute_ratio": 0.15},
+    "cacheclip": {"method": "cacheclip", "recompute_ratio": 0.15},
+    "infoflow+reorder": {"method": "infoflow", "recompute_ratio": 0.15, "reorder": "attention"},
+    "cake": {"method": "cake"},
+}
+
+NEEDLE = " One of the special magic numbers for {key} is: {value}. "
+
+
+@dataclass(frozen=True)
+class Trial:
+    task: str
+    chunk_docs: list[str]  # document ids of the k chunks, in retrieval order
+    question: str
+    answer_prefix: str
+    expected: list[str]  # every one must appear in the answer
+    max_new_tokens: int
+
+    def found(self, answer: str) -> list[bool]:
+        words = set(re.findall(r"[A-Za-z0-9]+", answer.lower()))
+        return [e.lower() in words for e in self.expected]
+
+
+def parse_methods(spec: str) -> dict[str, dict]:
+    """`label,...` from METHODS, or `method:ratio` (`+reorder` appended reorders by attention)."""
+    out = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        if item in METHODS:
+            out[item] = METHODS[item]
+            continue
+        name, _, rest = item.partition(":")
+        ratio, plus, extra = rest.partition("+")
+        try:
+            cfg = {"method": name, "recompute_ratio": float(ratio or 0.0)}
+        except ValueError:
+            raise ConfigError(f"--methods: {item!r} is neither a label ({', '.join(METHODS)}) nor method:ratio") from None
+        if plus:
+            if extra != "reorder":
+                raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (only +reorder)")
+            cfg["reorder"] = "attention"
+        out[item] = cfg
+    if not out:
+        raise ConfigError("--methods names no method")
+    return out
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a binomial proportion."""
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)
+
+
+# ---------------------------------------------------------------- tasks
+
+
+class _Builder:
+    """Shared filler, a supply of spare filler for needle chunks, and the corpus being written."""
+
+    def __init__(self, tokenizer, k: int, tokens_per_chunk: int, spares: int, rng: random.Random):
+        n_shared = max(2 * k, 16)
+        pieces = _filler(tokenizer, tokens_per_chunk, n_shared + spares)
+        self.docs = {f"filler-{i:03d}": t for i, t in enumerate(pieces[:n_shared])}
+        self.shared = list(self.docs)
+        self.spare = iter(pieces[n_shared:])
+        self.k, self.rng = k, rng
+        self.vocabulary = _vocabulary(tokenizer, pieces)
+
+    def needle_doc(self, name: str, sentences: list[str]) -> str:
+        text = next(self.spare)
+        for s in sentences:
+            text = _insert(text, s, self.rng)
+        self.docs[name] = text
+        return name
+
+    def context(self, needles: list[str]) -> list[str]:
+        """k document ids: the needles at random ranks among shared filler."""
+        slots = self.rng.sample(range(self.k), len(needles))
+        others = iter(self.rng.sample(self.shared, self.k - len(needles)))
+        needle = iter(needles)
+        return [next(needle) if i in slots else next(others) for i in range(self.k)]
+
+
+def _vocabulary(tokenizer, texts: list[str]) -> list[str]:
+    """Real words (from Python's documentation) of 5-9 letters that are one token and that no
+    filler text contains, so a list word's count in a context is its count in the lists."""
+    from ..text import builtin_documents
+
+    seen = {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
+    words = {w for d in builtin_documents("all") for w in re.findall(r"\b[a-z]{5,9}\b", d.text)} - seen
+    return sorted(w for w in words if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1)
+
+
+def _number(rng) -> str:
+    return str(rng.randint(100000, 999999))
+
+
+def _single(b: _Builder, t: int, keys: int = 1) -> Trial:
+    rng = b.rng
+    names = rng.sample(KEYS, keys)
+    values = [_number(rng) for _ in names]
+    needles = [b.needle_doc(f"single{keys}-{t:03d}-{j}", [NEEDLE.format(key=n, value=v)])
+               for j, (n, v) in enumerate(zip(names, values))]
+    ask = rng.randrange(keys)
+    return Trial("single" if keys == 1 else "multikey", b.context(needles),
+                 f"What is the special magic number for {names[ask]} mentioned in the provided text?",
+                 f"The special magic number for {names[ask]} mentioned in the provided text is",
+                 [values[ask]], 12)
+
+
+def _multivalue(b: _Builder, t: int, values: int = 3) -> Trial:
+    rng = b.rng
+    key = rng.choice(KEYS)
+    vals = [_number(rng) for _ in range(values)]
+    needles = [b.needle_doc(f"multivalue-{t:03d}-{j}", [NEEDLE.format(key=key, value=v)]) for j, v in enumerate(vals)]
+    return Trial("multivalue", b.context(needles),
+                 f"What are all the special magic numbers for {key} mentioned in the provided text?",
+                 f"The special magic numbers for {key} mentioned in the provided text are", vals, 32)
+
+
+def _vartrack(b: _Builder, t: int, chunks: int = 3) -> Trial:
+    rng = b.rng
+    hops = rng.choice((3, 4, 5))
+    names = ["".join(rng.choices(string.ascii_uppercase, k=5)) for _ in range(hops + 1 + 3)]
+    chain, distractor = names[: hops + 1], names[hops + 1:]
+    value, other = _number(rng), _number(rng)
+
+    def statements(vars_, v):
+        return [f"VAR {vars_[0]} = {v}."] + [f"VAR {y} = VAR {x}." for x, y in zip(vars_, vars_[1:])]
+
+    # the chain in order across the chunks (one block of consecutive statements per chunk)
+    main, dist = statements(chain, value), statements(distractor, other)
+    cuts = sorted(rng.sample(range(1, len(main)), chunks - 1))
+    groups = [main[a:b] for a, b in zip([0, *cuts], [*cuts, len(main)])]
+    needles = [b.needle_doc(f"vartrack-{t:03d}-{j}", [" " + " ".join(g) + " ", " " + dist[j] + " "])
+               for j, g in enumerate(groups)]
+    return Trial("vartrack", b.context(needles),
+                 f"Find all variables that are assigned the value {value} in the text above.",
+                 f"According to the chain of variable assignments in the text above, {len(chain)} variables are "
+                 f"assigned the value {value}, they are:", chain, 40)
+
+
+def _cwe(b: _Builder, t: int, chunks: int = 4, common: int = 3, repeats: int = 3, rare: int = 24) -> Trial:
+    rng = b.rng
+    words = rng.sample(b.vocabulary, common + chunks * rare)
+    top, rest = words[:common], words[common:]
+    needles = []
+    for j in range(chunks):
+        items = top * repeats + rest[j * rare : (j + 1) * rare]
+        rng.shuffle(items)
+        b.docs[name := f"cwe-{t:03d}-{j}"] = "Here is a numbered list of words:\n" + "\n".join(
+            f"{i + 1}. {w}" for i, w in enumerate(items)) + "\n"
+        needles.append(name)
+    return Trial("cwe", b.context(needles),
+                 f"What are the {common} most common words in the numbered lists above?",
+                 f"Answer: The top {common} words that appear most often in the lists are:", top, 20)
+
+
+_MAKERS = {"single": _single, "multikey": lambda b, t: _single(b, t, keys=3), "multivalue": _multivalue,
+           "vartrack": _vartrack, "cwe": _cwe}
+_SPARES = {"single": 1, "multikey": 3, "multivalue": 3, "vartrack": 3, "cwe": 0}  # filler pieces per trial
+
+
+def make_suite(tokenizer, out: str | Path, tasks=TASKS, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200,
+               seed: int = 0) -> list[Trial]:
+    """Write `out`/corpus.jsonl (shared filler + every trial's needle chunks) and
+    `out`/trials.json; returns the trials, task by task."""
+    unknown = set(tasks) - set(TASKS)
+    if unknown:
+        raise ConfigError(f"unknown task(s) {', '.join(sorted(unknown))}; choose from {', '.join(TASKS)}")
+    if k < 4:
+        raise ConfigError("k must be >= 4: the cwe task spreads its lists over four chunks")
+    rng = random.Random(seed)
+    b = _Builder(tokenizer, k, tokens_per_chunk, trials * sum(_SPARES[x] for x in tasks), rng)
+    result = [_MAKERS[task](b, t) for task in tasks for t in range(trials)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "corpus.jsonl", "w") as f:
+        for doc, text in b.docs.items():
+            f.write(json.dumps({"id": doc, "text": text}) + "\n")
+    (out / "trials.json").write_text(json.dumps([asdict(r) for r in result], indent=1))
+    return result
+
+
+def load_suite(out: str | Path) -> list[Trial]:
+    path = Path(out) / "trials.json"
+    if not path.exists():
+        raise TextError(f"{path} does not exist (make_suite writes it)")
+    return [Trial(**t) for t in json.loads(path.read_text())]
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_cell(session, trials: list[Trial], label: str, cfg: dict) -> dict:
+    """Accuracy (± Wilson 95%), recall and mean TTFT of one method on one task's trials."""
+    ids = chunk_ids_by_doc(session.store)
+    correct, recall, ttft, answers = 0, 0.0, [], []
+    for t in trials:
+        a = session.query(t.question, chunks=[ids[d] for d in t.chunk_docs], max_new_tokens=t.max_new_tokens,
+                          answer_prefix=t.answer_prefix, **cfg)
+        found = t.found(a.answer)
+        correct += all(found)
+        recall += sum(found) / len(found)
+        ttft.append(a.timings_ms["ttft"])
+        answers.append(a.answer)
+    n = len(trials)
+    return {"task": trials[0].task, "label": label, **cfg, "trials": n, "accuracy": correct / n,
+            "interval95": wilson(correct, n), "recall": round(recall / n, 4),
+            "ttft_ms": round(sum(ttft) / n, 1), "answers": answers[:3]}
+
+
+def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: Path | None = None) -> list[dict]:
+    """Every method on every task's trials. With `results`, each finished cell is saved at
+    once and cells already there are kept, so an interrupted run resumes where it stopped."""
+    rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
+    done = {(r["task"], r["label"]) for r in rows}
+    by_task: dict[str, list[Trial]] = {}
+    for t in trials:
+        by_task.setdefault(t.task, []).append(t)
+    for task, group in by_task.items():
+        for label, cfg in methods.items():
+            if (task, label) in done:
+                continue
+            rows.append(run_cell(session, group, label, cfg))
+            r = rows[-1]
+            print(f"{task:>10} {label:>16}  accuracy {r['accuracy']:.2f} {r['interval95']}  recall {r['recall']:.2f}"
+                  f"  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
+            if results is not None:
+                results.write_text(json.dumps({"rows": rows}, indent=1))
+    return rows
+
+
+def plot_suite(rows: list[dict], out) -> None:
+    """Accuracy (Wilson 95% bars) against mean TTFT, one panel per task, one point per method;
+    hollow markers are recall where a task asks for several answers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.2), squeeze=False, sharey=True)
+    for ax, task in zip(axes[0], tasks):
+        for r in (r for r in rows if r["task"] == task):
+            lo, hi = r["interval95"]
+            ax.errorbar(r["ttft_ms"], r["accuracy"], yerr=[[r["accuracy"] - lo], [hi - r["accuracy"]]], fmt="o",
+                        color=colours[r["label"]], label=r["label"], capsize=3)
+            if r["recall"] != r["accuracy"]:
+                ax.plot(r["ttft_ms"], r["recall"], "o", mfc="none", color=colours[r["label"]])
+        ax.set_xscale("log")
+        ax.set_title(f"{task} ({rows[0]['trials']} trials)")
+        ax.set_xlabel("mean TTFT (ms, log)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("accuracy (hollow: recall)")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
