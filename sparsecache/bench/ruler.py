@@ -161,7 +161,7 @@ def _multivalue(b: _Builder, t: int, values: int = 3) -> Trial:
     needles = [b.needle_doc(f"multivalue-{t:03d}-{j}", [NEEDLE.format(key=key, value=v)]) for j, v in enumerate(vals)]
     return Trial("multivalue", b.context(needles),
                  f"What are all the special magic numbers for {key} mentioned in the provided text?",
-                 f"The special magic numbers for {key} mentioned in the provided text are", vals, 32)
+                 f"The special magic numbers for {key} mentioned in the provided text are", vals, 24)
 
 
 def _vartrack(b: _Builder, t: int, chunks: int = 3) -> Trial:
@@ -183,7 +183,7 @@ def _vartrack(b: _Builder, t: int, chunks: int = 3) -> Trial:
     return Trial("vartrack", b.context(needles),
                  f"Find all variables that are assigned the value {value} in the text above.",
                  f"According to the chain of variable assignments in the text above, {len(chain)} variables are "
-                 f"assigned the value {value}, they are:", chain, 40)
+                 f"assigned the value {value}, they are: VAR", chain, 40)
 
 
 def _cwe(b: _Builder, t: int, chunks: int = 4, common: int = 3, repeats: int = 3, rare: int = 24) -> Trial:
