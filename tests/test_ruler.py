@@ -151,3 +151,14 @@ def test_bench_ruler_refuses_a_workdir_made_with_other_settings(tmp_path):
     (tmp_path / "suite.json").write_text(json.dumps({"tasks": ["single"], "trials": 5, "k": 8, "tokens_per_chunk": 200}))
     r = CliRunner().invoke(cli, ["bench", "ruler", "--workdir", str(tmp_path), "--trials", "20"])
     assert r.exit_code == 1 and "holds a suite made with" in r.output and "Traceback" not in r.output
+
+
+def test_the_default_suite_fits_the_held_out_text(tiny_model, tmp_path):
+    """20 trials of every task need ~200 needle chunks, more than the held-out text has
+    pieces: trials reuse pieces, never a filler of their own context."""
+    trials = make_suite(tiny_model.tokenizer, tmp_path, TASKS, trials=20, k=8, tokens_per_chunk=200)
+    docs = {d["id"]: d["text"] for d in map(json.loads, (tmp_path / "corpus.jsonl").read_text().splitlines())}
+    assert len(trials) == 100
+    for t in trials:
+        texts = [docs[d] for d in t.chunk_docs]
+        assert len(set(texts)) == len(texts)

@@ -31,8 +31,9 @@ class Trial:
     question: str
 
 
-def _filler(tokenizer, tokens_per_chunk: int, count: int) -> list[str]:
-    """`count` pieces of held-out documentation of about `tokens_per_chunk` tokens each."""
+def _filler(tokenizer, tokens_per_chunk: int, count: int | None) -> list[str]:
+    """`count` pieces of held-out documentation of about `tokens_per_chunk` tokens each
+    (None: every piece there is)."""
     from ..text import builtin_documents
 
     pieces = []
@@ -42,6 +43,8 @@ def _filler(tokenizer, tokens_per_chunk: int, count: int) -> list[str]:
             pieces.append(tokenizer.decode(ids[start : start + tokens_per_chunk]))
             if len(pieces) == count:
                 return pieces
+    if count is None:
+        return pieces
     raise TextError(f"not enough held-out text for {count} filler chunks")
 
 

@@ -21,6 +21,7 @@ runs at ~70 tokens/s).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -103,12 +104,17 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
 class _Builder:
     """Shared filler, a supply of spare filler for needle chunks, and the corpus being written."""
 
-    def __init__(self, tokenizer, k: int, tokens_per_chunk: int, spares: int, rng: random.Random):
+    def __init__(self, tokenizer, k: int, tokens_per_chunk: int, rng: random.Random):
         n_shared = max(2 * k, 16)
-        pieces = _filler(tokenizer, tokens_per_chunk, n_shared + spares)
+        pieces = _filler(tokenizer, tokens_per_chunk, None)
+        if len(pieces) < n_shared + 3:
+            raise TextError(f"not enough held-out text for {n_shared + 3} chunks of {tokens_per_chunk} tokens")
         self.docs = {f"filler-{i:03d}": t for i, t in enumerate(pieces[:n_shared])}
         self.shared = list(self.docs)
-        self.spare = iter(pieces[n_shared:])
+        # Needle chunks are the other pieces with a needle inserted. There are fewer pieces
+        # than needles (held-out text is ~22K tokens), so trials reuse them in turn: a trial's
+        # needles still sit in different texts, none of them a filler of its context.
+        self.spare = itertools.cycle(pieces[n_shared:])
         self.k, self.rng = k, rng
         self.vocabulary = _vocabulary(tokenizer, pieces)
 
@@ -204,7 +210,6 @@ def _cwe(b: _Builder, t: int, chunks: int = 4, common: int = 3, repeats: int = 3
 
 _MAKERS = {"single": _single, "multikey": lambda b, t: _single(b, t, keys=3), "multivalue": _multivalue,
            "vartrack": _vartrack, "cwe": _cwe}
-_SPARES = {"single": 1, "multikey": 3, "multivalue": 3, "vartrack": 3, "cwe": 0}  # filler pieces per trial
 
 
 def make_suite(tokenizer, out: str | Path, tasks=TASKS, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200,
@@ -217,7 +222,7 @@ def make_suite(tokenizer, out: str | Path, tasks=TASKS, trials: int = 20, k: int
     if k < 4:
         raise ConfigError("k must be >= 4: the cwe task spreads its lists over four chunks")
     rng = random.Random(seed)
-    b = _Builder(tokenizer, k, tokens_per_chunk, trials * sum(_SPARES[x] for x in tasks), rng)
+    b = _Builder(tokenizer, k, tokens_per_chunk, rng)
     result = [_MAKERS[task](b, t) for task in tasks for t in range(trials)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
