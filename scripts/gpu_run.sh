@@ -6,7 +6,7 @@
 # dictionaries/ (the shipped ones the benches use), split into pieces of < 64 MiB that reach
 # the machine one per call (`stage PIECE` copies one into /tmp/parts).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -75,5 +75,10 @@ cake)  # Cake's overlap with decode on the GPU (its own CUDA stream) against non
   [ -e /tmp/bench-store/store ] || timeout 240 $SC bench store --workdir /tmp/bench-store --device cuda --json > /dev/null 2>&1
   stamp cake; timeout 400 python3 scripts/measure_cake.py --store /tmp/bench-store/store --device cuda --out "$OUT/cake-h100.json" 2>&1 | tail -30
   ;;
-*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake"; exit 2 ;;
+ruler)  # the RULER-style suite, decode on the GPU; what finished comes back if time runs out
+  stage
+  stamp ruler; timeout "${2:-520}" $SC bench ruler --workdir /tmp/ruler --device cuda --json > "$OUT/ruler-h100.json" 2> "$OUT/ruler-h100.err"
+  cp /tmp/ruler/results.json "$OUT/ruler-h100-results.json"; grep -a -E "accuracy" "$OUT/ruler-h100.err" | tail -50
+  ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]"; exit 2 ;;
 esac
