@@ -286,6 +286,7 @@ def plot_suite(rows: list[dict], out) -> None:
     """Accuracy (Wilson 95% bars) against mean TTFT, one panel per task, one point per method;
     hollow markers are recall where a task asks for several answers."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -302,6 +303,8 @@ def plot_suite(rows: list[dict], out) -> None:
             if r["recall"] != r["accuracy"]:
                 ax.plot(r["ttft_ms"], r["recall"], "o", mfc="none", color=colours[r["label"]])
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"{task} ({rows[0]['trials']} trials)")
         ax.set_xlabel("mean TTFT (ms, log)")
         ax.grid(alpha=0.3)
