@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from sparsecache.bench.suite import cpu_model
+from sparsecache.bench.suite import cpu_model, moto_copy
 
 
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
@@ -71,34 +68,11 @@ def _corpus(out: Path, tokens: int) -> None:
         chars += len(d.text)
 
 
-def moto() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([shutil.which("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2)
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def read_latency(store_path: Path, n_chunks: int, repeats: int) -> dict:
     """Median time to read the codes of `n_chunks` chunks, local vs S3 (moto), warm."""
-    import os
+    from sparsecache.store import Store
 
-    import boto3
-
-    from sparsecache.store import Store, open_backend
-
-    proc, endpoint = moto()
-    try:
-        os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-                           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"})
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
-        url = "s3://bench/store"
-        src, dst = open_backend(store_path), open_backend(url)
-        for key in src.list(""):
-            if not key.startswith((".lock", "lease")):
-                dst.put(key, src.get(key))
+    with moto_copy(store_path) as url:
         out = {}
         for name, where in (("local", store_path), ("s3 (moto, 127.0.0.1)", url)):
             s = Store.open(where)
@@ -116,8 +90,6 @@ def read_latency(store_path: Path, n_chunks: int, repeats: int) -> dict:
                          "bytes_fetched": objects[1]}
             print(name, out[name])
         return out
-    finally:
-        proc.terminate()
 
 
 def _objects_touched(s, ids) -> tuple[int, int]:

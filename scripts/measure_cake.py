@@ -1,8 +1,10 @@
 """When does Cake's load/recompute overlap pay? TTFT of `none`, `infoflow` and `cake` (the
 two threads left to meet, the closed-form split, and fixed splits) for k chunks of 480–512
-tokens, with the store warm and with its files evicted from the page cache before each query.
+tokens, with the store warm and with its files evicted from the page cache before each query,
+or (`--s3`) with the store copied to a moto S3 server on 127.0.0.1, read over HTTP.
 
     python scripts/measure_cake.py --store W/store --out docs/benchmarks/cake-cpu.json
+    python scripts/measure_cake.py --store W/store --s3 --out docs/benchmarks/cake-s3.json
 
 The store is `bench store`'s (or any with >= max(k) chunks of >= 480 tokens). The closed-form
 split comes from this run's own rates: decode = context tokens ÷ (read + transfer +
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from sparsecache.bench.suite import cpu_model, drop_page_cache
+from sparsecache.bench.suite import cpu_model, drop_page_cache, moto_copy
 from sparsecache.overlap import cake_split
 from sparsecache.session import Session
 
@@ -45,8 +47,16 @@ def main() -> None:
     ap.add_argument("--ks", default="8,32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--s3", action="store_true", help="read the store from a moto S3 copy (needs the s3 extra)")
     args = ap.parse_args()
-    s = Session(args.store, device=args.device)
+    if args.s3:
+        with moto_copy(args.store) as url:
+            measure(args, Session(url, device=args.device), ("s3",))
+    else:
+        measure(args, Session(args.store, device=args.device), ("warm", "cold"))
+
+
+def measure(args, s: Session, caches: tuple[str, ...]) -> None:
     long = sorted((c for c in s.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
     rows = []
     for k in map(int, args.ks.split(",")):
@@ -62,7 +72,7 @@ def main() -> None:
         lengths = [c.token_length for c in chunks]
         closed = max(n for n in range(k + 1) if sum(lengths[:n]) <= n_tokens)  # as Rates.split
         splits = sorted({0, 1, 2, k // 8, closed})
-        for cache in ("warm", "cold"):
+        for cache in caches:
             cold = cache == "cold"
             runs = {"full": full if not cold else median_ttft(s, ids, 1, True, method="full"),
                     "none": none if not cold else median_ttft(s, ids, args.repeats, True, method="none"),
@@ -77,7 +87,7 @@ def main() -> None:
         rows.append({"k": k, "closed_form": {"decode_tokens_per_s": round(decode_rate), "prefill_tokens_per_s":
                                              round(prefill_rate), "split_tokens": n_tokens, "split_chunks": closed}})
     gpu = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else None
-    Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "gpu": gpu, "device": str(s.device), "question": QUESTION,
+    Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "gpu": gpu, "device": str(s.device), "store": s.store.backend.url, "question": QUESTION,
                                           "rows": rows}, indent=1))
 
 

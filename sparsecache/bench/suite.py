@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -395,6 +396,55 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     session = Session(work / "store", model, device)
     rows = run_suite(session, load_suite(work), methods or METHODS, work / "results.json")
     return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
+
+
+@contextlib.contextmanager
+def moto_copy(store_path, bucket: str = "bench"):
+    """A copy of the local store at `store_path` on a moto S3 server bound to 127.0.0.1 on a
+    free port, for the lifetime of the block; yields its s3:// URL (the environment points
+    obstore and boto3 at the server meanwhile). Needs the s3 extra and moto[server]."""
+    import shutil
+    import socket
+    import subprocess
+
+    import boto3
+
+    from ..store import open_backend
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([shutil.which("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in _S3_ENV}
+    try:
+        os.environ.update({**_S3_ENV, "AWS_ENDPOINT_URL": endpoint})
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for _ in range(100):  # up to 10 s for the server to answer
+            try:
+                client.create_bucket(Bucket=bucket)
+                break
+            except Exception:
+                time.sleep(0.1)
+        url = f"s3://{bucket}/store"
+        src, dst = open_backend(store_path), open_backend(url)
+        for key in src.list(""):
+            if not key.startswith((".lock", "lease")):
+                dst.put(key, src.get(key))
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_S3_ENV = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1",
+           "AWS_ALLOW_HTTP": "true"}
 
 
 def cpu_model() -> str:
