@@ -377,16 +377,17 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
                     prefix_ids=(), cache: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """K/V coding signals {"k", "v"}: [tokens·groups, L·m] float16 on CPU, and a data summary.
 
-    Keys are pre-RoPE. Chunks are taken in document order up to `max_tokens` tokens; the
-    result is cached under the user cache, keyed by model, text and settings.
+    Keys are pre-RoPE. Chunks are taken in document order up to `max_tokens` tokens, in turn
+    from each source when there are several (`interleaved_chunks`); the result is cached under
+    the user cache, keyed by model, text and settings.
     """
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
     from .model import cache_root, extract_kv
-    from .text import token_chunks
+    from .text import interleaved_chunks
 
-    chunks = token_chunks(docs, model.tokenizer, chunk_tokens)
+    chunks = interleaved_chunks(docs, model.tokenizer, chunk_tokens)
     kept, total = [], 0
     for c in chunks:
         if total >= max_tokens:

@@ -23,6 +23,7 @@ _TEXT_SUFFIXES = {".txt", ".md", ".rst"}
 class Document:
     name: str
     text: str
+    source: str = ""  # the --text argument it came from: calibration takes an equal share of each
 
 
 def _heldout(name: str) -> bool:
@@ -79,13 +80,13 @@ def read_documents(paths: list[str] | tuple[str, ...], split: str = "train") -> 
     docs: list[Document] = []
     for p in paths:
         if p == BUILTIN:
-            docs += builtin_documents(split)
+            docs += [Document(d.name, d.text, BUILTIN) for d in builtin_documents(split)]
             continue
         path = Path(p)
         if not path.exists():
             raise TextError(f"text not found: {p}")
         files = sorted(f for f in path.rglob("*") if f.suffix in _TEXT_SUFFIXES) if path.is_dir() else [path]
-        docs += [Document(str(f), _read_text(f)) for f in files]
+        docs += [Document(str(f), _read_text(f), p) for f in files]
     docs = [d for d in docs if d.text.strip()]
     if not docs:
         raise TextError(f"no text in {', '.join(paths)}")
@@ -101,6 +102,20 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError:
         warnings.warn(f"{path}: invalid UTF-8, decoded with replacement characters", stacklevel=2)
         return raw.decode("utf-8", errors="replace")
+
+
+def interleaved_chunks(docs: list[Document], tokenizer, chunk_tokens: int) -> list[list[int]]:
+    """`token_chunks` of each source (the --text a document came from) taken in turn, one
+    chunk from each, so that any prefix of the result holds every source about equally (a
+    calibration budget then spans the whole mix). One source: its chunks in document order."""
+    by_source: dict[str, list[Document]] = {}
+    for d in docs:
+        by_source.setdefault(d.source, []).append(d)
+    queues = [token_chunks(group, tokenizer, chunk_tokens) for group in by_source.values()]
+    out = []
+    for i in range(max(map(len, queues), default=0)):
+        out += [q[i] for q in queues if i < len(q)]
+    return out
 
 
 def token_chunks(docs: list[Document], tokenizer, chunk_tokens: int, min_tokens: int = 16) -> list[list[int]]:

@@ -48,3 +48,21 @@ def test_token_chunks_cover_documents(tiny_model):
     chunks = token_chunks(docs, tiny_model.tokenizer, 100, min_tokens=1)
     total = sum(len(tiny_model.tokenizer(d.text, add_special_tokens=False)["input_ids"]) for d in docs)
     assert sum(len(c) for c in chunks) == total and max(len(c) for c in chunks) <= 100
+
+
+def test_several_sources_are_interleaved_so_any_budget_spans_them(tiny_model, tmp_path):
+    """learn-dict --text A --text B: a calibration budget takes chunks of A and B in turn, not
+    all of A first; a single source keeps its document order (shipped recipes unchanged)."""
+    from sparsecache.text import interleaved_chunks
+
+    for name, word in (("a", "apple"), ("b", "bridge")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "t.txt").write_text(f" {word}" * 400)
+    docs = read_documents([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert [d.source for d in docs] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    tok = tiny_model.tokenizer
+    chunks = interleaved_chunks(docs, tok, 100)
+    first = [tok.decode(c).split()[0] for c in chunks[:4]]
+    assert first == ["apple", "bridge", "apple", "bridge"]
+    only = read_documents(["builtin"], split="heldout")[:3]
+    assert interleaved_chunks(only, tok, 100) == token_chunks(only, tok, 100)
