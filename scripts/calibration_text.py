@@ -25,7 +25,6 @@ Needs `apt-get` (Debian or Ubuntu) for the Debian packages.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import re
