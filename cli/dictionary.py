@@ -76,8 +76,9 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps,
 @click.argument("dictionary", type=click.Path(exists=True))
 @model_option
 @click.option("--text", "texts", multiple=True, default=("builtin",), show_default=True,
-              help="Evaluation text ('builtin' = the held-out split of Python's docs).")
-@click.option("--passages", default=16, show_default=True, help="Prefix/continuation passages to evaluate.")
+              help="Evaluation text ('builtin' = the held-out split of Python's docs). Repeatable: each "
+                   "--text is a domain, reported on its own; the headline figures are the worst domain's.")
+@click.option("--passages", default=16, show_default=True, help="Prefix/continuation passages per domain.")
 @click.option("--prefix-tokens", default=512, show_default=True)
 @click.option("--continuation-tokens", default=64, show_default=True)
 @click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
@@ -101,9 +102,14 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     d.check_model(model.fingerprint())
     r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens))
     if record:
-        d.meta["eval"] = {k: v for k, v in r.items() if not k.endswith("per_layer")}
+        d.meta["eval"] = {k: v for k, v in r.items() if not k.endswith("per_layer") and k != "domains"}
+        d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}
+                                     for name, x in r["domains"].items()}
         d.save(dictionary_dir(dictionary))
-    emit(r, as_json, [
+    per_domain = [f"{name:>16}: ppl +{100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):.1f}%   "
+                  f"top-1 {100 * x['top1_agreement']:.1f}%   nmse k/v {x['nmse_k']:.3f}/{x['nmse_v']:.3f}   "
+                  f"worst layer v {x['worst_layer_nmse_v']:.3f}" for name, x in r["domains"].items()]
+    emit(r, as_json, (per_domain + [f"worst domain: {r['worst_domain']}"] if len(r["domains"]) > 1 else []) + [
         f"nmse_k {r['nmse_k']:.4f}   nmse_v {r['nmse_v']:.4f}",
         f"ppl exact {r['ppl_exact']:.3f}   reconstructed {r['ppl_reconstructed']:.3f}   (+{100 * (r['ppl_reconstructed'] / r['ppl_exact'] - 1):.2f}%)",
         f"top-1 agreement {100 * r['top1_agreement']:.1f}%   KL {r['kl']:.4f}",

@@ -28,3 +28,30 @@ def test_eval_dict_for_another_model_is_refused(tiny_model_dir, tmp_path):
     Dictionary(unit_atoms(32, 64), unit_atoms(32, 64), DictConfig(64, 4), fp).save(tmp_path / "d")
     r = CliRunner().invoke(cli, ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir)])
     assert r.exit_code != 0 and "learned for other" in r.output and "Traceback" not in r.output
+
+
+def test_each_text_is_a_domain_and_the_headline_is_the_worst(tiny_model, tiny_model_dir, tmp_path):
+    """A sparse dictionary (s = 4 of m = 32) fits one text better than another; eval-dict
+    reports both and headlines the one it serves worst, and --record keeps every domain."""
+    from sparsecache.text import builtin_documents
+
+    prose = tmp_path / "prose"
+    prose.mkdir()
+    (prose / "a.txt").write_text("\n\n".join(d.text for d in builtin_documents("heldout")[:6]))
+    digits = tmp_path / "digits.txt"
+    digits.write_text(" ".join(str(i * 7919 % 100003) for i in range(3000)))
+    d = Dictionary(unit_atoms(32, 128, 1), unit_atoms(32, 128, 2), DictConfig(128, 4, 1), tiny_model.fingerprint())
+    d.save(tmp_path / "d")
+    r = CliRunner().invoke(cli, ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir), "--passages", 2,
+                                 "--prefix-tokens", 64, "--continuation-tokens", 16, "--text", str(prose),
+                                 "--text", str(digits), "--record", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out["domains"]) == {"prose", "digits.txt"}
+    worst = min(out["domains"], key=lambda k: out["domains"][k]["top1_agreement"])
+    assert out["worst_domain"] == worst and out["top1_agreement"] == out["domains"][worst]["top1_agreement"]
+    for x in out["domains"].values():
+        assert x["passages"] == 2 and x["worst_layer_nmse_v"] == max(x["nmse_v_per_layer"])
+    assert out["passages"] == 4
+    recorded = Dictionary.load(tmp_path / "d").meta["eval"]
+    assert set(recorded["domains"]) == {"prose", "digits.txt"} and "nmse_v_per_layer" not in recorded["domains"]["prose"]
