@@ -279,7 +279,10 @@ def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: P
                   f"  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
             if results is not None:
                 results.write_text(json.dumps({"rows": rows}, indent=1))
-    return rows
+    # in task and method order, whichever cells a resumed run had already
+    labels = list(methods)
+    return sorted(rows, key=lambda r: (TASKS.index(r["task"]) if r["task"] in TASKS else len(TASKS),
+                                       labels.index(r["label"]) if r["label"] in labels else len(labels)))
 
 
 def plot_suite(rows: list[dict], out) -> None:
