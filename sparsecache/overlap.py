@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .blend import Context, assemble, layout
-from .model import KVModel, kv_cache
+from .model import KVModel
 
 
 def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_per_s: float) -> int:
@@ -140,12 +140,18 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
     if errors:
         raise errors[0]
     computed = pointers.front
+    if computed == 0:  # nothing prefilled: exactly `none`'s context, built the same single way
+        return assemble(prefix_ids, (pk, pv), tokens, [decoded[i] for i in range(n)], model), 0, nbytes[0]
     if computed < n:  # decoded chunks follow, rotated to where they land
         back_k = torch.cat([decoded[i][0] for i in range(computed, n)], 1).to(dev).float()
         back_v = torch.cat([decoded[i][1] for i in range(computed, n)], 1).to(dev).float()
         back_k = model.rope.rotate_(back_k, torch.arange(position, position + back_k.shape[1], device=dev))
-        back = kv_cache(back_k, back_v, model)
-        for layer, tail in zip(cache.layers, back.layers):
-            layer.keys = torch.cat([layer.keys, tail.keys], dim=-2)
-            layer.values = torch.cat([layer.values, tail.values], dim=-2)
+        for layer, k, v in zip(cache.layers, back_k, back_v):  # one copy into the cache's layout, not two
+            layer.keys = torch.cat([layer.keys, _heads(k, model)], dim=-2)
+            layer.values = torch.cat([layer.values, _heads(v, model)], dim=-2)
     return Context(cache, *layout(prefix_ids, tokens, dev)), computed, nbytes[0]
+
+
+def _heads(x: torch.Tensor, model: KVModel) -> torch.Tensor:
+    """[T, m] → a (1, H, T, D) view in the cache's dtype (the concatenation that uses it copies)."""
+    return x.to(model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim)).transpose(0, 1)[None]
