@@ -87,8 +87,9 @@ def measure(args, s: Session, caches: tuple[str, ...]) -> None:
         rows.append({"k": k, "closed_form": {"decode_tokens_per_s": round(decode_rate), "prefill_tokens_per_s":
                                              round(prefill_rate), "split_tokens": n_tokens, "split_chunks": closed}})
     gpu = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else None
-    Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "gpu": gpu, "device": str(s.device), "store": s.store.backend.url, "question": QUESTION,
-                                          "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"cpu": cpu_model(), "gpu": gpu, "device": str(s.device),
+                                          "store": s.store.backend.url, "question": QUESTION, "rows": rows},
+                                         indent=1))
 
 
 if __name__ == "__main__":

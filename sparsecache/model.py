@@ -437,13 +437,19 @@ def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, model: KVModel) -> 
     return model.rope.rotate(keys, positions)
 
 
+def cache_heads(x: torch.Tensor, model: KVModel) -> torch.Tensor:
+    """One layer's [T, m] as the cache's (1, H, T, D) in its dtype and device: a view where no
+    cast or move is needed (callers that keep it make it contiguous, or concatenate it)."""
+    x = x.to(model.device, model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim))
+    return x.transpose(0, 1)[None]
+
+
 def kv_cache(keys: torch.Tensor, values: torch.Tensor, model: KVModel):
     """A transformers DynamicCache (batch 1) from post-RoPE keys and values [n_layers, T, m]."""
     from transformers import DynamicCache
 
     def heads(x: torch.Tensor) -> torch.Tensor:
-        x = x.to(model.device, model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim))
-        return x.transpose(0, 1).contiguous()[None]  # (1, H, T, D); contiguous once, not per attention call
+        return cache_heads(x, model).contiguous()  # contiguous once, not per attention call
 
     return DynamicCache(ddp_cache_data=[(heads(k), heads(v)) for k, v in zip(keys, values)])
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .blend import Context, assemble, layout
-from .model import KVModel
+from .model import KVModel, cache_heads
 
 
 def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_per_s: float) -> int:
@@ -147,11 +147,6 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
         back_v = torch.cat([decoded[i][1] for i in range(computed, n)], 1).to(dev).float()
         back_k = model.rope.rotate_(back_k, torch.arange(position, position + back_k.shape[1], device=dev))
         for layer, k, v in zip(cache.layers, back_k, back_v):  # one copy into the cache's layout, not two
-            layer.keys = torch.cat([layer.keys, _heads(k, model)], dim=-2)
-            layer.values = torch.cat([layer.values, _heads(v, model)], dim=-2)
+            layer.keys = torch.cat([layer.keys, cache_heads(k, model)], dim=-2)
+            layer.values = torch.cat([layer.values, cache_heads(v, model)], dim=-2)
     return Context(cache, *layout(prefix_ids, tokens, dev)), computed, nbytes[0]
-
-
-def _heads(x: torch.Tensor, model: KVModel) -> torch.Tensor:
-    """[T, m] → a (1, H, T, D) view in the cache's dtype (the concatenation that uses it copies)."""
-    return x.to(model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim)).transpose(0, 1)[None]

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, TextError
-from .passkey import KEYS, _filler, _insert, chunk_ids_by_doc
+from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, chunk_ids_by_doc
 
 TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 
@@ -49,9 +49,6 @@ METHODS = {
     "infoflow+reorder": {"method": "infoflow", "recompute_ratio": 0.15, "reorder": "attention"},
     "cake": {"method": "cake"},
 }
-
-NEEDLE = " One of the special magic numbers for {key} is: {value}. "
-
 
 @dataclass(frozen=True)
 class Trial:
@@ -155,9 +152,7 @@ def _single(b: _Builder, t: int, keys: int = 1) -> Trial:
                for j, (n, v) in enumerate(zip(names, values))]
     ask = rng.randrange(keys)
     return Trial("single" if keys == 1 else "multikey", b.context(needles),
-                 f"What is the special magic number for {names[ask]} mentioned in the provided text?",
-                 f"The special magic number for {names[ask]} mentioned in the provided text is",
-                 [values[ask]], 12)
+                 QUESTION.format(key=names[ask]), ANSWER_PREFIX.format(key=names[ask]), [values[ask]], 12)
 
 
 def _multivalue(b: _Builder, t: int, values: int = 3) -> Trial:
@@ -243,9 +238,9 @@ def load_suite(out: str | Path) -> list[Trial]:
 # ---------------------------------------------------------------- running
 
 
-def run_cell(session, trials: list[Trial], label: str, cfg: dict) -> dict:
-    """Accuracy (± Wilson 95%), recall and mean TTFT of one method on one task's trials."""
-    ids = chunk_ids_by_doc(session.store)
+def run_cell(session, ids: dict[str, str], trials: list[Trial], label: str, cfg: dict) -> dict:
+    """Accuracy (± Wilson 95%), recall and mean TTFT of one method on one task's trials
+    (`ids`: document id → chunk id in the session's store)."""
     correct, recall, ttft, answers = 0, 0.0, [], []
     for t in trials:
         a = session.query(t.question, chunks=[ids[d] for d in t.chunk_docs], max_new_tokens=t.max_new_tokens,
@@ -266,6 +261,7 @@ def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: P
     once and cells already there are kept, so an interrupted run resumes where it stopped."""
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
     done = {(r["task"], r["label"]) for r in rows}
+    ids = chunk_ids_by_doc(session.store)
     by_task: dict[str, list[Trial]] = {}
     for t in trials:
         by_task.setdefault(t.task, []).append(t)
@@ -273,7 +269,7 @@ def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: P
         for label, cfg in methods.items():
             if (task, label) in done:
                 continue
-            rows.append(run_cell(session, group, label, cfg))
+            rows.append(run_cell(session, ids, group, label, cfg))
             r = rows[-1]
             print(f"{task:>10} {label:>16}  accuracy {r['accuracy']:.2f} {r['interval95']}  recall {r['recall']:.2f}"
                   f"  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)

@@ -421,11 +421,13 @@ def moto_copy(store_path, bucket: str = "bench"):
     try:
         os.environ.update({**_S3_ENV, "AWS_ENDPOINT_URL": endpoint})
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        for _ in range(100):  # up to 10 s for the server to answer
+        for attempt in range(100):  # up to 10 s for the server to answer
             try:
                 client.create_bucket(Bucket=bucket)
                 break
             except Exception:
+                if attempt == 99:
+                    raise
                 time.sleep(0.1)
         url = f"s3://{bucket}/store"
         src, dst = open_backend(store_path), open_backend(url)
