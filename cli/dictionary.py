@@ -39,9 +39,13 @@ def check_model_cmd(model_path, device, as_json):
 @model_option
 @click.option("--text", "texts", multiple=True, default=("builtin",), show_default=True,
               help="Calibration text: files, directories of .txt/.md/.rst, or 'builtin' (Python's docs). Repeatable.")
-@click.option("--atoms", default=8192, show_default=True, help="Atoms per dictionary (2..65536).")
-@click.option("--sparsity", default=32, show_default=True, help="Atoms per coded signal (s).")
-@click.option("--layers-per-signal", default=5, show_default=True, help="Consecutive layers per signal (L); must divide the layer count.")
+@click.option("--atoms", type=int, default=None, help="Atoms per dictionary (2..65536).  [default: 8192]")
+@click.option("--sparsity", type=int, default=None, help="Atoms per coded signal (s).  [default: 32]")
+@click.option("--layers-per-signal", type=int, default=None,
+              help="Consecutive layers per signal (L); must divide the layer count.  [default: 5]")
+@click.option("--init", "init_dict", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Continue from this dictionary (e.g. a shipped one) on your --text: its atoms, sizes and "
+              "per-layer scales are kept; the result is never worse than it on the held-out part of --text.")
 @click.option("--steps", default=3000, show_default=True, help="Training steps (early stopping may end sooner).")
 @click.option("--batch", default=4096, show_default=True, help="Signals per step, per K and per V.")
 @click.option("--lr", default=0.5, show_default=True, help="Peak learning rate of K (cosine decay).")
@@ -52,22 +56,33 @@ def check_model_cmd(model_path, device, as_json):
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out.")
 @device_option
 @library_errors
-def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, steps, batch, lr, lr_v, max_tokens, seed,
-                   out, resume, device):
+def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_dict, steps, batch, lr, lr_v,
+                   max_tokens, seed, out, resume, device):
     """Learn global K and V dictionaries for a model (batched OMP + gradient dictionary update).
 
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
+    With --init, adapts an existing dictionary to --text (a few hundred steps; see the README).
     """
     from sparsecache.check import ensure_checked
-    from sparsecache.dictionary import DictConfig, TrainConfig, learn_dict
+    from sparsecache.dictionary import DictConfig, Dictionary, TrainConfig, learn_dict
+    from sparsecache.errors import ConfigError
     from sparsecache.model import load_model
 
-    config = DictConfig(atoms, sparsity, layers_per_signal)
+    given = {"atoms": atoms, "sparsity": sparsity, "layers_per_signal": layers_per_signal}
+    init = Dictionary.load(init_dict) if init_dict else None
+    if init is not None:
+        clash = [f"--{k.replace('_', '-')} {v} (it has {getattr(init.config, k)})"
+                 for k, v in given.items() if v is not None and v != getattr(init.config, k)]
+        if clash:
+            raise ConfigError(f"--init {init_dict} fixes the dictionary's sizes: drop " + ", ".join(clash))
+        config = init.config
+    else:
+        config = DictConfig(**{k: v for k, v in given.items() if v is not None})
     tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed)
     device = resolve_device(device)
     model = load_model(model_path, device=device)  # calibration KV is computed where the OMP runs
     ensure_checked(model)
-    d = learn_dict(model, texts, config, tcfg, out, device, resume)
+    d = learn_dict(model, texts, config, tcfg, out, device, resume, init=init)
     h = d.meta["heldout_nmse"]
     click.echo(f"wrote {out}: held-out NMSE K {h['k']:.4f}  V {h['v']:.4f}")
 

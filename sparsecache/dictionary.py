@@ -29,7 +29,7 @@ from .errors import ConfigError, DictionaryError, DictionaryMismatch
 from .model import FINGERPRINT_FIELDS
 from .omp import batch_omp, reconstruct
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that have them)
 ATOMS_FILE = "atoms.safetensors"
 META_FILE = "dictionary.json"
 KINDS = ("k", "v")
@@ -83,6 +83,7 @@ class TrainConfig:
     seed: int = 0
     chunk_tokens: int = 256
     max_tokens: int = 150_000
+    layer_scales: bool = True  # equal energy per layer inside signals of L > 1 layers (Dictionary.scales)
 
     def __post_init__(self):
         if self.steps < 1 or self.batch < 1:
@@ -93,16 +94,27 @@ class TrainConfig:
 
 @dataclass
 class Dictionary:
-    """D_K and D_V [L·m, atoms] float32 with unit-norm columns, plus what they were made for."""
+    """D_K and D_V [L·m, atoms] float32 with unit-norm columns, plus what they were made for.
+
+    `scales` (optional) holds one factor per model layer for K and for V [n_layers]: a layer's
+    K/V is multiplied by it before coding and divided by it after decoding. Inside a signal of
+    L layers OMP minimises the group's total error, so a layer with 1% of the group's energy
+    (the default model's layer-0 V) was left with errors larger than itself; equal energy per
+    layer bounds every layer's error (BENCHMARKS.md, "Per-layer scales")."""
 
     keys: torch.Tensor
     values: torch.Tensor
     config: DictConfig
     model: dict
     meta: dict = field(default_factory=dict)
+    scales: dict[str, torch.Tensor] | None = None
 
     def atoms(self, kind: str) -> torch.Tensor:
         return self.keys if kind == "k" else self.values
+
+    def scale(self, kind: str) -> torch.Tensor | None:
+        """Per-layer factors [n_layers] applied before coding `kind`, or None."""
+        return None if self.scales is None else self.scales[kind]
 
     @property
     def signal_dim(self) -> int:
@@ -111,7 +123,7 @@ class Dictionary:
     def fingerprint(self) -> str:
         """sha256 of the atoms and config: what a store records to refuse another dictionary."""
         h = hashlib.sha256(json.dumps(asdict(self.config), sort_keys=True).encode())
-        for t in (self.keys, self.values):
+        for t in (self.keys, self.values, *(self.scales or {}).values()):
             h.update(t.contiguous().float().cpu().numpy().tobytes())
         return h.hexdigest()[:16]
 
@@ -136,7 +148,7 @@ class Dictionary:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         meta = {
-            "format_version": FORMAT_VERSION,
+            "format_version": FORMAT_VERSION if self.scales is not None else 1,  # old readers keep reading
             "library_version": __version__,
             **asdict(self.config),
             "model": self.model,
@@ -144,6 +156,9 @@ class Dictionary:
             **self.meta,
         }
         tensors = {"keys": self.keys.contiguous().cpu(), "values": self.values.contiguous().cpu()}
+        if self.scales is not None:
+            tensors.update({f"{name}_scales": self.scales[k].float().contiguous().cpu()
+                            for k, name in zip(KINDS, ("keys", "values"))})
         save_file(tensors, str(out / (ATOMS_FILE + ".tmp")))
         (out / (META_FILE + ".tmp")).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         os.replace(out / (ATOMS_FILE + ".tmp"), out / ATOMS_FILE)
@@ -168,9 +183,13 @@ class Dictionary:
         config = DictConfig(meta["atoms"], meta["sparsity"], meta["layers_per_signal"])
         extra = {k: v for k, v in meta.items() if k not in (*asdict(config), "model", "format_version",
                                                              "library_version", "fingerprint")}
-        d = cls(tensors["keys"].float(), tensors["values"].float(), config, meta["model"], extra)
+        scales = ({k: tensors[f"{name}_scales"].float() for k, name in zip(KINDS, ("keys", "values"))}
+                  if "keys_scales" in tensors else None)
+        d = cls(tensors["keys"].float(), tensors["values"].float(), config, meta["model"], extra, scales)
         if d.keys.shape != (d.keys.shape[0], config.atoms) or d.values.shape != d.keys.shape:
             raise DictionaryError(f"{root}: atoms do not match the metadata ({config.atoms} atoms)")
+        if scales is not None and any(t.ndim != 1 or not bool((t > 0).all()) for t in scales.values()):
+            raise DictionaryError(f"{root}: per-layer scales must be positive vectors")
         return d
 
 
@@ -277,9 +296,13 @@ def lr_at(step: int, cfg: TrainConfig, kind: str = "k") -> float:
 
 def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], config: DictConfig,
           tcfg: TrainConfig, model_fingerprint: dict, out: str | Path, device="cpu", resume: bool = False,
-          data_summary: dict | None = None, progress: bool = True) -> Dictionary:
+          data_summary: dict | None = None, progress: bool = True, init: Dictionary | None = None,
+          scales: dict[str, torch.Tensor] | None = None) -> Dictionary:
     """Learn D_K and D_V from signals {"k": [N, d], "v": [N, d]}; checkpoints into `out`.
 
+    Starts from `init`'s atoms when given (adaptation: its held-out NMSE is the bar to beat,
+    so the result is never worse than `init` on the held-out signals), else from tcfg.init.
+    The signals must already be multiplied by `scales`, which the result carries.
     Returns the dictionary with the best held-out NMSE per kind; also writes it to `out`.
     """
     from tqdm import tqdm
@@ -293,9 +316,12 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
         start, history, states = _load_checkpoint(ckpt, device)
     if not states:
         for k in KINDS:
-            a = initial_atoms(train[k], config.atoms, tcfg.init, gen).to(device)
+            a = (init.atoms(k).clone() if init is not None else initial_atoms(train[k], config.atoms, tcfg.init, gen))
+            a = a.to(device)
             states[k] = _KindState(a, torch.ones(config.atoms, device=device),
-                                   torch.zeros(config.atoms, dtype=torch.long, device=device), a.clone())
+                                   torch.zeros(config.atoms, dtype=torch.long, device=device), a.clone(),
+                                   nmse(val[k], a, config.sparsity) if init is not None else float("inf"))
+    start_val = {k: states[k].best_val for k in KINDS}  # init's held-out NMSE (inf without init)
     t0, stale = time.time(), 0
     bar = tqdm(range(start, tcfg.steps), initial=start, total=tcfg.steps, disable=not progress,
                desc="learn-dict", unit="step")
@@ -330,10 +356,13 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
         "train": asdict(tcfg),
         "data": data_summary or {},
         "heldout_nmse": {k: states[k].best_val for k in KINDS},
+        "init": ({"fingerprint": init.fingerprint(), "texts": init.meta.get("data", {}).get("texts"),
+                  "heldout_nmse": start_val} if init is not None else tcfg.init),
         "history": history,
         "train_seconds_this_run": round(time.time() - t0, 1),
     }
-    d = Dictionary(states["k"].best_atoms.cpu(), states["v"].best_atoms.cpu(), config, model_fingerprint, meta)
+    d = Dictionary(states["k"].best_atoms.cpu(), states["v"].best_atoms.cpu(), config, model_fingerprint, meta,
+                   scales)
     d.save(out)
     return d
 
@@ -374,10 +403,10 @@ def _load_checkpoint(ckpt: Path, device) -> tuple[int, list, dict]:
 
 
 def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_tokens: int,
-                    prefix_ids=(), cache: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
+                    prefix_ids=(), cache: bool = True, scales: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """K/V coding signals {"k", "v"}: [tokens·groups, L·m] float16 on CPU, and a data summary.
 
-    Keys are pre-RoPE. Chunks are taken in document order up to `max_tokens` tokens, in turn
+    Keys are pre-RoPE; each layer is multiplied by its factor in `scales` when given. Chunks are taken in document order up to `max_tokens` tokens, in turn
     from each source when there are several (`interleaved_chunks`); the result is cached under
     the user cache, keyed by model, text and settings.
     """
@@ -413,41 +442,112 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
             path.parent.mkdir(parents=True, exist_ok=True)
             save_file(sig, str(path) + ".tmp")
             os.replace(str(path) + ".tmp", path)
-    if layers_per_signal > 1:
-        sig = {k: _regroup(v, [len(c) for c in kept], model.n_layers, layers_per_signal) for k, v in sig.items()}
+    if layers_per_signal > 1 or scales is not None:
+        sig = {k: _regroup(v, [len(c) for c in kept], model.n_layers, layers_per_signal,
+                           None if scales is None else scales[k]) for k, v in sig.items()}
     return sig, summary
 
 
-def _regroup(rows: torch.Tensor, lengths: list[int], n_layers: int, layers_per_signal: int) -> torch.Tensor:
+def _regroup(rows: torch.Tensor, lengths: list[int], n_layers: int, layers_per_signal: int,
+             scale: torch.Tensor | None = None) -> torch.Tensor:
     """Per-layer signal rows (chunk by chunk, [layers, T, m] each) → L-layer signals."""
     from .signals import to_signals
 
     out, start = [], 0
     for T in lengths:
         x = rows[start : start + n_layers * T].view(n_layers, T, -1)
+        if scale is not None:
+            x = (x.float() * scale.view(-1, 1, 1)).to(rows.dtype)
         out.append(to_signals(x, layers_per_signal).reshape(-1, layers_per_signal * x.shape[-1]))
         start += n_layers * T
     return torch.cat(out)
 
 
+def layer_scales(model, docs, chunk_tokens: int, max_tokens: int, prefix_ids=()) -> dict[str, torch.Tensor]:
+    """Per-layer factors {"k", "v"} [n_layers] that give every layer the same RMS (the mean
+    layer's, so coefficients keep their usual range) on `docs`."""
+    sig, _ = collect_signals(model, docs, model.n_layers, chunk_tokens, max_tokens, prefix_ids)
+    out = {}
+    for k, x in sig.items():  # x: [tokens, n_layers·m], one row per token
+        rms = x.float().view(x.shape[0], model.n_layers, -1).square().mean((0, 2)).sqrt().clamp_min(1e-12)
+        out[k] = rms.square().mean().sqrt() / rms
+    return out
+
+
 def learn_dict(model, texts=("builtin",), config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),
-               out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True) -> Dictionary:
-    """Learn K/V dictionaries for `model` from `texts` (files, dirs or "builtin"); see `learn`."""
-    from .model import default_prefix_ids
+               out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True,
+               init: Dictionary | None = None) -> Dictionary:
+    """Learn K/V dictionaries for `model` from `texts` (files, dirs or "builtin"); see `learn`.
+
+    With `init`, continues from that dictionary (its config and per-layer scales are kept)."""
     from .text import read_documents
 
+    train_docs = read_documents(list(texts), split="train")
+    if list(texts) == ["builtin"]:
+        held_docs = read_documents(["builtin"], split="heldout")
+    else:
+        train_docs, held_docs = split_heldout(train_docs)
+    return learn_documents(model, train_docs, held_docs, config, tcfg, out, device, resume, progress, init,
+                           list(map(str, texts)))
+
+
+def split_heldout(docs: list) -> tuple[list, list]:
+    """(train, held-out) of user text: every tenth document, or the last of fewer than ten."""
+    held = docs[::10] if len(docs) >= 10 else docs[-1:]
+    return [d for d in docs if d not in held] or docs, held
+
+
+def learn_documents(model, train_docs, held_docs, config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),
+                    out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True,
+                    init: Dictionary | None = None, texts: list[str] = ()) -> Dictionary:
+    """`learn_dict` on documents already read (text.Document)."""
+    from .model import default_prefix_ids
+
+    if init is not None:
+        init.check_model(model.fingerprint())
+        config = init.config
     config.check_signal(model.n_layers, model.m)
     prefix = default_prefix_ids(model)
-    builtin = list(texts) == ["builtin"]
-    train_docs = read_documents(list(texts), split="train")
-    if builtin:
-        held_docs = read_documents(["builtin"], split="heldout")
-    else:  # user text: hold out every tenth document, or the tail of a single one
-        held_docs = train_docs[::10] if len(train_docs) >= 10 else train_docs[-1:]
-        train_docs = [d for d in train_docs if d not in held_docs] or train_docs
+    if init is not None:
+        scales = init.scales
+    elif tcfg.layer_scales and config.layers_per_signal > 1:  # L = 1: a per-signal factor OMP ignores
+        scales = layer_scales(model, train_docs, tcfg.chunk_tokens, tcfg.max_tokens, prefix)
+    else:
+        scales = None
     train, summary = collect_signals(model, train_docs, config.layers_per_signal, tcfg.chunk_tokens,
-                                     tcfg.max_tokens, prefix)
+                                     tcfg.max_tokens, prefix, scales=scales)
     held, held_summary = collect_signals(model, held_docs, config.layers_per_signal, tcfg.chunk_tokens,
-                                         max(tcfg.max_tokens // 10, 4096), prefix)
-    summary = {"train": summary, "heldout": held_summary, "texts": list(map(str, texts))}
-    return learn(train, held, config, tcfg, model.fingerprint(), out, device, resume, summary, progress)
+                                         max(tcfg.max_tokens // 10, 4096), prefix, scales=scales)
+    summary = {"train": summary, "heldout": held_summary, "texts": list(texts)}
+    return learn(train, held, config, tcfg, model.fingerprint(), out, device, resume, summary, progress,
+                 init, scales)
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    """How `encode-corpus --adapt` fits a dictionary to a new store's corpus; kept in its metadata."""
+
+    steps: int = 100
+    tokens: int = 60_000  # calibration tokens sampled from the corpus (~2 min of KV extraction on 2 CPU cores)
+    batch: int = 1024
+    seed: int = 0
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(steps=self.steps, batch=self.batch, max_tokens=self.tokens, seed=self.seed,
+                           val_every=max(1, min(25, self.steps // 4)), patience=1_000_000)
+
+
+def adapt(model, docs: list, init: Dictionary, acfg: AdaptConfig = AdaptConfig(), device="cpu",
+          progress: bool = True) -> Dictionary:
+    """`init` continued on `docs` (text.Document, a sample of a corpus) for acfg.steps steps.
+
+    Every tenth document is held out, and the result is the best on it, so never worse there
+    than `init`."""
+    import tempfile
+
+    train_docs, held_docs = split_heldout(docs)
+    with tempfile.TemporaryDirectory(prefix="sparsecache-adapt-") as out:
+        d = learn_documents(model, train_docs, held_docs, init.config, acfg.train_config(), out, device,
+                            progress=progress, init=init, texts=["corpus sample"])
+    d.meta["adapt"] = {**asdict(acfg), "from": init.fingerprint()}
+    return d

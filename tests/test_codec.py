@@ -84,3 +84,35 @@ def test_elias_fano_codec_decodes_like_packed(L):
     torch.testing.assert_close(ef.decode(b, "v"), packed.decode(a, "v"), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="index coding"):
         Codec(d, indices="rice")
+
+
+def test_per_layer_scales_code_the_scaled_tensor_and_undo_the_scale():
+    """With scales, decode(encode(x)) is the unscaled codec's roundtrip of x·s, divided by s."""
+    plain = make_dict(L=2, layers=4)
+    scales = {k: torch.tensor([20.0, 1.0, 0.5, 2.0]) for k in "kv"}
+    scaled = Dictionary(plain.keys, plain.values, plain.config, plain.model, scales=scales)
+    kv = torch.randn(4, 10, 32)
+    s = scales["v"].view(-1, 1, 1)
+    got = Codec(scaled).roundtrip(kv, "v")
+    torch.testing.assert_close(got, Codec(plain).roundtrip(kv * s, "v") / s, rtol=1e-4, atol=1e-5)
+    assert scaled.fingerprint() != plain.fingerprint()
+
+
+def test_a_quiet_layer_is_coded_as_well_as_its_loud_partner_only_with_scales():
+    """Inside an L-layer signal OMP minimises the group's total error: a layer with 1% of the
+    energy is left almost uncoded (the default model's layer-0 V). Equal-energy scales fix it."""
+    torch.manual_seed(0)
+    d = make_dict(L=2, layers=2, atoms=512, s=8)
+    kv = torch.randn(2, 64, 32)
+    kv[0] *= 0.1
+    rms = kv.square().mean((1, 2)).sqrt()
+    scaled = Dictionary(d.keys, d.values, d.config, d.model, scales={k: rms.mean() / rms for k in "kv"})
+
+    def layer_nmse(codec):
+        err = (codec.roundtrip(kv, "k") - kv).square().sum((1, 2)) / kv.square().sum((1, 2))
+        return err.tolist()
+
+    quiet, loud = layer_nmse(Codec(d))
+    assert quiet > 1 and loud < 0.3  # worse than storing zeros, as layer 0's V was (NMSE 2.6)
+    quiet_s, loud_s = layer_nmse(Codec(scaled))
+    assert quiet_s < 0.4 and abs(quiet_s - loud_s) < 0.1

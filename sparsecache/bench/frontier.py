@@ -84,6 +84,8 @@ class Coder:
         self.config = dictionary.config
         self.atoms = {k: dictionary.atoms(k).to(self.device) for k in "kv"}
         self.grams = {k: gram(a) for k, a in self.atoms.items()}
+        self.scales = {k: None if dictionary.scale(k) is None else dictionary.scale(k).view(-1, 1, 1).to(self.device)
+                       for k in "kv"}
         self._memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.rice = {k: [0, 0] for k in "kv"}  # [bits at each signal's best k, indices], all codes seen
         self._rice_k: dict[str, int] = {}
@@ -91,7 +93,8 @@ class Coder:
     def codes(self, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         key = (kind, _digest(x))
         if key not in self._memo:
-            sig = to_signals(x.to(self.device).float(), self.config.layers_per_signal)
+            x = x.to(self.device).float()
+            sig = to_signals(x if self.scales[kind] is None else x * self.scales[kind], self.config.layers_per_signal)
             G, T, d = sig.shape
             idx, coef = batch_omp(sig.reshape(-1, d), self.atoms[kind], self.config.sparsity, self.grams[kind])
             self._memo[key] = (idx.cpu(), coef.cpu(), (G, T))
@@ -114,7 +117,8 @@ class Coder:
         idx, coef, (G, T) = self.codes(x, kind)
         c = coefficient_roundtrip(coef, coef_format).to(self.device)
         sig = reconstruct(idx.to(self.device), c, self.atoms[kind])
-        return from_signals(sig.view(G, T, -1), self.config.layers_per_signal).to(x.device)
+        out = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
+        return (out if self.scales[kind] is None else out / self.scales[kind]).to(x.device)
 
 
 @dataclass(frozen=True, eq=False)
