@@ -35,6 +35,10 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--indices", "index_coding", type=click.Choice(["elias-fano", "packed"]), default=None,
               help="Atom indices as Elias-Fano sorted sets (10 bits each at s=32) or 13-bit packed in OMP "
               "order (the paper's layout); lossless either way.  [default: elias-fano]")
+@click.option("--adapt", "adapt_steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Before a new store's first encode, adapt the dictionary to a sample of CORPUS for this many "
+              "steps (~100: a few minutes on a CPU; see the README) and keep the adapted copy in the store. "
+              "0: off. An existing store keeps its dictionary.")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,
               help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
@@ -47,8 +51,8 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @json_option
 @library_errors
 def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
-                      embedder, compressor, coef_dtype, index_coding, batch_tokens, keep, workers, ray_address,
-                      device, as_json):
+                      embedder, compressor, coef_dtype, index_coding, adapt_steps, batch_tokens, keep, workers,
+                      ray_address, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -62,7 +66,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     The store may be an object-storage URL (s3://bucket/prefix, gs://, az://), and the
     encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
-    from sparsecache.dictionary import Dictionary, default_dictionary
+    from sparsecache.dictionary import AdaptConfig, Dictionary, default_dictionary
     from sparsecache.check import ensure_checked
     from sparsecache.encoder import encode_corpus
     from sparsecache.model import load_model
@@ -84,7 +88,8 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
 
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
                       delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json,
-                      workers=workers, ray_address=ray_address, model_path=model_path)
+                      workers=workers, ray_address=ray_address, model_path=model_path,
+                      adapt=AdaptConfig(steps=adapt_steps) if adapt_steps else None)
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
     emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
                                               f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from .codec import Codec
 from .corpus import Chunk, Source, chunks, scan
-from .dictionary import Dictionary
+from .dictionary import AdaptConfig, Dictionary
 from .index import Embedder
 from .model import KVModel, default_prefix_ids, extract_kv
 from .store import StoreConfig, Writer
@@ -85,7 +85,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
                   model: KVModel | Callable[[], KVModel], config: StoreConfig = StoreConfig(),
                   embedder: Embedder | None = None, device="cpu", batch_tokens: int = 8192,
                   delete_missing: bool = False, index: str = "auto", keep: int = 5, progress: bool = True,
-                  workers: int = 0, ray_address: str | None = None, model_path: str = "default") -> EncodeReport:
+                  workers: int = 0, ray_address: str | None = None, model_path: str = "default",
+                  adapt: AdaptConfig | None = None) -> EncodeReport:
     """Bring the store at `store` (a directory or an s3://, gs://, az:// URL) up to date with
     `corpus`; returns what was done and how long it took.
 
@@ -94,6 +95,10 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     on Ray actors (see `distributed`), each loading `model_path` (the default model or a
     directory every node can read). After publishing, versions beyond the newest `keep` are
     deleted (0 keeps them all).
+
+    `adapt` fits the dictionary to a sample of the corpus before a new store's first encode
+    (`dictionary.adapt`); the store keeps the adapted copy, and a rerun that names the same
+    starting dictionary reuses it.
     """
     t_start = time.perf_counter()
     timer = _Timer()
@@ -104,7 +109,12 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
         dictionary.check_model(model.fingerprint())
     with Writer(store) as w:
         if not w.initialised():
+            if adapt is not None:
+                with timer.phase("adapt"):
+                    dictionary = _adapted(load(), sources, dictionary, adapt, device, progress)
             _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device))
+        elif adapt is not None:
+            dictionary = _stored_adaptation(store, dictionary)
         w.check_compatible(config, dictionary, None)  # a wrong --dict or option is refused even when idle
         plan = _plan(w, sources, delete_missing)
         report = EncodeReport(str(store), w.base.version, False, plan.counts)
@@ -127,6 +137,36 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
             _publish(w, plan, index, keep, report, timer)
     report.seconds = {**{k: round(v, 3) for k, v in timer.items()}, "total": round(time.perf_counter() - t_start, 3)}
     return report
+
+
+def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg: AdaptConfig, device,
+             progress: bool) -> Dictionary:
+    """`dictionary` adapted on documents drawn at random (seeded) from `sources`, read until
+    they hold about acfg.tokens tokens."""
+    from .dictionary import adapt
+    from .text import Document
+
+    order = np.random.default_rng(acfg.seed).permutation(len(sources))
+    docs, chars = [], 0
+    for i in order:
+        if chars >= 5 * acfg.tokens:  # ~4 characters per token, with room for short chunks
+            break
+        text = "".join(sources[i].blocks())
+        docs.append(Document(sources[i].id, text))
+        chars += len(text)
+    return adapt(model, docs, dictionary, acfg, device, progress)
+
+
+def _stored_adaptation(store, dictionary: Dictionary) -> Dictionary:
+    """The store's adapted dictionary when it was adapted from `dictionary`, else `dictionary`
+    (which `check_compatible` then judges)."""
+    from .store import existing_dictionary
+
+    path = existing_dictionary(store)
+    stored = Dictionary.load(path) if path else None
+    if stored is not None and stored.meta.get("adapt", {}).get("from") == dictionary.fingerprint():
+        return stored
+    return dictionary
 
 
 def _publish(w: Writer, plan: _Plan, index: str, keep: int, report: EncodeReport, timer: _Timer) -> None:

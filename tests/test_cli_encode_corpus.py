@@ -108,3 +108,29 @@ def test_existing_store_keeps_its_settings_when_options_are_left_out(corpus_dir,
     assert (config.index_coding, config.coef_dtype, config.chunk_tokens) == ("packed", "float16", 64)
     r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "elias-fano")
     assert r.exit_code == 1 and "index_coding='packed'" in r.output and "Traceback" not in r.output
+
+
+def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_dir, tmp_path, tiny_model_dir,
+                                                                         tiny_dictionary_dir, tiny_dictionary):
+    from sparsecache.dictionary import Dictionary
+    from sparsecache.store import existing_dictionary
+
+    store = tmp_path / "store"
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--adapt", 3, "--json")
+    assert r.exit_code == 0, r.output
+    assert "adapt" in json.loads(r.stdout)["seconds"]
+    adapted = Dictionary.load(existing_dictionary(store))
+    assert adapted.meta["adapt"]["from"] == tiny_dictionary.fingerprint() and adapted.meta["adapt"]["steps"] == 3
+    assert adapted.fingerprint() != tiny_dictionary.fingerprint()
+    assert Store.open(store).info()["dictionary"] == adapted.fingerprint()
+
+    # the nightly job reruns the same command on a changed corpus: the stored adaptation is reused
+    (corpus_dir / "new.txt").write_text("The nonlocal statement rebinds names in the enclosing scope. " * 4)
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--adapt", 3, "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["documents"]["new"] == 1 and "adapt" not in report["seconds"]
+    assert Dictionary.load(existing_dictionary(store)).fingerprint() == adapted.fingerprint()
+    # and another dictionary is still refused
+    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
+    assert r.exit_code == 1 and "was encoded with dictionary" in r.output
