@@ -13,6 +13,13 @@ Domains (licences in the README, "Calibration text"):
 - `fortunes`: fortune cookies: quotations, jokes, dialogue, verse (fortunes).
 - `manual-de`, `manual-fr`, `manual-es`: the Debian Reference's translations.
 
+One domain is kept out of calibration, to measure adaptation to text a dictionary has never
+seen (`encode-corpus --adapt`, `learn-dict --init`):
+- `licences`: the software licences every Debian system carries (/usr/share/common-licenses):
+  legal prose. The GPL, LGPL, GFDL and MPL-1.1 texts go to `adapt/licences` (what a corpus
+  sample would be), the other licences (Apache, MPL-2.0, Artistic, CC0, BSD) to
+  `heldout/licences`, so no near-copy of a held-out text is adapted on.
+
 The Debian `dict-*` packages (dictionary databases) are deliberately not used: they are kept
 aside as text no dictionary has been calibrated or evaluated on.
 
@@ -75,6 +82,14 @@ def fortunes(root: Path) -> list[tuple[str, str]]:
             for p in sorted(folder.iterdir()) if p.is_file() and not p.suffix and not p.is_symlink()]
 
 
+def licences(_: Path) -> list[tuple[str, str]]:
+    folder = Path("/usr/share/common-licenses")
+    return [(p.name, p.read_text(encoding="utf-8", errors="replace")) for p in sorted(folder.iterdir())
+            if p.is_file() and not p.is_symlink()]
+
+
+LICENCE_FAMILIES_ADAPTED = ("GPL", "LGPL", "GFDL", "MPL-1")
+ABSENT = {"licences": licences}  # not calibrated on: OUT/adapt and OUT/heldout
 READERS = {"python-docs": python_docs, "python-source": python_source, "manual": manual, "fortunes": fortunes,
            "manual-de": manual, "manual-fr": manual, "manual-es": manual}
 
@@ -129,27 +144,33 @@ def write(out: Path, part: str, domain: str, secs: list[tuple[str, str]]) -> Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--domains", default=",".join(READERS), help="comma-separated")
+    ap.add_argument("--domains", default=",".join([*READERS, *ABSENT]), help="comma-separated")
     args = ap.parse_args()
     summary = {}
     with tempfile.TemporaryDirectory() as tmp:
         for domain in args.domains.split(","):
-            if domain not in READERS:
-                sys.exit(f"unknown domain {domain!r}; choose from {', '.join(READERS)}")
+            if domain not in READERS and domain not in ABSENT:
+                sys.exit(f"unknown domain {domain!r}; choose from {', '.join([*READERS, *ABSENT])}")
             root, version = unpack(PACKAGES[domain], Path(tmp)) if domain in PACKAGES else (Path(tmp), None)
-            secs = sections(READERS[domain](root))
-            if domain == "python-docs":
+            secs = sections({**READERS, **ABSENT}[domain](root))
+            train_part = "adapt" if domain in ABSENT else "train"
+            if domain == "licences":
+                train = [x for x in secs if x[0].startswith(LICENCE_FAMILIES_ADAPTED)]
+                held = [x for x in secs if x not in train]
+            elif domain == "python-docs":
                 held = [x for x in secs if builtin_part(x[0].rsplit("#", 1)[0]) == "heldout"]
                 train = [x for x in secs if x not in held]
             else:
                 train, held = split(secs)
-            write(args.out, "train", domain, train)
+            write(args.out, train_part, domain, train)
             write(args.out, "heldout", domain, held)
             summary[domain] = {"package": PACKAGES.get(domain), "version": version,
                                "train_chars": sum(len(t) for _, t in train),
                                "heldout_chars": sum(len(t) for _, t in held),
                                "sections": [len(train), len(held)]}
             print(domain, summary[domain], flush=True)
+    summary = {**json.loads((args.out / "SOURCES.json").read_text()), **summary} if (
+        args.out / "SOURCES.json").exists() else summary
     (args.out / "SOURCES.json").write_text(json.dumps(summary, indent=1))
 
 
