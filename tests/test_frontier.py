@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from sparsecache.bench.baselines import Kivi
-from sparsecache.bench.frontier import Coder, FrontierConfig, Sparse, pareto, ratios, series, targets
+from sparsecache.bench.frontier import (Coder, FrontierConfig, Sparse, by_domain, default_choice, pareto, ratios, series,
+                                        targets)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,15 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     assert ef["quality"] == "L2-s4-fp8" and ef["index"] == "elias-fano" and f"{ef['ratio_total']:.2f}×" in line
     assert "| L2-s4-fp8+ef |" not in table and "| *fp16* | 1.00× |" in table
     assert next(x for x in table.splitlines() if x.startswith("| L1-s2 |")).endswith("| not run | not run |")
+    # every --text is a domain: rows carry each domain's report and the worst domain's figures
+    other = tmp_path / "other.txt"
+    other.write_text("Der Paketmanager installiert Abhängigkeiten automatisch und prüft Signaturen. " * 60)
+    domains = CliRunner().invoke(cli, [*args[:4], "--text", "builtin", "--text", str(other), *args[4:-3],
+                                       "--no-baselines", "--skip-needles", "--json"])
+    assert domains.exit_code == 0, domains.output
+    row = next(r for r in json.loads(domains.stdout)["rows"] if r["method"] == "L1-s4")
+    assert set(row["domains"]) == {"builtin", "other.txt"}
+    assert row["worst_top1"] == min(d["top1_agreement"] for d in row["domains"].values()) <= row["top1_agreement"]
 
 
 def _row(method, family, ratio, top1, ppl, needle, index=None):
@@ -112,3 +122,28 @@ def test_pareto_keeps_only_undominated_points_by_ratio():
     pts = [(2, 0.9), (4, 0.95), (8, 0.7), (8, 0.8), (16, 0.5), (3, 0.6), (16, 0.5)]
     assert pareto(pts) == [(4, 0.95), (8, 0.8), (16, 0.5)]
     assert pareto([]) == []
+
+
+def test_domains_are_averaged_and_the_worst_is_kept():
+    def report(top1, ppl, layer_v):
+        return {"nmse_k": 0.1, "nmse_v": 0.2, "kl": 0.1, "top1_agreement": top1, "ppl_exact": 10.0,
+                "ppl_reconstructed": 10.0 * (1 + ppl), "nmse_k_per_layer": [0.1, 0.1], "nmse_v_per_layer": [layer_v, 0.2]}
+
+    r = by_domain({"docs": report(0.9, 0.05, 0.3), "german": report(0.7, 0.40, 2.6)})
+    assert r["worst_domain"] == "german" and r["worst_top1"] == 0.7 and r["top1_agreement"] == pytest.approx(0.8)
+    assert r["worst_ppl"] == pytest.approx(0.40) and r["worst_layer_nmse_v"] == 2.6
+    assert r["ppl_reconstructed"] == pytest.approx(10 * (1.05 * 1.40) ** 0.5)  # geometric mean
+    assert r["nmse_v_per_layer"] == pytest.approx([1.45, 0.2])
+
+
+def test_the_default_is_chosen_on_the_worst_domain_at_20x():
+    def row(method, ratio, top1, worst_top1, worst_ppl, layer_v):
+        return {**_row(method, "sparsecache", ratio, top1, 0.05, 0.8), "worst_top1": worst_top1,
+                "worst_ppl": worst_ppl, "worst_layer_nmse_v": layer_v}
+
+    rows = [row("L1-s32", 3.3, 0.95, 0.93, 0.03, 0.1),  # best, but below 20x
+            row("L5-s32", 24.9, 0.88, 0.71, 0.37, 2.6),  # better on average ...
+            row("L5-s32-new", 24.9, 0.87, 0.86, 0.09, 0.5)]  # ... this one on its worst domain
+    pick = default_choice(rows)
+    assert pick["method"] == "L5-s32-new" and pick["met"]
+    assert not default_choice(rows[:2])["met"] and default_choice(rows[:1]) is None
