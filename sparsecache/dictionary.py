@@ -406,10 +406,20 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
                     prefix_ids=(), cache: bool = True, scales: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """K/V coding signals {"k", "v"}: [tokens·groups, L·m] float16 on CPU, and a data summary.
 
-    Keys are pre-RoPE; each layer is multiplied by its factor in `scales` when given. Chunks are taken in document order up to `max_tokens` tokens, in turn
-    from each source when there are several (`interleaved_chunks`); the result is cached under
-    the user cache, keyed by model, text and settings.
+    Keys are pre-RoPE; each layer is multiplied by its factor in `scales` when given. Chunks
+    are taken in document order up to `max_tokens` tokens, in turn from each source when there
+    are several (`interleaved_chunks`); the result is cached under the user cache, keyed by
+    model, text and settings.
     """
+    sig, lengths, summary = _layer_rows(model, docs, chunk_tokens, max_tokens, prefix_ids, cache)
+    if layers_per_signal > 1 or scales is not None:
+        for k in KINDS:  # one kind at a time, each replacing its rows as soon as it is done
+            sig[k] = _regroup(sig[k], lengths, model.n_layers, layers_per_signal, None if scales is None else scales[k])
+    return sig, summary
+
+
+def _layer_rows(model, docs, chunk_tokens: int, max_tokens: int, prefix_ids, cache: bool):
+    """({"k", "v"}: per-layer rows [Σ layers·T, m] float16, chunk lengths, data summary)."""
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
@@ -424,6 +434,7 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
         kept.append(c)
         total += len(c)
     summary = {"documents": len(docs), "chunks": len(kept), "tokens": total, "chunk_tokens": chunk_tokens}
+    lengths = [len(c) for c in kept]
     # Cached per layer (L = 1) and regrouped on load, so each L does not re-run the model.
     key = hashlib.sha256(json.dumps([model.fingerprint(), 1, list(prefix_ids), kept]).encode())
     path = cache_root() / "signals" / f"{key.hexdigest()[:20]}.safetensors"
@@ -442,34 +453,46 @@ def collect_signals(model, docs, layers_per_signal: int, chunk_tokens: int, max_
             path.parent.mkdir(parents=True, exist_ok=True)
             save_file(sig, str(path) + ".tmp")
             os.replace(str(path) + ".tmp", path)
-    if layers_per_signal > 1 or scales is not None:
-        sig = {k: _regroup(v, [len(c) for c in kept], model.n_layers, layers_per_signal,
-                           None if scales is None else scales[k]) for k, v in sig.items()}
-    return sig, summary
+    return sig, lengths, summary
+
+
+def _chunk_views(rows: torch.Tensor, lengths: list[int], n_layers: int):
+    """Each chunk's [n_layers, T, m] view of per-layer signal rows (no copy)."""
+    start = 0
+    for T in lengths:
+        yield rows[start : start + n_layers * T].view(n_layers, T, -1)
+        start += n_layers * T
 
 
 def _regroup(rows: torch.Tensor, lengths: list[int], n_layers: int, layers_per_signal: int,
              scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-layer signal rows (chunk by chunk, [layers, T, m] each) → L-layer signals."""
+    """Per-layer signal rows (chunk by chunk, [layers, T, m] each) → L-layer signals, written
+    into one preallocated tensor: 300K calibration tokens are 3.5 GB per kind, and a list of
+    pieces plus their concatenation held two copies at once."""
     from .signals import to_signals
 
-    out, start = [], 0
-    for T in lengths:
-        x = rows[start : start + n_layers * T].view(n_layers, T, -1)
+    d = layers_per_signal * rows.shape[-1]
+    out = torch.empty(rows.shape[0] // layers_per_signal, d, dtype=rows.dtype)
+    at = 0
+    for x in _chunk_views(rows, lengths, n_layers):
         if scale is not None:
             x = (x.float() * scale.view(-1, 1, 1)).to(rows.dtype)
-        out.append(to_signals(x, layers_per_signal).reshape(-1, layers_per_signal * x.shape[-1]))
-        start += n_layers * T
-    return torch.cat(out)
+        g = to_signals(x, layers_per_signal).reshape(-1, d)
+        out[at : at + g.shape[0]] = g
+        at += g.shape[0]
+    return out
 
 
 def layer_scales(model, docs, chunk_tokens: int, max_tokens: int, prefix_ids=()) -> dict[str, torch.Tensor]:
     """Per-layer factors {"k", "v"} [n_layers] that give every layer the same RMS (the mean
     layer's, so coefficients keep their usual range) on `docs`."""
-    sig, _ = collect_signals(model, docs, model.n_layers, chunk_tokens, max_tokens, prefix_ids)
+    sig, lengths, summary = _layer_rows(model, docs, chunk_tokens, max_tokens, prefix_ids, True)
     out = {}
-    for k, x in sig.items():  # x: [tokens, n_layers·m], one row per token
-        rms = x.float().view(x.shape[0], model.n_layers, -1).square().mean((0, 2)).sqrt().clamp_min(1e-12)
+    for k, rows in sig.items():  # summed chunk by chunk: a float copy of all rows would not fit in memory
+        sq = torch.zeros(model.n_layers, dtype=torch.float64)
+        for x in _chunk_views(rows, lengths, model.n_layers):
+            sq += x.double().square().sum((1, 2))
+        rms = (sq / (summary["tokens"] * rows.shape[-1])).sqrt().float().clamp_min(1e-12)
         out[k] = rms.square().mean().sqrt() / rms
     return out
 
