@@ -130,8 +130,11 @@ class Codec:
             return to_e4m3(coef).view(torch.uint8)
         return coef.to(self.coef_dtype)
 
-    def decode(self, codes: Codes | tuple, kind: str, device=None) -> torch.Tensor:
-        """[n_layers, T, m] float32 on `device` (default: the codec's) from Codes or (indices, coefficients)."""
+    def decode(self, codes: Codes | tuple, kind: str, device=None, groups: slice = slice(None)) -> torch.Tensor:
+        """[n_layers, T, m] float32 on `device` (default: the codec's) from Codes or (indices, coefficients).
+
+        `groups`: which layer groups the codes are, when they are a slice of a tensor's groups
+        (vLLM's connector decodes layer by layer); they are all the groups otherwise."""
         packed, coef = (codes.indices, codes.coefficients) if isinstance(codes, Codes) else codes
         dev = torch.device(device) if device is not None else self.device
         packed = torch.as_tensor(packed).to(dev)
@@ -146,7 +149,9 @@ class Codec:
         sig = reconstruct(idx, coef.reshape(G * T, -1).float(), atoms)  # (G·T, L·m)
         kv = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
         if self._scales[kind] is not None:
-            kv = kv.div_(self.scales_on(kind, dev))
+            scale = self.scales_on(kind, dev)
+            L = self.config.layers_per_signal
+            kv = kv.div_(scale.view(-1, L, 1, 1, 1)[groups].reshape(-1, 1, 1))
         return kv
 
     def scales_on(self, kind: str, device: torch.device) -> torch.Tensor:

@@ -352,8 +352,8 @@ class SparsecacheConnector(KVConnectorBase_V1):
 
         def group(lo: int, hi: int):
             g = slice(lo // L, -(-hi // L))
-            k = codec.decode((codes.k.indices[g], codes.k.coefficients[g]), "k", dev)
-            v = codec.decode((codes.v.indices[g], codes.v.coefficients[g]), "v", dev)
+            k = codec.decode((codes.k.indices[g], codes.k.coefficients[g]), "k", dev, g)
+            v = codec.decode((codes.v.indices[g], codes.v.coefficients[g]), "v", dev, g)
             k = torch.cat([pk[lo:hi].to(dev), k[: hi - lo]], 1)[:, : spec.end]
             v = torch.cat([pv[lo:hi].to(dev), v[: hi - lo]], 1)[:, : spec.end]
             return k, v

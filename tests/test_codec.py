@@ -95,6 +95,9 @@ def test_per_layer_scales_code_the_scaled_tensor_and_undo_the_scale():
     s = scales["v"].view(-1, 1, 1)
     got = Codec(scaled).roundtrip(kv, "v")
     torch.testing.assert_close(got, Codec(plain).roundtrip(kv * s, "v") / s, rtol=1e-4, atol=1e-5)
+    codes = Codec(scaled).encode(kv, "v")  # a slice of the groups decodes with its own layers' scales
+    second = Codec(scaled).decode((codes.indices[1:], codes.coefficients[1:]), "v", groups=slice(1, 2))
+    torch.testing.assert_close(second, got[2:], rtol=1e-4, atol=1e-5)
     assert scaled.fingerprint() != plain.fingerprint()
 
 
