@@ -134,3 +134,29 @@ def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_
     # and another dictionary is still refused
     r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
     assert r.exit_code == 1 and "was encoded with dictionary" in r.output
+
+
+def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_dir, tmp_path, tiny_model_dir,
+                                                                       tiny_model):
+    """Per-layer scales travel with the store's dictionary copy: a reader decodes each layer
+    with its own factor (what the encoder's codec would give back)."""
+    import torch
+
+    from sparsecache.codec import Codec
+    from sparsecache.dictionary import DictConfig, Dictionary
+    from tests.conftest import unit_atoms
+
+    scales = {k: torch.tensor([8.0, 1.0, 0.5, 2.0]) for k in "kv"}
+    d = Dictionary(unit_atoms(64, 256, 1), unit_atoms(64, 256, 2), DictConfig(256, 8, 2), tiny_model.fingerprint(),
+                   scales=scales)
+    store = tmp_path / "store"
+    r = encode(corpus_dir, store, tiny_model_dir, d.save(tmp_path / "scaled"), "--coefficients", "float32")
+    assert r.exit_code == 0, r.output
+    s = Store.open(store)
+    assert s.dictionary.fingerprint() == d.fingerprint() and torch.equal(s.dictionary.scales["v"], scales["v"])
+    chunk = s.chunks()[0].id
+    (_, v), = s.load_kv([chunk])
+    codes = s.read_codes([chunk]).v
+    torch.testing.assert_close(v, Codec(d, "float32", indices=s.config.index_coding).decode((codes.indices, codes.coefficients), "v"))
+    unscaled = Dictionary(d.keys, d.values, d.config, d.model)
+    assert not torch.allclose(v, Codec(unscaled, "float32", indices=s.config.index_coding).decode((codes.indices, codes.coefficients), "v"))
