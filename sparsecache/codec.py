@@ -110,7 +110,7 @@ class Codec:
         L, s = self.config.layers_per_signal, self.config.sparsity
         kv = kv.to(self.device)
         if self._scales[kind] is not None:
-            kv = kv * self._scales[kind].to(self.device)
+            kv = kv * self.scales_on(kind, self.device)
         sig = to_signals(kv, L)  # (G, T, L·m)
         G, T, d = sig.shape
         # A CUDA graph pays where the host cannot launch kernels as fast as the GPU runs them:
