@@ -314,14 +314,16 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
     start, history, states = 0, [], {}
     if resume and (ckpt / "state.json").exists():
         start, history, states = _load_checkpoint(ckpt, device)
+    # init's own held-out NMSE, from its atoms (not a checkpoint's best, which --resume loads)
+    start_val = ({k: nmse(val[k], init.atoms(k).to(device), config.sparsity) for k in KINDS}
+                 if init is not None else None)
     if not states:
         for k in KINDS:
             a = (init.atoms(k).clone() if init is not None else initial_atoms(train[k], config.atoms, tcfg.init, gen))
             a = a.to(device)
             states[k] = _KindState(a, torch.ones(config.atoms, device=device),
                                    torch.zeros(config.atoms, dtype=torch.long, device=device), a.clone(),
-                                   nmse(val[k], a, config.sparsity) if init is not None else float("inf"))
-    start_val = {k: states[k].best_val for k in KINDS}  # init's held-out NMSE (inf without init)
+                                   start_val[k] if init is not None else float("inf"))
     t0, stale = time.time(), 0
     bar = tqdm(range(start, tcfg.steps), initial=start, total=tcfg.steps, disable=not progress,
                desc="learn-dict", unit="step")
@@ -356,8 +358,9 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
         "train": asdict(tcfg),
         "data": data_summary or {},
         "heldout_nmse": {k: states[k].best_val for k in KINDS},
-        "init": ({"fingerprint": init.fingerprint(), "texts": init.meta.get("data", {}).get("texts"),
-                  "heldout_nmse": start_val} if init is not None else tcfg.init),
+        "init": "dictionary" if init is not None else tcfg.init,
+        **({"started_from": {"fingerprint": init.fingerprint(), "texts": init.meta.get("data", {}).get("texts"),
+                             "heldout_nmse": start_val}} if init is not None else {}),
         "history": history,
         "train_seconds_this_run": round(time.time() - t0, 1),
     }

@@ -114,7 +114,7 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
                     dictionary = _adapted(load(), sources, dictionary, adapt, device, progress)
             _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device))
         elif adapt is not None:
-            dictionary = _stored_adaptation(store, dictionary)
+            dictionary = _stored_adaptation(w, dictionary)
         w.check_compatible(config, dictionary, None)  # a wrong --dict or option is refused even when idle
         plan = _plan(w, sources, delete_missing)
         report = EncodeReport(str(store), w.base.version, False, plan.counts)
@@ -157,16 +157,11 @@ def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg
     return adapt(model, docs, dictionary, acfg, device, progress)
 
 
-def _stored_adaptation(store, dictionary: Dictionary) -> Dictionary:
+def _stored_adaptation(w: Writer, dictionary: Dictionary) -> Dictionary:
     """The store's adapted dictionary when it was adapted from `dictionary`, else `dictionary`
     (which `check_compatible` then judges)."""
-    from .store import existing_dictionary
-
-    path = existing_dictionary(store)
-    stored = Dictionary.load(path) if path else None
-    if stored is not None and stored.meta.get("adapt", {}).get("from") == dictionary.fingerprint():
-        return stored
-    return dictionary
+    stored = w.stored_dictionary()
+    return stored if stored.meta.get("adapt", {}).get("from") == dictionary.fingerprint() else dictionary
 
 
 def _publish(w: Writer, plan: _Plan, index: str, keep: int, report: EncodeReport, timer: _Timer) -> None:

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 
 from click.testing import CliRunner
@@ -69,10 +70,16 @@ def test_grouped_signals_get_per_layer_scales_and_init_continues_from_a_dictiona
     assert r.exit_code == 0, r.output
     e = Dictionary.load(tmp_path / "second")
     assert e.config == d.config and all(torch.equal(e.scales[k], d.scales[k]) for k in "kv")
-    assert e.meta["init"]["fingerprint"] == d.fingerprint()
+    assert e.meta["started_from"]["fingerprint"] == d.fingerprint()
     # the bar is the starting dictionary's own held-out NMSE: adaptation never makes it worse there
-    start = e.meta["init"]["heldout_nmse"]
+    start = e.meta["started_from"]["heldout_nmse"]
     assert all(e.meta["heldout_nmse"][k] <= start[k] for k in "kv")
+    # resumed from its checkpoint, the record still names the starting dictionary's NMSE
+    r = run("learn-dict", *base, "--init", first, "--steps", 8, "--resume", "--out", tmp_path / "second")
+    assert r.exit_code == 0, r.output
+    resumed = Dictionary.load(tmp_path / "second").meta
+    assert resumed["history"][-1]["step"] == 8
+    assert resumed["started_from"]["heldout_nmse"] == pytest.approx(start, rel=1e-4)
 
     one_line_error(run("learn-dict", *base, "--init", first, "--sparsity", 8, "--out", tmp_path / "x"),
                    "--sparsity 8 (it has 4)")

@@ -150,6 +150,10 @@ class Writer:
     def attrs(self) -> dict:
         return root_attrs(self.backend)
 
+    def stored_dictionary(self) -> Dictionary:
+        """The dictionary copy this (initialised) store decodes with."""
+        return Dictionary.load(self.backend.fetch_dir("dictionary"))
+
     def check_compatible(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict | None) -> None:
         """Refuse to append codes that would not mean the same as the ones already stored
         (`model_fp` None: check all but the model, which need not be loaded for that)."""
