@@ -107,23 +107,29 @@ class Codec:
 
     def encode(self, kv: torch.Tensor, kind: str) -> Codes:
         """Codes of one K (pre-RoPE) or V tensor [n_layers, T, m]."""
-        L, s = self.config.layers_per_signal, self.config.sparsity
-        kv = kv.to(self.device)
-        if self._scales[kind] is not None:
-            kv = kv * self.scales_on(kind, self.device)
-        sig = to_signals(kv, L)  # (G, T, L·m)
-        G, T, d = sig.shape
-        # A CUDA graph pays where the host cannot launch kernels as fast as the GPU runs them:
-        # 2.3× on 192-dim signals, but 9% slower on 960-dim ones (H100, bench omp), whose
-        # larger GEMMs already keep the GPU busy.
-        idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], s, self.gram(kind), graphed=d <= GRAPH_MAX_DIM)
+        idx, coef, (G, T) = self.omp(kv, kind)
         if self.indices == "elias-fano":
             idx, order = idx.sort(dim=1)
             coef = coef.gather(1, order)
             packed = pack_sorted_rows(idx.cpu().numpy(), self.config.atoms)
         else:
             packed = pack_rows(idx.cpu().numpy(), self.bits)
-        return Codes(packed.reshape(G, T, -1), self._stored(coef).cpu().numpy().reshape(G, T, s))
+        return Codes(packed.reshape(G, T, -1), self._stored(coef).cpu().numpy().reshape(G, T, -1))
+
+    def omp(self, kv: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """OMP's atom indices and float32 coefficients [G·T, s] of one K or V tensor
+        [n_layers, T, m] on the codec's device, and (G, T): the codes before storage coding."""
+        kv = kv.to(self.device).float()
+        if self._scales[kind] is not None:
+            kv = kv * self.scales_on(kind, self.device)
+        sig = to_signals(kv, self.config.layers_per_signal)  # (G, T, L·m)
+        G, T, d = sig.shape
+        # A CUDA graph pays where the host cannot launch kernels as fast as the GPU runs them:
+        # 2.3× on 192-dim signals, but 9% slower on 960-dim ones (H100, bench omp), whose
+        # larger GEMMs already keep the GPU busy.
+        idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], self.config.sparsity, self.gram(kind),
+                              graphed=d <= GRAPH_MAX_DIM)
+        return idx, coef, (G, T)
 
     def _stored(self, coef: torch.Tensor) -> torch.Tensor:
         if self.coef_dtype == torch.float8_e4m3fn:
@@ -145,11 +151,17 @@ class Codec:
         rows, s = packed.reshape(-1, nb), self.config.sparsity
         idx = (unpack_sorted_rows_torch(rows, s, self.config.atoms) if self.indices == "elias-fano"
                else unpack_rows_torch(rows, s, self.bits))  # (G·T, s)
-        atoms = self.atoms_on(kind, dev)
-        sig = reconstruct(idx, coef.reshape(G * T, -1).float(), atoms)  # (G·T, L·m)
+        return self.reconstruct(idx, coef.reshape(G * T, -1).float(), (G, T), kind, dev, groups)
+
+    def reconstruct(self, idx: torch.Tensor, coef: torch.Tensor, shape: tuple[int, int], kind: str,
+                    device: torch.device, groups: slice = slice(None)) -> torch.Tensor:
+        """[n_layers, T, m] float32 on `device` from atom indices and coefficients [G·T, s]
+        there (what `omp` returns), (G, T) and which layer groups they are (see `decode`)."""
+        G, T = shape
+        sig = reconstruct(idx, coef, self.atoms_on(kind, device))  # (G·T, L·m)
         kv = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
         if self._scales[kind] is not None:
-            scale = self.scales_on(kind, dev)
+            scale = self.scales_on(kind, device)
             L = self.config.layers_per_signal
             kv = kv.div_(scale.view(-1, L, 1, 1, 1)[groups].reshape(-1, 1, 1))
         return kv

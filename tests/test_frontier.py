@@ -10,6 +10,8 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from sparsecache.bench.baselines import Kivi
+from sparsecache.codec import Codec
+from sparsecache.dictionary import Dictionary
 from sparsecache.bench.frontier import (Coder, FrontierConfig, Sparse, by_domain, default_choice, pareto, ratios, series,
                                         targets)
 
@@ -52,6 +54,18 @@ def test_coder_memoises_and_counts_rice(tiny_dictionary):
     assert a.shape == x.shape and not torch.equal(a, b)
     assert 0 < c.rice_bits_per_index("k") < 12
     assert ((a - x).square().sum() < x.square().sum())  # a code, not noise
+
+
+@pytest.mark.parametrize("coef", ["float16", "float8"])
+def test_coder_measures_what_a_store_reader_gets(tiny_dictionary, coef):
+    """bench quality's roundtrip is the store codec's, per-layer scales included."""
+    d = tiny_dictionary
+    scaled = Dictionary(d.keys, d.values, d.config, d.model,
+                        scales={k: torch.tensor([4.0, 1.0, 0.5, 2.0]) for k in "kv"})
+    x = torch.randn(4, 12, 32)
+    for kind in "kv":
+        torch.testing.assert_close(Coder(scaled, "scaled").roundtrip(x, kind, coef),
+                                   Codec(scaled, coef).roundtrip(x, kind), rtol=1e-4, atol=1e-5)
 
 
 def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):

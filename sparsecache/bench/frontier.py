@@ -33,12 +33,10 @@ from ..bitpack import rice_bits, rice_parameter
 from ..blend import assemble, fuse, question_ids
 from ..generate import full_prefill, greedy_continue
 from ..query_config import QueryConfig
-from ..codec import COEF_FORMATS, coefficient_roundtrip, index_row_bytes
+from ..codec import COEF_FORMATS, Codec, coefficient_roundtrip, index_row_bytes
 from ..dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
 from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
-from ..omp import batch_omp, gram, reconstruct
-from ..signals import from_signals, to_signals
 
 # (L, s): s = 64 only where it is below the signal size L·192 by enough to compress (L ≥ 1)
 SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 64))
@@ -83,10 +81,7 @@ class Coder:
     def __init__(self, dictionary: Dictionary, name: str, device="cpu"):
         self.dictionary, self.name, self.device = dictionary, name, torch.device(device)
         self.config = dictionary.config
-        self.atoms = {k: dictionary.atoms(k).to(self.device) for k in "kv"}
-        self.grams = {k: gram(a) for k, a in self.atoms.items()}
-        self.scales = {k: None if dictionary.scale(k) is None else dictionary.scale(k).view(-1, 1, 1).to(self.device)
-                       for k in "kv"}
+        self.codec = Codec(dictionary, "float32", self.device)
         self._memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.rice = {k: [0, 0] for k in "kv"}  # [bits at each signal's best k, indices], all codes seen
         self._rice_k: dict[str, int] = {}
@@ -94,11 +89,8 @@ class Coder:
     def codes(self, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         key = (kind, _digest(x))
         if key not in self._memo:
-            x = x.to(self.device).float()
-            sig = to_signals(x if self.scales[kind] is None else x * self.scales[kind], self.config.layers_per_signal)
-            G, T, d = sig.shape
-            idx, coef = batch_omp(sig.reshape(-1, d), self.atoms[kind], self.config.sparsity, self.grams[kind])
-            self._memo[key] = (idx.cpu(), coef.cpu(), (G, T))
+            idx, coef, shape = self.codec.omp(x, kind)
+            self._memo[key] = (idx.cpu(), coef.cpu(), shape)
             self._count_rice(idx.cpu().numpy(), kind)
         return self._memo[key]
 
@@ -115,11 +107,9 @@ class Coder:
         return bits / count
 
     def roundtrip(self, x: torch.Tensor, kind: str, coef_format: str) -> torch.Tensor:
-        idx, coef, (G, T) = self.codes(x, kind)
+        idx, coef, shape = self.codes(x, kind)
         c = coefficient_roundtrip(coef, coef_format).to(self.device)
-        sig = reconstruct(idx.to(self.device), c, self.atoms[kind])
-        out = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
-        return (out if self.scales[kind] is None else out / self.scales[kind]).to(x.device)
+        return self.codec.reconstruct(idx.to(self.device), c, shape, kind, self.device).to(x.device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,7 +158,7 @@ class Sparse:
         return n_layers // c.config.layers_per_signal * T * per_signal
 
     def overhead_bytes(self) -> float:
-        return float(self.k.atoms["k"].numel() * 4 + self.v.atoms["v"].numel() * 4)  # fp32, as stored
+        return float(self.k.dictionary.atoms("k").numel() * 4 + self.v.dictionary.atoms("v").numel() * 4)  # fp32, as stored
 
 
 def dictionary_name(L: int, s: int, atoms: int = 8192) -> str:
