@@ -103,6 +103,21 @@ def test_unknown_tasks_and_too_few_chunks_are_refused(tiny_model, tmp_path):
         make_suite(tiny_model.tokenizer, tmp_path, k=3)
 
 
+def test_bench_ruler_refuses_bad_tasks_before_loading_the_model(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    import sparsecache.model
+
+    def no_model(*a, **kw):
+        raise AssertionError("the model was loaded for a suite that cannot run")
+
+    monkeypatch.setattr(sparsecache.model, "load_model", no_model)
+    for args, msg in ((["--tasks", "single,bogus"], "unknown task(s) bogus"), (["--k", "3"], "k must be >= 4")):
+        r = CliRunner().invoke(cli, ["bench", "ruler", "--workdir", str(tmp_path), *args])
+        assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, r.output
+
+
 class _Answer:
     def __init__(self, text):
         self.answer, self.timings_ms = text, {"ttft": 10.0}

@@ -207,15 +207,20 @@ _MAKERS = {"single": _single, "multikey": lambda b, t: _single(b, t, keys=3), "m
            "vartrack": _vartrack, "cwe": _cwe}
 
 
-def make_suite(tokenizer, out: str | Path, tasks=TASKS, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200,
-               seed: int = 0) -> list[Trial]:
-    """Write `out`/corpus.jsonl (shared filler + every trial's needle chunks) and
-    `out`/trials.json; returns the trials, task by task."""
+def check_suite(tasks, k: int) -> None:
+    """Refuses unknown tasks and a k the tasks cannot be spread over (before any model loads)."""
     unknown = set(tasks) - set(TASKS)
     if unknown:
         raise ConfigError(f"unknown task(s) {', '.join(sorted(unknown))}; choose from {', '.join(TASKS)}")
     if k < 4:
         raise ConfigError("k must be >= 4: the cwe task spreads its lists over four chunks")
+
+
+def make_suite(tokenizer, out: str | Path, tasks=TASKS, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200,
+               seed: int = 0) -> list[Trial]:
+    """Write `out`/corpus.jsonl (shared filler + every trial's needle chunks) and
+    `out`/trials.json; returns the trials, task by task."""
+    check_suite(tasks, k)
     rng = random.Random(seed)
     b = _Builder(tokenizer, k, tokens_per_chunk, rng)
     result = [_MAKERS[task](b, t) for task in tasks for t in range(trials)]

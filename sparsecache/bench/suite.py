@@ -380,8 +380,9 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     from ..model import load_model
     from ..session import Session
     from ..store import StoreConfig
-    from .ruler import METHODS, load_suite, make_suite, run_suite
+    from .ruler import METHODS, check_suite, load_suite, make_suite, run_suite
 
+    check_suite(tasks, k)
     work = Path(workdir)
     settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk}
     made = work / "suite.json"
