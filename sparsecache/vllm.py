@@ -160,6 +160,10 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self._stores: dict[int, Store] = {}
+        from .store import LatestVersion, open_backend
+
+        # a nightly re-index is followed within version_check_s seconds of publishing
+        self._latest = LatestVersion(open_backend(self.where), float(extra.get("version_check_s", 1.0)))
         # a missing or unreadable store, or one of another model, stops the engine here, not per request
         self._store().check_model(config_fingerprint(vllm_config.model_config.hf_config,
                                                      f"the model vLLM serves ({vllm_config.model_config.model})"))
@@ -181,12 +185,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
     def _store(self, version: int | None = None) -> Store:
         """The store at `version` (default: the latest published), opened once per version."""
         if version is None:
-            from .store import versions
-
-            published = versions(self.where)
-            if not published:
-                raise SparseCacheError(f"{self.where}: no published version")
-            version = published[-1]
+            version = self._latest()
         store = self._stores.get(version)
         if store is None:
             store = self._stores[version] = Store.open(self.where, version)

@@ -16,7 +16,8 @@ from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.encoder import encode_corpus, prefix_ids
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
 from sparsecache.model import extract_kv
-from sparsecache.store import Lock, Store, StoreConfig, Writer, compact, verify, versions
+from sparsecache.store import (LatestVersion, Lock, Store, StoreConfig, Writer, compact, open_backend, verify,
+                               versions)
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
@@ -175,6 +176,27 @@ def test_reader_pinned_to_a_version_is_unaffected_by_reindex(build, store, corpu
         np.testing.assert_array_equal(got.k.indices, codes[0])
         np.testing.assert_array_equal(got.v.coefficients, codes[3])
     assert_same_codes(all_codes(store, reader.version), before)  # and a fresh reader of version N
+
+
+def test_latest_version_is_listed_at_most_once_per_interval(build, store, corpus_dir, tmp_path):
+    """A server asks for the latest version per request; it lists the store once per interval
+    and follows a new version after it."""
+    backend = open_backend(store)
+    listings = []
+    real = backend.list
+    backend.list = lambda prefix: listings.append(prefix) or real(prefix)
+    now = [0.0]
+    latest = LatestVersion(backend, every_s=2.0, clock=lambda: now[0])
+    first = latest()
+    assert [latest() for _ in range(5)] == [first] * 5 and len(listings) == 1
+    write_corpus(corpus_dir, ("return", "yield"))
+    build([corpus_dir], store)
+    now[0] = 1.9
+    assert latest() == first and len(listings) == 1  # within the interval: the cached answer
+    now[0] = 2.0
+    assert latest() == first + 1 and len(listings) == 2
+    with pytest.raises(StoreError, match="no published version"):
+        LatestVersion(open_backend(tmp_path / "nothing"))()
 
 
 def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):

@@ -53,7 +53,7 @@ def rag(store):
 def connector_config(store_path, **extra) -> dict:
     return {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
             "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"store": str(store_path), **extra}}
+            "kv_connector_extra_config": {"store": str(store_path), "version_check_s": 0, **extra}}
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from .compact import compact
 from .layout import CODE_ARRAYS, FORMAT_VERSION, StoreConfig, compressors, config_for as _config_for
 from .reader import ChunkCodes, ChunkInfo, Store, plain_chunks, read_spans_direct, read_zarr
 from .verify import verify
-from .versions import Lease, Lock, Manifest, read_manifest as _read_manifest, versions as _versions
+from .versions import LatestVersion, Lease, Lock, Manifest, read_manifest as _read_manifest, versions as _versions
 from .writer import Writer
 
 
@@ -70,7 +70,7 @@ def existing_dictionary(where):
     return b.fetch_dir("dictionary")
 
 
-__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "Lease", "LocalBackend", "Lock",
+__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "LatestVersion", "Lease", "LocalBackend", "Lock",
            "Manifest", "ObjectBackend", "Store", "StoreConfig", "Writer", "compact", "compressors", "config_for",
            "existing_dictionary", "is_url", "open_backend", "plain_chunks", "read_manifest", "read_spans_direct",
            "read_zarr", "verify", "versions"]

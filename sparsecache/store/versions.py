@@ -64,6 +64,24 @@ def versions(backend: Backend) -> list[int]:
     return sorted(int(n[1:-5]) for n in names if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit())
 
 
+class LatestVersion:
+    """The newest published version, listed at most once every `every_s` seconds: a server
+    asks per request, and on an object store each listing is a LIST round trip."""
+
+    def __init__(self, backend: Backend, every_s: float = 1.0, clock=time.monotonic):
+        self.backend, self.every_s, self.clock = backend, every_s, clock
+        self._version, self._at = None, 0.0
+
+    def __call__(self) -> int:
+        now = self.clock()
+        if self._version is None or now - self._at >= self.every_s:
+            vs = versions(self.backend)
+            if not vs:
+                raise StoreError(f"{self.backend}: no published version")
+            self._version, self._at = vs[-1], now
+        return self._version
+
+
 def read_manifest(backend: Backend, version: int | None = None) -> Manifest:
     """The manifest of `version` (default: the latest)."""
     vs = versions(backend)
