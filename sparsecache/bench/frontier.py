@@ -82,11 +82,12 @@ class Coder:
         self.dictionary, self.name, self.device = dictionary, name, torch.device(device)
         self.config = dictionary.config
         self.codec = Codec(dictionary, "float32", self.device)
-        self._memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._memo: dict[tuple, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
         self.rice = {k: [0, 0] for k in "kv"}  # [bits at each signal's best k, indices], all codes seen
         self._rice_k: dict[str, int] = {}
 
-    def codes(self, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def codes(self, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """`Codec.omp`'s indices, coefficients (on the CPU) and (G, T) for `x`, memoised by its content."""
         key = (kind, _digest(x))
         if key not in self._memo:
             idx, coef, shape = self.codec.omp(x, kind)
@@ -158,7 +159,8 @@ class Sparse:
         return n_layers // c.config.layers_per_signal * T * per_signal
 
     def overhead_bytes(self) -> float:
-        return float(self.k.dictionary.atoms("k").numel() * 4 + self.v.dictionary.atoms("v").numel() * 4)  # fp32, as stored
+        # fp32 atoms, as stored
+        return float(self.k.dictionary.atoms("k").numel() * 4 + self.v.dictionary.atoms("v").numel() * 4)
 
 
 def dictionary_name(L: int, s: int, atoms: int = 8192) -> str:

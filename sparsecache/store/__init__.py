@@ -70,7 +70,7 @@ def existing_dictionary(where):
     return b.fetch_dir("dictionary")
 
 
-__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "LatestVersion", "Lease", "LocalBackend", "Lock",
-           "Manifest", "ObjectBackend", "Store", "StoreConfig", "Writer", "compact", "compressors", "config_for",
-           "existing_dictionary", "is_url", "open_backend", "plain_chunks", "read_manifest", "read_spans_direct",
-           "read_zarr", "verify", "versions"]
+__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "LatestVersion", "Lease",
+           "LocalBackend", "Lock", "Manifest", "ObjectBackend", "Store", "StoreConfig", "Writer", "compact",
+           "compressors", "config_for", "existing_dictionary", "is_url", "open_backend", "plain_chunks",
+           "read_manifest", "read_spans_direct", "read_zarr", "verify", "versions"]
