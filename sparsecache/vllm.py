@@ -163,7 +163,10 @@ class SparsecacheConnector(KVConnectorBase_V1):
         from .store import LatestVersion, open_backend
 
         # a nightly re-index is followed within version_check_s seconds of publishing
-        self._latest = LatestVersion(open_backend(self.where), float(extra.get("version_check_s", 1.0)))
+        every = extra.get("version_check_s", 1.0)
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
+            raise ValueError(f"version_check_s must be seconds >= 0, got {every!r}")
+        self._latest = LatestVersion(open_backend(self.where), float(every))
         # a missing or unreadable store, or one of another model, stops the engine here, not per request
         self._store().check_model(config_fingerprint(vllm_config.model_config.hf_config,
                                                      f"the model vLLM serves ({vllm_config.model_config.model})"))
