@@ -146,44 +146,15 @@ def corpus_dir(tmp_path) -> Path:
 def moto_endpoint():
     """An S3-compatible server (moto) on a free 127.0.0.1 port for this test session; the
     standard AWS_* variables point obstore (and so sparsecache) at it."""
-    import os
     import shutil
-    import socket
-    import subprocess
-    import time
-    import urllib.request
+
+    from sparsecache.bench.suite import moto_server
 
     pytest.importorskip("obstore", reason="needs the s3 extra")
-    exe = shutil.which("moto_server")
-    if exe is None:
+    if shutil.which("moto_server") is None:
         pytest.skip("needs moto[server] (the test extra)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):  # bounded: 10 s
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("moto_server did not start")
-    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield url
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    proc.terminate()
-    proc.wait(timeout=10)
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

@@ -147,3 +147,22 @@ def test_an_unreachable_object_store_is_one_line(monkeypatch):
         monkeypatch.setenv(k, v)
     r = invoke("info", "s3://nobucket/x")
     assert r.exit_code == 1 and "object storage:" in r.output and "Traceback" not in r.output
+
+
+def test_moto_copy_serves_a_store_and_restores_the_environment(s3_url, tmp_path):
+    """The benchmarks' S3 copy (bench.suite.moto_copy) holds the store's objects but not its
+    lock or lease, and hands the session's server back its AWS_* settings afterwards."""
+    import os
+
+    from sparsecache.bench.suite import moto_copy
+
+    local = open_backend(tmp_path / "store")
+    local.put("zarr.json", b"{}")
+    local.put("lease", b"held")
+    before = os.environ["AWS_ENDPOINT_URL"]
+    with moto_copy(tmp_path / "store") as url:
+        assert os.environ["AWS_ENDPOINT_URL"] != before
+        assert open_backend(url).get("zarr.json") == b"{}"
+        assert not open_backend(url).exists("lease")
+    assert os.environ["AWS_ENDPOINT_URL"] == before
+    assert open_backend(s3_url).list("") == []  # the session's server is the one answering again

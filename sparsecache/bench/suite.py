@@ -399,43 +399,41 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
 
 
+_S3_ENV = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1",
+           "AWS_ALLOW_HTTP": "true"}
+
+
 @contextlib.contextmanager
-def moto_copy(store_path, bucket: str = "bench"):
-    """A copy of the local store at `store_path` on a moto S3 server bound to 127.0.0.1 on a
-    free port, for the lifetime of the block; yields its s3:// URL (the environment points
-    obstore and boto3 at the server meanwhile). Needs the s3 extra and moto[server]."""
+def moto_server():
+    """A moto S3 server on a free 127.0.0.1 port for the lifetime of the block; yields its
+    endpoint, with the standard AWS_* variables pointing obstore and boto3 at it meanwhile.
+    Needs moto[server] (the test extra)."""
     import shutil
     import socket
     import subprocess
+    import urllib.request
 
-    import boto3
-
-    from ..store import open_backend
-
+    exe = shutil.which("moto_server")
+    if exe is None:
+        raise ConfigError("moto_server not found: pip install 'moto[server]'")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([shutil.which("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     saved = {k: os.environ.get(k) for k in _S3_ENV}
     try:
-        os.environ.update({**_S3_ENV, "AWS_ENDPOINT_URL": endpoint})
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        for attempt in range(100):  # up to 10 s for the server to answer
+        for _ in range(100):  # bounded: 10 s for the server to answer
             try:
-                client.create_bucket(Bucket=bucket)
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
                 break
-            except Exception:
-                if attempt == 99:
-                    raise
+            except OSError:
                 time.sleep(0.1)
-        url = f"s3://{bucket}/store"
-        src, dst = open_backend(store_path), open_backend(url)
-        for key in src.list(""):
-            if not key.startswith((".lock", "lease")):
-                dst.put(key, src.get(key))
-        yield url
+        else:
+            raise StoreError(f"moto_server did not answer on {endpoint} within 10 s")
+        os.environ.update({**_S3_ENV, "AWS_ENDPOINT_URL": endpoint})
+        yield endpoint
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -446,8 +444,23 @@ def moto_copy(store_path, bucket: str = "bench"):
                 os.environ[k] = v
 
 
-_S3_ENV = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1",
-           "AWS_ALLOW_HTTP": "true"}
+@contextlib.contextmanager
+def moto_copy(store_path, bucket: str = "bench"):
+    """A copy of the local store at `store_path` on a `moto_server` for the lifetime of the
+    block; yields its s3:// URL. Needs the s3 extra and moto[server]."""
+    import boto3
+
+    from ..store import open_backend
+
+    with moto_server() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+        url = f"s3://{bucket}/store"
+        src, dst = open_backend(store_path), open_backend(url)
+        for key in src.list(""):
+            if not key.startswith((".lock", "lease")):
+                dst.put(key, src.get(key))
+        yield url
+
 
 
 def cpu_model() -> str:
