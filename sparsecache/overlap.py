@@ -127,7 +127,8 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
 
     loader = threading.Thread(target=load, name="sparsecache-cake-loader")
     loader.start()
-    cache = assemble(prefix_ids, (pk, pv), [], [], model).cache  # exact prefix; computed chunks append to it
+    # the exact prefix, which computed chunks append to (split 0 computes none: not needed)
+    cache = assemble(prefix_ids, (pk, pv), [], [], model).cache if split != 0 else None
     position = len(prefix_ids)
     try:
         while (i := pointers.claim_front()) is not None:
