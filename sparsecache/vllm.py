@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors.torch import load
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                KVConnectorRole)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
@@ -58,7 +59,8 @@ from .errors import SparseCacheError
 from .model import Rope, config_fingerprint
 from .overlap import tail_split
 from .serving import PARAMS_KEY
-from .store import Store
+from .session import _raw_dir
+from .store import LatestVersion, Store, open_backend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -160,8 +162,6 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self._stores: dict[int, Store] = {}
-        from .store import LatestVersion, open_backend
-
         # a nightly re-index is followed within version_check_s seconds of publishing
         every = extra.get("version_check_s", 1.0)
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
@@ -249,8 +249,6 @@ class SparsecacheConnector(KVConnectorBase_V1):
         return min(tail, context)
 
     def _raw_dir(self, store: Store) -> Path:
-        from .session import _raw_dir
-
         return Path(self.raw_dir) if self.raw_dir else _raw_dir(store)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
@@ -342,8 +340,6 @@ class SparsecacheConnector(KVConnectorBase_V1):
         _, pk, pv = store.prefix()
         dev = self.device
         if spec.source == "raw":
-            from safetensors.torch import load
-
             raw = [load((self._raw_dir(store) / f"{c}.safetensors").read_bytes()) for c in spec.chunks]
             k = torch.cat([pk] + [r["keys"].float() for r in raw], 1)[:, : spec.end].to(dev)
             v = torch.cat([pv] + [r["values"].float() for r in raw], 1)[:, : spec.end].to(dev)
