@@ -45,7 +45,8 @@ def check_model_cmd(model_path, device, as_json):
               help="Consecutive layers per signal (L); must divide the layer count.  [default: 5]")
 @click.option("--init", "init_dict", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from this dictionary (e.g. a shipped one) on your --text: its atoms, sizes and "
-              "per-layer scales are kept; the result is never worse than it on the held-out part of --text.")
+              "per-layer scales are kept (--sparsity may differ: a code's atom count is not part of the atoms); "
+              "the result is never worse than it on the held-out part of --text.")
 @click.option("--steps", default=3000, show_default=True, help="Training steps (early stopping may end sooner).")
 @click.option("--batch", default=4096, show_default=True, help="Signals per step, per K and per V.")
 @click.option("--lr", default=0.5, show_default=True, help="Peak learning rate of K (cosine decay).")
@@ -63,6 +64,8 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
     With --init, adapts an existing dictionary to --text (a few hundred steps; see the README).
     """
+    from dataclasses import replace
+
     from sparsecache.check import ensure_checked
     from sparsecache.dictionary import DictConfig, Dictionary, TrainConfig, learn_dict
     from sparsecache.errors import ConfigError
@@ -72,10 +75,10 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
     init = Dictionary.load(init_dict) if init_dict else None
     if init is not None:
         clash = [f"--{k.replace('_', '-')} {v} (it has {getattr(init.config, k)})"
-                 for k, v in given.items() if v is not None and v != getattr(init.config, k)]
+                 for k, v in given.items() if k != "sparsity" and v is not None and v != getattr(init.config, k)]
         if clash:
             raise ConfigError(f"--init {init_dict} fixes the dictionary's sizes: drop " + ", ".join(clash))
-        config = init.config
+        config = replace(init.config, sparsity=sparsity or init.config.sparsity)
     else:
         config = DictConfig(**{k: v for k, v in given.items() if v is not None})
     tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed)

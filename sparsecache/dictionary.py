@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -360,7 +360,7 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
         "heldout_nmse": {k: states[k].best_val for k in KINDS},
         "init": "dictionary" if init is not None else tcfg.init,
         **({"started_from": {"fingerprint": init.fingerprint(), "texts": init.meta.get("data", {}).get("texts"),
-                             "heldout_nmse": start_val}} if init is not None else {}),
+                             "sparsity": init.config.sparsity, "heldout_nmse": start_val}} if init is not None else {}),
         "history": history,
         "train_seconds_this_run": round(time.time() - t0, 1),
     }
@@ -505,7 +505,8 @@ def learn_dict(model, texts=("builtin",), config: DictConfig = DictConfig(), tcf
                init: Dictionary | None = None) -> Dictionary:
     """Learn K/V dictionaries for `model` from `texts` (files, dirs or "builtin"); see `learn`.
 
-    With `init`, continues from that dictionary (its config and per-layer scales are kept)."""
+    With `init`, continues from that dictionary: its atoms, layer grouping and per-layer scales
+    are kept, and `config` may change only the sparsity (see `init_config`)."""
     from .text import read_documents
 
     train_docs = read_documents(list(texts), split="train")
@@ -523,6 +524,16 @@ def split_heldout(docs: list) -> tuple[list, list]:
     return [d for d in docs if d not in held] or docs, held
 
 
+def init_config(init: Dictionary, config: DictConfig) -> DictConfig:
+    """The config to continue `init` with: its atoms and layer grouping (the shape of its
+    atoms) and `config`'s sparsity, which is how many atoms a code uses, not part of them."""
+    for key in ("atoms", "layers_per_signal"):
+        if getattr(config, key) != getattr(init.config, key):
+            raise ConfigError(f"the dictionary to continue from has {key} {getattr(init.config, key)}, "
+                              f"not {getattr(config, key)}: it fixes that")
+    return replace(init.config, sparsity=config.sparsity)
+
+
 def learn_documents(model, train_docs, held_docs, config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),
                     out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True,
                     init: Dictionary | None = None, texts: list[str] = ()) -> Dictionary:
@@ -531,7 +542,7 @@ def learn_documents(model, train_docs, held_docs, config: DictConfig = DictConfi
 
     if init is not None:
         init.check_model(model.fingerprint())
-        config = init.config
+        config = init_config(init, config)
     config.check_signal(model.n_layers, model.m)
     prefix = default_prefix_ids(model)
     if init is not None:

@@ -81,5 +81,13 @@ def test_grouped_signals_get_per_layer_scales_and_init_continues_from_a_dictiona
     assert resumed["history"][-1]["step"] == 8
     assert resumed["started_from"]["heldout_nmse"] == pytest.approx(start, rel=1e-4)
 
-    one_line_error(run("learn-dict", *base, "--init", first, "--sparsity", 8, "--out", tmp_path / "x"),
-                   "--sparsity 8 (it has 4)")
+    # the sparsity is a coding choice, not part of the atoms: continuing at another s is allowed,
+    # and the bar is the starting atoms coded at the new s (more atoms per code: a lower error)
+    r = run("learn-dict", *base, "--init", first, "--sparsity", 8, "--steps", 4, "--out", tmp_path / "s8")
+    assert r.exit_code == 0, r.output
+    s8 = Dictionary.load(tmp_path / "s8")
+    assert (s8.config.sparsity, s8.config.atoms, s8.config.layers_per_signal) == (8, 64, 2)
+    assert s8.meta["started_from"]["sparsity"] == 4
+    assert all(s8.meta["started_from"]["heldout_nmse"][k] < d.meta["heldout_nmse"][k] for k in "kv")
+    one_line_error(run("learn-dict", *base, "--init", first, "--atoms", 32, "--out", tmp_path / "x"),
+                   "--atoms 32 (it has 64)")

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from sparsecache.dictionary import (DictConfig, Dictionary, TrainConfig, collect_signals, learn, nmse)
+from sparsecache.dictionary import (DictConfig, Dictionary, TrainConfig, collect_signals, init_config, learn, nmse)
 from sparsecache.errors import ConfigError, DictionaryError, DictionaryMismatch
 from sparsecache.signals import from_signals, to_signals
 from sparsecache.text import builtin_documents
@@ -98,3 +98,11 @@ def test_layer_grouping_roundtrip():
     assert sig.shape == (2, 5, 12)
     torch.testing.assert_close(sig[1, 2], torch.cat([kv[3, 2], kv[4, 2], kv[5, 2]]))
     torch.testing.assert_close(from_signals(sig, 3), kv)
+
+
+def test_continuing_a_dictionary_keeps_its_shape_and_may_change_only_the_sparsity():
+    d = Dictionary(torch.randn(8, 16), torch.randn(8, 16), DictConfig(atoms=16, sparsity=2, layers_per_signal=1), {})
+    assert init_config(d, DictConfig(atoms=16, sparsity=5, layers_per_signal=1)) == DictConfig(16, 5, 1)
+    for other in (DictConfig(atoms=32, sparsity=2, layers_per_signal=1), DictConfig(atoms=16, sparsity=2, layers_per_signal=2)):
+        with pytest.raises(ConfigError, match="it fixes that"):
+            init_config(d, other)
