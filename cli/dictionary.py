@@ -99,11 +99,13 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
 @click.option("--passages", default=16, show_default=True, help="Prefix/continuation passages per domain.")
 @click.option("--prefix-tokens", default=512, show_default=True)
 @click.option("--continuation-tokens", default=64, show_default=True)
+@click.option("--coef", type=click.Choice(["float16", "float8", "float32"]), default="float16", show_default=True,
+              help="Coefficient format the codes are rounded to (a store writes float8 by default).")
 @click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
 @device_option
 @json_option
 @library_errors
-def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, record, device,
+def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, coef, record, device,
                   as_json):
     """Fidelity of a dictionary: NMSE, perplexity, KL and top-1 agreement on held-out text.
 
@@ -118,7 +120,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     d = Dictionary.load(dictionary)
     model = load_model(model_path, device=resolve_device(device))
     d.check_model(model.fingerprint())
-    r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens))
+    r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens, coef))
     if record:
         d.meta["eval"] = {k: v for k, v in r.items() if not k.endswith("per_layer") and k != "domains"}
         d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}

@@ -22,6 +22,15 @@ def test_eval_dict_json(tiny_model, tiny_model_dir, tmp_path):
     assert len(out["nmse_k_per_layer"]) == 4
     assert out["ratio"]["theoretical_excl_dict"] < 1  # s = m costs more than fp16; honest arithmetic
 
+    # as a store writes them: fp8 coefficients, half the coefficient bytes and a little more error
+    r = CliRunner().invoke(cli, ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir), "--passages", 2,
+                                 "--prefix-tokens", 64, "--continuation-tokens", 16, "--coef", "float8", "--json"])
+    assert r.exit_code == 0, r.output
+    fp8 = json.loads(r.stdout)
+    assert fp8["config"]["coef_dtype"] == "float8"
+    assert fp8["ratio"]["theoretical_excl_dict"] > out["ratio"]["theoretical_excl_dict"]
+    assert fp8["nmse_v"] > out["nmse_v"]
+
 
 def test_eval_dict_for_another_model_is_refused(tiny_model_dir, tmp_path):
     fp = {"name": "other", "config_hash": "abc", "layers": 4, "m": 32}
