@@ -40,7 +40,7 @@ class DictConfig:
     """What a dictionary is: its size, the codes' sparsity and the layer grouping."""
 
     atoms: int = 8192
-    sparsity: int = 32  # with layers_per_signal 5: the frontier's pick (BENCHMARKS.md)
+    sparsity: int = 32  # with layers_per_signal 5: the default (best worst-domain top-1 at ≥ 20×, BENCHMARKS.md)
     layers_per_signal: int = 5
 
     def __post_init__(self):
@@ -193,7 +193,7 @@ class Dictionary:
         return d
 
 
-DEFAULT_DICTIONARY = "smollm2-135m-n8192-s32-L5"  # chosen by `bench quality` (BENCHMARKS.md)
+DEFAULT_DICTIONARY = "smollm2-135m-n8192-s32-L5"  # the best worst-domain top-1 at ≥ 20× (BENCHMARKS.md)
 
 
 def default_dictionary() -> Path:

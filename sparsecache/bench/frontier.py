@@ -39,7 +39,8 @@ from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
 
 # (L, s): s = 64 only where it is below the signal size L·192 by enough to compress (L ≥ 1)
-SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 64))
+SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 40),
+                  (5, 64))
 COEF_VARIANTS = ("float16", "float8", "int8")
 MIXED = (((1, 8), (1, 16)), ((1, 8), (1, 32)), ((1, 16), (1, 32)),  # (K config, V config)
          ((3, 64), (3, 32)), ((5, 64), (5, 32)))
