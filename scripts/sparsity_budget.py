@@ -1,7 +1,7 @@
 """Where to spend a store's bytes: one dictionary coded at several (s_K, s_V), every held-out
 domain, all methods on the same passages (exact K/V and logits computed once per passage).
 fp8 coefficients and Elias–Fano indices, as a store writes them, unless a plan says fp16.
-BENCHMARKS.md, "Choosing the default at 20x".
+BENCHMARKS.md, "Spending the 20× budget".
 
     python scripts/sparsity_budget.py dictionaries/smollm2-135m-n8192-s32-L5 \\
         calib/heldout/manual-de calib/heldout/python-docs --out sparsity-budget.json \\
@@ -19,10 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from sparsecache.bench.evaluate import EvalConfig, domain_name, fidelity, passages
-from sparsecache.bench.frontier import Coder, Sparse
+from sparsecache.bench.frontier import Coder, FrontierConfig, Sparse, ratios
 from sparsecache.bench.suite import cpu_model
-from sparsecache.bitpack import ef_row_bytes
-from sparsecache.codec import COEF_FORMATS
 from sparsecache.dictionary import Dictionary
 from sparsecache.model import load_model
 
@@ -31,14 +29,6 @@ def parse_plan(text: str) -> tuple[int, int, str]:
     """'K,V[,coef]' → (s_K, s_V, coefficient format)."""
     parts = text.split(",")
     return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "float8"
-
-
-def total_ratio(model, d: Dictionary, s_k: int, s_v: int, coef: str, corpus_tokens: int = 1_000_000) -> float:
-    """fp16 K+V bytes per token ÷ (Elias–Fano codes + fp32 dictionaries spread over the corpus)."""
-    raw = 2 * model.n_layers * model.m * 2
-    per_signal = lambda s: ef_row_bytes(s, d.config.atoms) + COEF_FORMATS[coef](s)  # noqa: E731
-    groups = model.n_layers // d.config.layers_per_signal
-    return raw / (groups * (per_signal(s_k) + per_signal(s_v)) + 2 * d.keys.numel() * 4 / corpus_tokens)
 
 
 def label(s_k: int, s_v: int, coef: str) -> str:
@@ -69,8 +59,11 @@ def main() -> None:
     cfg = EvalConfig(args.passages, 512, 64)
     result = {"dictionary": str(args.dictionary), "fingerprint": d.fingerprint(), "cpu": cpu_model(),
               "passages_per_domain": args.passages,
+              # the store's total ratio, dictionaries spread over 1M tokens (FrontierConfig.corpus_tokens)
               "methods": {label(*p): {"sparsity_k": p[0], "sparsity_v": p[1], "coef": p[2],
-                                      "total_ratio_1M_tokens": total_ratio(model, d, *p)} for p in plans},
+                                      "total_ratio_1M_tokens": ratios(methods[label(*p)], model,
+                                                                      FrontierConfig())["ratio_total"]}
+                          for p in plans},
               "domains": {}}
     for text in args.texts:
         t0 = time.perf_counter()

@@ -462,7 +462,6 @@ def moto_copy(store_path, bucket: str = "bench"):
         yield url
 
 
-
 def cpu_model() -> str:
     """lscpu's model name (timings differ between AVX2 and AVX-512 machines)."""
     import platform
