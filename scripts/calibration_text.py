@@ -13,12 +13,16 @@ Domains (licences in the README, "Calibration text"):
 - `fortunes`: fortune cookies: quotations, jokes, dialogue, verse (fortunes).
 - `manual-de`, `manual-fr`, `manual-es`: the Debian Reference's translations.
 
-One domain is kept out of calibration, to measure adaptation to text a dictionary has never
+Two domains are kept out of calibration, to measure adaptation to text a dictionary has never
 seen (`encode-corpus --adapt`, `learn-dict --init`):
 - `licences`: the software licences every Debian system carries (/usr/share/common-licenses):
   legal prose. The GPL, LGPL, GFDL and MPL-1.1 texts go to `adapt/licences` (what a corpus
   sample would be), the other licences (Apache, MPL-2.0, Artistic, CC0, BSD) to
   `heldout/licences`, so no near-copy of a held-out text is adapted on.
+- `git-docs`: Git's manual (git-doc: the AsciiDoc sources of its manual pages, user manual
+  and how-tos): the documentation of a tool none of the calibration text is about, which is
+  what a user's RAG corpus usually is. Split by section hash like the calibrated domains:
+  10% to `heldout/git-docs`, the rest to `adapt/git-docs`.
 
 The Debian `dict-*` packages (dictionary databases) are deliberately not used: they are kept
 aside as text no dictionary has been calibrated or evaluated on.
@@ -49,7 +53,7 @@ SECTION_CHARS = 4_000
 HELDOUT_PERCENT = 10
 HELDOUT_MIN_CHARS = 60_000
 PACKAGES = {"manual": "debian-reference-en", "fortunes": "fortunes", "manual-de": "debian-reference-de",
-            "manual-fr": "debian-reference-fr", "manual-es": "debian-reference-es"}
+            "manual-fr": "debian-reference-fr", "manual-es": "debian-reference-es", "git-docs": "git-doc"}
 
 
 def python_docs(_: Path) -> list[tuple[str, str]]:
@@ -90,8 +94,14 @@ def licences(_: Path) -> list[tuple[str, str]]:
             if p.is_file() and not p.is_symlink()]
 
 
+def git_docs(root: Path) -> list[tuple[str, str]]:
+    folder = root / "usr/share/doc/git-doc"
+    return [(f"git:{p.relative_to(folder).with_suffix('')}", p.read_text(encoding="utf-8", errors="replace"))
+            for p in sorted(folder.glob("**/*.txt"))]
+
+
 LICENCE_FAMILIES_ADAPTED = ("GPL", "LGPL", "GFDL", "MPL-1")
-ABSENT = {"licences": licences}  # not calibrated on: OUT/adapt and OUT/heldout
+ABSENT = {"licences": licences, "git-docs": git_docs}  # not calibrated on: OUT/adapt and OUT/heldout
 READERS = {"python-docs": python_docs, "python-source": python_source, "manual": manual, "fortunes": fortunes,
            "manual-de": manual, "manual-fr": manual, "manual-es": manual}
 
