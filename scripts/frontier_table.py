@@ -1,5 +1,7 @@
 """BENCHMARKS.md's frontier table from `bench quality --json` output: one row per quality
-(index coding is lossless), with the total ratio under each index coding side by side.
+(index coding is lossless), with the total ratio under each index coding side by side. A run
+over several domains (`--text` repeated) adds the worst domain's columns, which the store's
+default is chosen on.
 
     python scripts/frontier_table.py docs/benchmarks/bench-quality.json
 """
@@ -16,6 +18,13 @@ def _num(x) -> str:
     return "not run" if x is None else f"{x:.2f}"
 
 
+def _worst(r: dict) -> list[str]:
+    """The worst-domain cells: its name and top-1, the highest perplexity increase of any
+    domain, and the worst single layer's NMSE in any domain."""
+    return [r["worst_domain"], f"{100 * r['worst_top1']:.1f}%", f"{100 * r['worst_ppl']:+.1f}%",
+            f"{r['worst_layer_nmse_k']:.3f} / {r['worst_layer_nmse_v']:.2f}"]
+
+
 def table(result: dict) -> str:
     fusion = result["config"]["fusion"]
     ratio = result["config"]["recompute_ratio"]
@@ -24,6 +33,9 @@ def table(result: dict) -> str:
         by_quality.setdefault(row["quality"], {})[row["index"] or "packed"] = row
     head = ["method", *(f"total ratio, {name}" for name in INDEX_NAMES.values()), "NMSE K", "NMSE V", "ppl vs exact", "KL",
             "top-1", "needle, none", f"needle, {fusion} r={ratio:g}"]
+    by_domain = any(len(r.get("domains", ())) > 1 for r in result["rows"])
+    if by_domain:
+        head += ["worst domain", "its top-1", "worst ppl", "worst layer NMSE K / V"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for label, rows in sorted(by_quality.items(), key=lambda kv: kv[1].get("elias-fano", kv[1]["packed"])["ratio_total"]):
         r = rows["packed"]
@@ -32,7 +44,8 @@ def table(result: dict) -> str:
         ppl = r["ppl_reconstructed"] / r["ppl_exact"] - 1
         lines.append("| " + " | ".join([name, *ratios, f"{r['nmse_k']:.4f}", f"{r['nmse_v']:.4f}", f"{100 * ppl:+.1f}%",
                                          f"{r['kl']:.3f}", f"{100 * r['top1_agreement']:.1f}%",
-                                         *(_num((r["needle"] or {}).get(f)) for f in ("none", fusion))]) + " |")
+                                         *(_num((r["needle"] or {}).get(f)) for f in ("none", fusion)),
+                                         *(_worst(r) if by_domain else [])]) + " |")
     return "\n".join(lines)
 
 

@@ -108,6 +108,9 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     row = next(r for r in json.loads(domains.stdout)["rows"] if r["method"] == "L1-s4")
     assert set(row["domains"]) == {"builtin", "other.txt"}
     assert row["worst_top1"] == min(d["top1_agreement"] for d in row["domains"].values()) <= row["top1_agreement"]
+    worst = runpy.run_path(str(ROOT / "scripts" / "frontier_table.py"))["table"](json.loads(domains.stdout))
+    assert "| worst domain | its top-1 | worst ppl | worst layer NMSE K / V |" in worst
+    assert f"| {row['worst_domain']} | {100 * row['worst_top1']:.1f}% |" in worst
 
 
 def _row(method, family, ratio, top1, ppl, needle, index=None):
