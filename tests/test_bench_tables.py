@@ -27,3 +27,24 @@ def test_ttft_tables_put_each_method_and_k_in_its_cell():
     assert [line.split(" | ")[:3] for line in lines] == [["| 8", "full", "warm"], ["| 8", "infoflow r=0.15", "warm"],
                                                          ["| 8", "infoflow r=0.15", "cold"]]
     assert lines[1].endswith("| 20.0 MB | " + " | ".join(["729"] * len(PHASES)) + " | **5,100** |")
+
+
+def test_calibration_text_splits_by_section_name_and_reads_git_docs(tmp_path):
+    """scripts/calibration_text.py: sections end at paragraphs, the held-out part is fixed by
+    the sections' names (≥ 10% and ≥ HELDOUT_MIN_CHARS), and git-doc's manual is read from the
+    unpacked package, subfolders included, without a name clash."""
+    script = runpy.run_path(str(ROOT / "scripts" / "calibration_text.py"))
+    para = "word " * 300
+    secs = script["sections"]([("doc", "\n\n".join([para] * 40))])
+    assert len(secs) > 10 and all(len(t) >= script["SECTION_CHARS"] or n.endswith(f"#{len(secs) - 1}") for n, t in secs)
+    train, held = script["split"](secs)
+    assert not {n for n, _ in train} & {n for n, _ in held} and len(train) + len(held) == len(secs)
+    assert len(held) >= len(secs) / 10 and sum(len(t) for _, t in held) >= min(
+        script["HELDOUT_MIN_CHARS"], sum(len(t) for _, t in secs))
+    assert {n for n, _ in script["split"](secs[::-1])[1]} == {n for n, _ in held}  # by name, not by order
+    docs = tmp_path / "usr/share/doc/git-doc"
+    (docs / "howto").mkdir(parents=True)
+    (docs / "git-log.txt").write_text("git-log(1)\n")
+    (docs / "howto" / "git-log.txt").write_text("How to read the log.\n")
+    names = [n for n, _ in script["git_docs"](tmp_path)]
+    assert sorted(names) == ["git:git-log", "git:howto/git-log"]
