@@ -196,9 +196,12 @@ class Dictionary:
 DEFAULT_DICTIONARY = "smollm2-135m-n8192-s32-L5"  # the best worst-domain top-1 at ≥ 20× (BENCHMARKS.md)
 
 
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "dictionaries"  # the repository's dictionaries/
+
+
 def default_dictionary() -> Path:
     """The shipped dictionary for the default model (in the repository's dictionaries/)."""
-    path = Path(__file__).resolve().parent.parent / "dictionaries" / DEFAULT_DICTIONARY
+    path = SHIPPED_DIR / DEFAULT_DICTIONARY
     if not (path / META_FILE).exists():
         raise DictionaryError(f"shipped dictionary not found at {path}; pass --dict")
     return path

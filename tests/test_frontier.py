@@ -12,8 +12,8 @@ from cli.main import cli
 from sparsecache.bench.baselines import Kivi
 from sparsecache.codec import Codec
 from sparsecache.dictionary import Dictionary
-from sparsecache.bench.frontier import (Coder, FrontierConfig, Sparse, by_domain, default_choice, pareto, ratios, series,
-                                        targets)
+from sparsecache.bench.frontier import (Coder, FrontierConfig, Sparse, by_domain, default_choice, frontier_dictionary,
+                                        pareto, ratios, series, targets)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +66,18 @@ def test_coder_measures_what_a_store_reader_gets(tiny_dictionary, coef):
     for kind in "kv":
         torch.testing.assert_close(Coder(scaled, "scaled").roundtrip(x, kind, coef),
                                    Codec(scaled, coef).roundtrip(x, kind), rtol=1e-4, atol=1e-5)
+
+
+def test_the_default_model_measures_the_shipped_dictionaries():
+    """For the default model `bench quality` uses the repository's dictionaries, not ones it
+    learns (it once looked under sparsecache/, found none and silently learned its own)."""
+    shipped = [p for p in (ROOT / "dictionaries").iterdir() if (p / "dictionary.json").exists()]
+    assert len(shipped) >= 2
+    model = type("Default", (), {"name": "SmolLM2-135M-Instruct"})()
+    for path in shipped:
+        config = json.loads((path / "dictionary.json").read_text())
+        d, source = frontier_dictionary(model, config["layers_per_signal"], config["sparsity"], learn_steps=0)
+        assert source == f"shipped ({path.name})" and d.config.sparsity == config["sparsity"]
 
 
 def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):

@@ -34,7 +34,7 @@ from ..blend import assemble, fuse, question_ids
 from ..generate import full_prefill, greedy_continue
 from ..query_config import QueryConfig
 from ..codec import COEF_FORMATS, Codec, coefficient_roundtrip, index_row_bytes
-from ..dictionary import DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
+from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
 from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
 
@@ -44,7 +44,6 @@ SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), 
 COEF_VARIANTS = ("float16", "float8", "int8")
 MIXED = (((1, 8), (1, 16)), ((1, 8), (1, 32)), ((1, 16), (1, 32)),  # (K config, V config)
          ((3, 64), (3, 32)), ((5, 64), (5, 32)))
-SHIPPED = Path(__file__).resolve().parent.parent / "dictionaries"
 # how labels and plot series name a coefficient format and an index coding
 COEF_SUFFIX = {"float16": "", "float8": "-fp8", "int8": "-int8"}
 INDEX_SUFFIX = {"packed": "", "elias-fano": "+ef", "rice": "+rice"}
@@ -173,8 +172,8 @@ def frontier_dictionary(model: KVModel, L: int, s: int, learn_steps: int, atoms:
     """(dictionary, where it came from): shipped, cached, or learned now into the cache (and
     resumed from its checkpoint if an earlier run was interrupted)."""
     name = dictionary_name(L, s, atoms)
-    if model.name == "SmolLM2-135M-Instruct" and (SHIPPED / name / META_FILE).exists():
-        return Dictionary.load(SHIPPED / name), f"shipped ({name})"
+    if model.name == "SmolLM2-135M-Instruct" and (SHIPPED_DIR / name / META_FILE).exists():
+        return Dictionary.load(SHIPPED_DIR / name), f"shipped ({name})"
     prefix = "smollm2-135m" if model.name == "SmolLM2-135M-Instruct" else model.fingerprint()["config_hash"]
     out = cache_root() / "dictionaries" / name.replace("smollm2-135m", prefix)
     if not (out / META_FILE).exists():
