@@ -136,6 +136,8 @@ def test_targets_are_checked_not_assumed():
             _row("svd-r8", "svd", 17, 0.6, 1.0, 0.0),
             _row("L1-s32", "sparsecache", 3.3, 0.955, 0.01, 0.8), _row("L1-s16+ef", "sparsecache", 10.1, 0.9, 0.05, 0.75, "elias-fano"),
             _row("L1-s16+rice", "sparsecache", 10.4, 0.9, 0.05, 0.75, "rice"),  # a bound: no store writes it
+            {**_row("L1-s16-int8+ef", "sparsecache", 18, 0.99, 0.0, 0.8, "elias-fano"), "storable": False},
+            {**_row("L1-k8v16-fp8+ef", "sparsecache", 18, 0.99, 0.0, 0.8, "elias-fano"), "storable": False},
             _row("L1-s64", "sparsecache", 1.9, 0.968, 0.01, 0.8)]
     t = targets({"rows": rows, "config": {"fusion": "infoflow"}})
     assert [d["dominated_by"] for d in t["dominance"]] == [["L1-s16+ef"], ["L1-s16+ef"], []]
@@ -175,4 +177,7 @@ def test_the_default_is_chosen_on_the_worst_domain_at_20x():
             row("L5-s32-new", 24.9, 0.87, 0.86, 0.09, 0.5)]  # ... this one on its worst domain
     pick = default_choice(rows)
     assert pick["method"] == "L5-s32-new" and pick["met"]
+    # int8 coefficients and mixed K/V sparsity are measured, but no store writes them
+    unstorable = {**row("L5-s32-int8+ef", 24.2, 0.9, 0.9, 0.05, 0.3), "storable": False}
+    assert targets({"rows": [*rows, unstorable], "config": {"fusion": "infoflow"}})["default"]["method"] == "L5-s32-new"
     assert not default_choice(rows[:2])["met"] and default_choice(rows[:1]) is None

@@ -33,7 +33,7 @@ from ..bitpack import rice_bits, rice_parameter
 from ..blend import assemble, fuse, question_ids
 from ..generate import full_prefill, greedy_continue
 from ..query_config import QueryConfig
-from ..codec import COEF_FORMATS, Codec, coefficient_roundtrip, index_row_bytes
+from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
 from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
 from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
@@ -139,6 +139,13 @@ class Sparse:
     @property
     def label(self) -> str:
         return self.quality_label + INDEX_SUFFIX[self.index]
+
+    @property
+    def storable(self) -> bool:
+        """Whether `encode-corpus` can write this: one dictionary for K and V, a coefficient
+        format and an index coding the store has (int8 coefficients, mixed K/V sparsity and
+        Rice are frontier measurements only)."""
+        return self.k is self.v and self.coef in COEF_DTYPES and self.index in INDEX_CODINGS
 
     @property
     def quality_key(self) -> str:
@@ -378,7 +385,7 @@ def _rows(method, quality: dict, model: KVModel, cfg: FrontierConfig) -> list[di
         variants += [Sparse(method.k, method.v, method.coef, "elias-fano"),
                      Sparse(method.k, method.v, method.coef, "rice", quality["rice_bits_per_index"])]
     return [{"method": v.label, "quality": getattr(v, "quality_label", v.label), "index": getattr(v, "index", None),
-             "family": v.family, "series": series(v), **ratios(v, model, cfg),
+             "family": v.family, "storable": getattr(v, "storable", False), "series": series(v), **ratios(v, model, cfg),
              **{k: x for k, x in quality.items() if not k.endswith("per_layer")}} for v in variants]
 
 
@@ -399,8 +406,8 @@ def targets(result: dict) -> dict:
       `any_ratio` reports the best at any ratio ≤ 4× too."""
     rows = result["rows"]
     fusion = result["config"]["fusion"]
-    # what a store can hold: Rice rows are a measured bound, not a layout the store writes
-    ours = [r for r in rows if r["family"] == "sparsecache" and r.get("index") != "rice"]
+    # what a store can hold: not Rice (a measured bound), int8 coefficients or mixed K/V sparsity
+    ours = [r for r in rows if r["family"] == "sparsecache" and r.get("storable", r.get("index") != "rice")]
     dominance = []
     for b in rows:
         if b["method"] == "kivi-int2" or b["family"] in ("svd", "xkv"):
