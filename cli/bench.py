@@ -247,9 +247,12 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
     if "default" in t:
         p = t["default"]
         layer_v = "-" if p["worst_layer_nmse_v"] is None else f"{p['worst_layer_nmse_v']:.2f}"
-        lines.append(f"default (best worst-domain top-1 at >= 20x): {p['method']} ({p['ratio']:.1f}x), worst domain "
-                     f"{p['worst_domain']}: top-1 {100 * p['worst_top1']:.1f}%, ppl {100 * p['worst_ppl']:+.1f}%, worst "
-                     f"layer V NMSE {layer_v}" + ("  met" if p["met"] else "  NOT met"))
+        lines.append(f"default (best worst-domain top-1 at >= 20x, ties within one standard error broken by the mean): "
+                     f"{p['method']} ({p['ratio']:.1f}x), worst domain {p['worst_domain']}: top-1 "
+                     f"{100 * p['worst_top1']:.1f}%, ppl {100 * p['worst_ppl']:+.1f}%, worst layer V NMSE {layer_v}"
+                     + ("  met" if p["met"] else "  NOT met"))
+        lines.append(f"  leader on the worst domain {p['leader']}; band {100 * p['tie_band']:.1f} points; "
+                     f"tied: {', '.join(p['tied'])}")
     emit(r, as_json, lines)
 
 

@@ -13,7 +13,7 @@ from sparsecache.bench.baselines import Kivi
 from sparsecache.codec import Codec
 from sparsecache.dictionary import Dictionary
 from sparsecache.bench.frontier import (Coder, FrontierConfig, Sparse, by_domain, default_choice, frontier_dictionary,
-                                        pareto, ratios, series, targets)
+                                        pareto, ratios, series, targets, tie_band)
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,8 +96,9 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
         assert 0 <= row["top1_agreement"] <= 1 and set(row["needle"]) == {"none", "infoflow"}
         assert row["ratio_total"] <= row["ratio"] + 1e-9
     assert (tmp_path / "f.png").stat().st_size > 10_000
-    again = CliRunner().invoke(cli, args)  # every method cached now
+    again = CliRunner().invoke(cli, [a for a in args if a != "--json"])  # every method cached now; the table
     assert again.exit_code == 0 and "evaluating 0" in again.stderr
+    assert "L2-s4-fp8+ef" in again.stdout and "dominated by" in again.stdout
     assert json.loads(again.stdout)["rows"] == out["rows"]
     quick = CliRunner().invoke(cli, [*args[:4], "--config", "1,2", *args[4:], "--skip-needles"])
     assert quick.exit_code == 0 and "needle trials skipped for 3 methods" in quick.stderr, quick.output
@@ -181,3 +182,21 @@ def test_the_default_is_chosen_on_the_worst_domain_at_20x():
     unstorable = {**row("L5-s32-int8+ef", 24.2, 0.9, 0.9, 0.05, 0.3), "storable": False}
     assert targets({"rows": [*rows, unstorable], "config": {"fusion": "infoflow"}})["default"]["method"] == "L5-s32-new"
     assert not default_choice(rows[:2])["met"] and default_choice(rows[:1]) is None
+
+
+def test_a_worst_domain_gap_inside_one_standard_error_is_a_tie_the_mean_breaks():
+    def row(method, top1, worst_top1, tokens=None):
+        r = {**_row(method, "sparsecache", 24.0, top1, 0.1, 0.8), "worst_top1": worst_top1, "worst_ppl": 0.1,
+             "worst_layer_nmse_v": 0.3, "worst_domain": "licences"}
+        return {**r, "domains": {"licences": {"tokens": tokens}}} if tokens else r
+
+    # 252 scored tokens at 81%: one standard error is 2.5 points, so 3 tokens (1.2 points) are a tie
+    leader, close, far = row("s32", 0.867, 0.810, 252), row("s40", 0.871, 0.798, 252), row("L3", 0.90, 0.75, 252)
+    assert tie_band(0.81, 252) == pytest.approx(0.0247, abs=1e-4)
+    pick = default_choice([leader, close, far])
+    assert pick["method"] == "s40" and pick["leader"] == "s32" and pick["tied"] == ["s32", "s40"]
+    # the same gap over 5,000 tokens is outside the band: the worst domain decides
+    assert default_choice([row("s32", 0.867, 0.810, 5000), row("s40", 0.871, 0.798, 5000)])["method"] == "s32"
+    # results without token counts take them from the caller (passages x scored tokens each)
+    assert default_choice([row("s32", 0.867, 0.810), row("s40", 0.871, 0.798)], 252)["method"] == "s40"
+    assert default_choice([row("s32", 0.867, 0.810), row("s40", 0.871, 0.798)])["method"] == "s32"
