@@ -184,7 +184,7 @@ class Session:
         from safetensors.torch import save_file
 
         prefix = self.store.prefix()[0]
-        files = [self.raw_dir / f"{c}.safetensors" for c in ids]
+        files = [raw_file(self.raw_dir, c) for c in ids]
         for f, toks in zip(files, self.store.tokens(ids)):
             if not f.exists():
                 self.raw_dir.mkdir(parents=True, exist_ok=True)
@@ -195,20 +195,30 @@ class Session:
     def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
         """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
         on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
-        from safetensors.torch import load
-
         prefix, pk, pv = self.store.prefix()
         tokens = self.store.tokens(ids)
         files = self.raw_files(ids)
         with watch.step("read"):
-            blobs = [f.read_bytes() for f in files]
-            raw = [load(b) for b in blobs]
+            raw, nbytes = read_raw(files)
         with watch.step("transfer"):
-            kv = [(r["keys"].to(self.device).float(), r["values"].to(self.device).float()) for r in raw]
+            kv = [(k.to(self.device).float(), v.to(self.device).float()) for k, v in raw]
         with watch.step("reconstruct"):
             ctx = assemble(prefix, (pk, pv), tokens, kv, self.model)
-        ctx.timings_ms = {"bytes_read": sum(len(b) for b in blobs)}
+        ctx.timings_ms = {"bytes_read": nbytes}
         return ctx
+
+
+def raw_file(raw_dir: Path, chunk_id: str) -> Path:
+    """The raw-KV baseline's file of one chunk."""
+    return Path(raw_dir) / f"{chunk_id}.safetensors"
+
+
+def read_raw(files: list[Path]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """The fp16 pre-RoPE (keys, values) of raw-KV files, and the bytes read."""
+    from safetensors.torch import load
+
+    blobs = [f.read_bytes() for f in files]
+    return [(r["keys"], r["values"]) for r in map(load, blobs)], sum(map(len, blobs))
 
 
 def retrieve(store: Store, embedder, question: str, top_k: int) -> list[dict]:

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                KVConnectorRole)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
@@ -59,7 +58,7 @@ from .errors import SparseCacheError
 from .model import Rope, config_fingerprint
 from .overlap import tail_split
 from .serving import PARAMS_KEY
-from .session import _raw_dir
+from .session import _raw_dir, raw_file, read_raw
 from .store import LatestVersion, Store, open_backend
 
 if TYPE_CHECKING:
@@ -229,7 +228,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         if source not in ("codes", "raw"):
             raise ValueError(f'"source" must be "codes" or "raw", got {source!r}')
         if source == "raw":
-            missing = [c for c in chunks if not (self._raw_dir(store) / f"{c}.safetensors").exists()]
+            missing = [c for c in chunks if not raw_file(self._raw_dir(store), c).exists()]
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
         tail = self._tail_tokens(params.get("recompute_tail", self.tail), store, chunks, len(expected),
@@ -340,9 +339,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
         _, pk, pv = store.prefix()
         dev = self.device
         if spec.source == "raw":
-            raw = [load((self._raw_dir(store) / f"{c}.safetensors").read_bytes()) for c in spec.chunks]
-            k = torch.cat([pk] + [r["keys"].float() for r in raw], 1)[:, : spec.end].to(dev)
-            v = torch.cat([pv] + [r["values"].float() for r in raw], 1)[:, : spec.end].to(dev)
+            raw, _ = read_raw([raw_file(self._raw_dir(store), c) for c in spec.chunks])
+            k = torch.cat([pk] + [k.float() for k, _ in raw], 1)[:, : spec.end].to(dev)
+            v = torch.cat([pv] + [v.float() for _, v in raw], 1)[:, : spec.end].to(dev)
             return lambda lo, hi: (k[lo:hi], v[lo:hi])
         codes = store.read_codes(spec.chunks)
         codec = store.codec()

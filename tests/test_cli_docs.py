@@ -23,3 +23,12 @@ def test_every_command_is_documented_and_has_help():
         assert path in README, f"README does not mention `{path}`"
         r = CliRunner().invoke(cli, path.split()[1:] + ["--help"])
         assert r.exit_code == 0 and "Usage" in r.output
+
+
+def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other():
+    # the choices are spelled out so that `--help` does not import torch; this keeps them honest
+    from sparsecache.codec import COEF_DTYPES
+
+    params = {p.name: p for cmd in (cli.commands["eval-dict"], cli.commands["encode-corpus"]) for p in cmd.params}
+    for name in ("coef", "coef_dtype"):
+        assert sorted(params[name].type.choices) == sorted(COEF_DTYPES)
