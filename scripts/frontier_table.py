@@ -31,8 +31,9 @@ def table(result: dict) -> str:
     by_quality: dict[str, dict] = {}  # quality label → index coding → row; a baseline's one size sits under packed
     for row in result["rows"]:
         by_quality.setdefault(row["quality"], {})[row["index"] or "packed"] = row
+    needles = any(r["needle"] for r in result["rows"])  # a --skip-needles run leaves their columns out
     head = ["method", *(f"total ratio, {name}" for name in INDEX_NAMES.values()), "NMSE K", "NMSE V", "ppl vs exact", "KL",
-            "top-1", "needle, none", f"needle, {fusion} r={ratio:g}"]
+            "top-1", *(["needle, none", f"needle, {fusion} r={ratio:g}"] if needles else [])]
     by_domain = any(len(r.get("domains", ())) > 1 for r in result["rows"])
     if by_domain:
         head += ["worst domain", "its top-1", "worst ppl", "worst layer NMSE K / V"]
@@ -44,7 +45,7 @@ def table(result: dict) -> str:
         ppl = r["ppl_reconstructed"] / r["ppl_exact"] - 1
         lines.append("| " + " | ".join([name, *ratios, f"{r['nmse_k']:.4f}", f"{r['nmse_v']:.4f}", f"{100 * ppl:+.1f}%",
                                          f"{r['kl']:.3f}", f"{100 * r['top1_agreement']:.1f}%",
-                                         *(_num((r["needle"] or {}).get(f)) for f in ("none", fusion)),
+                                         *(_num((r["needle"] or {}).get(f)) for f in ("none", fusion) if needles),
                                          *(_worst(r) if by_domain else [])]) + " |")
     return "\n".join(lines)
 
