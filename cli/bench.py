@@ -16,7 +16,8 @@ def bench():
 @click.option("--atoms", default=8192, show_default=True)
 @click.option("--sparsity", default=16, show_default=True)
 @click.option("--n", "count", default=8192, show_default=True, help="Signals coded by Batch-OMP.")
-@click.option("--sklearn-n", default=64, show_default=True, help="Signals coded by scikit-learn (it is slow).")
+@click.option("--sklearn-n", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Signals coded by scikit-learn (it is slow), for the reference check and speedup.")
 @click.option("--kind", type=click.Choice(["k", "v"]), default="k", show_default=True)
 @click.option("--layers-per-signal", "layers", default=1, show_default=True,
               help="Signal size L·192 when no --dict is given (a dictionary brings its own).")

@@ -32,3 +32,8 @@ def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other()
     params = {p.name: p for cmd in (cli.commands["eval-dict"], cli.commands["encode-corpus"]) for p in cmd.params}
     for name in ("coef", "coef_dtype"):
         assert sorted(params[name].type.choices) == sorted(COEF_DTYPES)
+
+
+def test_bench_omp_refuses_a_reference_of_no_signals():
+    r = CliRunner().invoke(cli, ["bench", "omp", "--sklearn-n", "0"])
+    assert r.exit_code == 2 and "--sklearn-n" in r.output
