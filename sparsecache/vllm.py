@@ -340,8 +340,8 @@ class SparsecacheConnector(KVConnectorBase_V1):
         dev = self.device
         if spec.source == "raw":
             raw, _ = read_raw([raw_file(self._raw_dir(store), c) for c in spec.chunks])
-            k = torch.cat([pk] + [k.float() for k, _ in raw], 1)[:, : spec.end].to(dev)
-            v = torch.cat([pv] + [v.float() for _, v in raw], 1)[:, : spec.end].to(dev)
+            k = torch.cat([pk] + [rk.float() for rk, _ in raw], 1)[:, : spec.end].to(dev)
+            v = torch.cat([pv] + [rv.float() for _, rv in raw], 1)[:, : spec.end].to(dev)
             return lambda lo, hi: (k[lo:hi], v[lo:hi])
         codes = store.read_codes(spec.chunks)
         codec = store.codec()

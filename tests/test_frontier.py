@@ -190,7 +190,7 @@ def test_a_worst_domain_gap_inside_one_standard_error_is_a_tie_the_mean_breaks()
     def row(method, top1, worst_top1, tokens=None):
         r = {**_row(method, "sparsecache", 24.0, top1, 0.1, 0.8), "worst_top1": worst_top1, "worst_ppl": 0.1,
              "worst_layer_nmse_v": 0.3, "worst_domain": "licences"}
-        return {**r, "domains": {"licences": {"tokens": tokens}}} if tokens else r
+        return {**r, "domains": {"licences": {"scored_tokens": tokens}}} if tokens else r
 
     # 252 scored tokens at 81%: one standard error is 2.5 points, so 3 tokens (1.2 points) are a tie
     leader, close, far = row("s32", 0.867, 0.810, 252), row("s40", 0.871, 0.798, 252), row("L3", 0.90, 0.75, 252)

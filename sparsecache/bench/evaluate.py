@@ -80,7 +80,7 @@ class _Tally:
             "ppl_reconstructed": float(torch.tensor(self.nll / self.count).exp()),
             "kl": self.kl / self.count,
             "top1_agreement": self.agree / self.count,
-            "tokens": int(self.count),  # scored tokens: what a top-1 share's standard error rests on
+            "scored_tokens": int(self.count),  # what a top-1 share's standard error rests on ("tokens" counts coded ones)
         }
 
 

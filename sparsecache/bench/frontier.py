@@ -493,7 +493,7 @@ def tie_band(p: float, n: int | None) -> float:
 
 
 def _worst_tokens(row: dict, default: int | None) -> int | None:
-    return (row.get("domains") or {}).get(row.get("worst_domain"), {}).get("tokens", default)
+    return (row.get("domains") or {}).get(row.get("worst_domain"), {}).get("scored_tokens", default)
 
 
 # sparsecache's series on the chart: the paper's layout and what the store writes (the rest
