@@ -33,6 +33,10 @@ FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that hav
 ATOMS_FILE = "atoms.safetensors"
 META_FILE = "dictionary.json"
 KINDS = ("k", "v")
+# how a dictionary file stores its atoms; in memory they are always float32. float16 halves the
+# file (a 10-layer dictionary is 126 MB in float32, over GitHub's 100 MB file limit) and costs
+# nothing measurable: unit-norm columns round to 1e-3 relative (BENCHMARKS.md, "float16 atoms")
+ATOM_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,13 @@ class TrainConfig:
     chunk_tokens: int = 256
     max_tokens: int = 150_000
     layer_scales: bool = True  # equal energy per layer inside signals of L > 1 layers (Dictionary.scales)
+    atoms_dtype: str = "float16"  # how the learned atoms are written (ATOM_DTYPES); checkpoints stay float32
 
     def __post_init__(self):
         if self.steps < 1 or self.batch < 1:
             raise ConfigError("steps and batch must be ≥ 1")
+        if self.atoms_dtype not in ATOM_DTYPES:
+            raise ConfigError(f"atoms_dtype must be one of {sorted(ATOM_DTYPES)}, got {self.atoms_dtype!r}")
         if self.init not in ("data", "random"):
             raise ConfigError(f"init must be 'data' or 'random', got {self.init!r}")
 
@@ -108,6 +115,17 @@ class Dictionary:
     model: dict
     meta: dict = field(default_factory=dict)
     scales: dict[str, torch.Tensor] | None = None
+    atoms_dtype: str = "float32"  # how save() writes the atoms (ATOM_DTYPES)
+
+    def __post_init__(self):
+        if self.atoms_dtype not in ATOM_DTYPES:
+            raise ConfigError(f"atoms_dtype must be one of {sorted(ATOM_DTYPES)}, got {self.atoms_dtype!r}")
+
+    def stored_as(self, atoms_dtype: str) -> "Dictionary":
+        """This dictionary with its atoms rounded to `atoms_dtype` (still float32 in memory), as
+        save() writes it and load() reads it back: the fingerprint is the same on both sides."""
+        t = ATOM_DTYPES[atoms_dtype]
+        return replace(self, keys=self.keys.to(t).float(), values=self.values.to(t).float(), atoms_dtype=atoms_dtype)
 
     def atoms(self, kind: str) -> torch.Tensor:
         return self.keys if kind == "k" else self.values
@@ -137,9 +155,10 @@ class Dictionary:
                     f"not for {fingerprint.get('name')} ({key}={fingerprint.get(key)})"
                 )
 
-    def nbytes(self, dtype_bytes: int = 2) -> int:
-        """Bytes of both dictionaries stored at `dtype_bytes` per value (fp16 by default)."""
-        return 2 * self.keys.numel() * dtype_bytes
+    def nbytes(self, kind: str | None = None) -> int:
+        """Bytes of the atoms as the file stores them: of `kind`, or of both K and V."""
+        per_kind = self.keys.numel() * ATOM_DTYPES[self.atoms_dtype].itemsize
+        return per_kind if kind is not None else 2 * per_kind
 
     def save(self, path: str | Path) -> Path:
         """Write `path/atoms.safetensors` and `path/dictionary.json`; returns the directory."""
@@ -147,15 +166,17 @@ class Dictionary:
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
+        d = self.stored_as(self.atoms_dtype)  # the fingerprint of what load() will read
         meta = {
             "format_version": FORMAT_VERSION if self.scales is not None else 1,  # old readers keep reading
             "library_version": __version__,
             **asdict(self.config),
             "model": self.model,
-            "fingerprint": self.fingerprint(),
+            "fingerprint": d.fingerprint(),
             **self.meta,
         }
-        tensors = {"keys": self.keys.contiguous().cpu(), "values": self.values.contiguous().cpu()}
+        t = ATOM_DTYPES[self.atoms_dtype]
+        tensors = {"keys": d.keys.to(t).contiguous().cpu(), "values": d.values.to(t).contiguous().cpu()}
         if self.scales is not None:
             tensors.update({f"{name}_scales": self.scales[k].float().contiguous().cpu()
                             for k, name in zip(KINDS, ("keys", "values"))})
@@ -185,7 +206,10 @@ class Dictionary:
                                                              "library_version", "fingerprint")}
         scales = ({k: tensors[f"{name}_scales"].float() for k, name in zip(KINDS, ("keys", "values"))}
                   if "keys_scales" in tensors else None)
-        d = cls(tensors["keys"].float(), tensors["values"].float(), config, meta["model"], extra, scales)
+        stored = {t: name for name, t in ATOM_DTYPES.items()}.get(tensors["keys"].dtype)
+        if stored is None or tensors["values"].dtype != tensors["keys"].dtype:
+            raise DictionaryError(f"{root}: atoms must be float32 or float16, got {tensors['keys'].dtype}")
+        d = cls(tensors["keys"].float(), tensors["values"].float(), config, meta["model"], extra, scales, stored)
         if d.keys.shape != (d.keys.shape[0], config.atoms) or d.values.shape != d.keys.shape:
             raise DictionaryError(f"{root}: atoms do not match the metadata ({config.atoms} atoms)")
         if scales is not None and any(t.ndim != 1 or not bool((t > 0).all()) for t in scales.values()):
@@ -370,7 +394,7 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
         "train_seconds_this_run": round(time.time() - t0, 1),
     }
     d = Dictionary(states["k"].best_atoms.cpu(), states["v"].best_atoms.cpu(), config, model_fingerprint, meta,
-                   scales)
+                   scales).stored_as(tcfg.atoms_dtype)
     d.save(out)
     return d
 
@@ -589,7 +613,8 @@ def adapt(model, docs: list, init: Dictionary, acfg: AdaptConfig = AdaptConfig()
 
     train_docs, held_docs = split_heldout(docs)
     with tempfile.TemporaryDirectory(prefix="sparsecache-adapt-") as out:
-        d = learn_documents(model, train_docs, held_docs, init.config, acfg.train_config(), out, device,
+        tcfg = replace(acfg.train_config(), atoms_dtype=init.atoms_dtype)  # a store's copy stays as compact
+        d = learn_documents(model, train_docs, held_docs, init.config, tcfg, out, device,
                             progress=progress, init=init, texts=["corpus sample"])
     d.meta["adapt"] = {**asdict(acfg), "from": init.fingerprint()}
     return d

@@ -138,8 +138,8 @@ def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_
 
 def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_dir, tmp_path, tiny_model_dir,
                                                                        tiny_model):
-    """Per-layer scales travel with the store's dictionary copy: a reader decodes each layer
-    with its own factor (what the encoder's codec would give back)."""
+    """Per-layer scales and float16 atoms travel with the store's dictionary copy: a reader
+    decodes each layer with its own factor (what the encoder's codec would give back)."""
     import torch
 
     from sparsecache.codec import Codec
@@ -148,12 +148,13 @@ def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_di
 
     scales = {k: torch.tensor([8.0, 1.0, 0.5, 2.0]) for k in "kv"}
     d = Dictionary(unit_atoms(64, 256, 1), unit_atoms(64, 256, 2), DictConfig(256, 8, 2), tiny_model.fingerprint(),
-                   scales=scales)
+                   scales=scales).stored_as("float16")
     store = tmp_path / "store"
     r = encode(corpus_dir, store, tiny_model_dir, d.save(tmp_path / "scaled"), "--coefficients", "float32")
     assert r.exit_code == 0, r.output
     s = Store.open(store)
     assert s.dictionary.fingerprint() == d.fingerprint() and torch.equal(s.dictionary.scales["v"], scales["v"])
+    assert s.dictionary.atoms_dtype == "float16"
     chunk = s.chunks()[0].id
     (_, v), = s.load_kv([chunk])
     codes = s.read_codes([chunk]).v

@@ -69,6 +69,7 @@ def test_grouped_signals_get_per_layer_scales_and_init_continues_from_a_dictiona
     r = run("learn-dict", *base, "--init", first, "--steps", 4, "--out", tmp_path / "second")
     assert r.exit_code == 0, r.output
     e = Dictionary.load(tmp_path / "second")
+    assert d.atoms_dtype == e.atoms_dtype == "float16"
     assert e.config == d.config and all(torch.equal(e.scales[k], d.scales[k]) for k in "kv")
     assert e.meta["started_from"]["fingerprint"] == d.fingerprint()
     # the bar is the starting dictionary's own held-out NMSE: adaptation never makes it worse there
@@ -89,5 +90,12 @@ def test_grouped_signals_get_per_layer_scales_and_init_continues_from_a_dictiona
     assert (s8.config.sparsity, s8.config.atoms, s8.config.layers_per_signal) == (8, 64, 2)
     assert s8.meta["started_from"]["sparsity"] == 4
     assert all(s8.meta["started_from"]["heldout_nmse"][k] < d.meta["heldout_nmse"][k] for k in "kv")
+    # float32 atoms on request, and a continuation keeps its starting dictionary's
+    r = run("learn-dict", *base, "--init", first, "--steps", 2, "--atoms-dtype", "float32", "--out", tmp_path / "h")
+    assert r.exit_code == 0, r.output
+    assert Dictionary.load(tmp_path / "h").atoms_dtype == "float32"
+    r = run("learn-dict", *base, "--init", tmp_path / "h", "--steps", 2, "--out", tmp_path / "h2")
+    assert r.exit_code == 0, r.output
+    assert Dictionary.load(tmp_path / "h2").atoms_dtype == "float32"
     one_line_error(run("learn-dict", *base, "--init", first, "--atoms", 32, "--out", tmp_path / "x"),
                    "--atoms 32 (it has 64)")

@@ -166,8 +166,7 @@ class Sparse:
         return n_layers // c.config.layers_per_signal * T * per_signal
 
     def overhead_bytes(self) -> float:
-        # fp32 atoms, as stored
-        return float(self.k.dictionary.atoms("k").numel() * 4 + self.v.dictionary.atoms("v").numel() * 4)
+        return float(self.k.dictionary.nbytes("k") + self.v.dictionary.nbytes("v"))  # as the files store them
 
 
 def dictionary_name(L: int, s: int, atoms: int = 8192) -> str:
