@@ -44,7 +44,7 @@ class DictConfig:
     """What a dictionary is: its size, the codes' sparsity and the layer grouping."""
 
     atoms: int = 8192
-    sparsity: int = 32  # the default dictionary is these L5 atoms continued at s = 40 (dictionaries/README.md)
+    sparsity: int = 32  # learn-dict's from-scratch default; the shipped default is L10, s = 80 (dictionaries/README.md)
     layers_per_signal: int = 5
 
     def __post_init__(self):
@@ -218,8 +218,8 @@ class Dictionary:
 
 
 # bench quality's pick over nine held-out domains: the best worst-domain top-1 a store can write at
-# ≥ 20× (BENCHMARKS.md, "The frontier by domain"); the default store's codes are L5 at s = 40
-DEFAULT_DICTIONARY = "smollm2-135m-n8192-s40-L5"
+# ≥ 20× (BENCHMARKS.md, "The frontier by domain"); the default store's codes are L10 at s = 80
+DEFAULT_DICTIONARY = "smollm2-135m-n8192-s80-L10"
 
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "dictionaries"  # the repository's dictionaries/
