@@ -35,7 +35,7 @@ META_FILE = "dictionary.json"
 KINDS = ("k", "v")
 # how a dictionary file stores its atoms; in memory they are always float32. float16 halves the
 # file (a 10-layer dictionary is 126 MB in float32, over GitHub's 100 MB file limit) and costs
-# nothing measurable: unit-norm columns round to 1e-3 relative (BENCHMARKS.md, "float16 atoms")
+# nothing measurable: each value rounds to within 2^-11 of itself (BENCHMARKS.md, "float16 atoms")
 ATOM_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
