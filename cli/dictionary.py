@@ -84,7 +84,7 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
         config = replace(init.config, sparsity=sparsity or init.config.sparsity)
     else:
         config = DictConfig(**{k: v for k, v in given.items() if v is not None})
-    atoms_dtype = atoms_dtype or (init.atoms_dtype if init is not None else "float16")
+    atoms_dtype = atoms_dtype or (init.atoms_dtype if init is not None else TrainConfig.atoms_dtype)
     tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed,
                        atoms_dtype=atoms_dtype)
     device = resolve_device(device)

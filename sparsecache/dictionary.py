@@ -39,6 +39,11 @@ KINDS = ("k", "v")
 ATOM_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
+def check_atoms_dtype(name: str) -> None:
+    if name not in ATOM_DTYPES:
+        raise ConfigError(f"atoms_dtype must be one of {sorted(ATOM_DTYPES)}, got {name!r}")
+
+
 @dataclass(frozen=True)
 class DictConfig:
     """What a dictionary is: its size, the codes' sparsity and the layer grouping."""
@@ -93,8 +98,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.steps < 1 or self.batch < 1:
             raise ConfigError("steps and batch must be ≥ 1")
-        if self.atoms_dtype not in ATOM_DTYPES:
-            raise ConfigError(f"atoms_dtype must be one of {sorted(ATOM_DTYPES)}, got {self.atoms_dtype!r}")
+        check_atoms_dtype(self.atoms_dtype)
         if self.init not in ("data", "random"):
             raise ConfigError(f"init must be 'data' or 'random', got {self.init!r}")
 
@@ -118,8 +122,7 @@ class Dictionary:
     atoms_dtype: str = "float32"  # how save() writes the atoms (ATOM_DTYPES)
 
     def __post_init__(self):
-        if self.atoms_dtype not in ATOM_DTYPES:
-            raise ConfigError(f"atoms_dtype must be one of {sorted(ATOM_DTYPES)}, got {self.atoms_dtype!r}")
+        check_atoms_dtype(self.atoms_dtype)
 
     def stored_as(self, atoms_dtype: str) -> "Dictionary":
         """This dictionary with its atoms rounded to `atoms_dtype` (still float32 in memory), as

@@ -34,6 +34,13 @@ def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other()
         assert sorted(params[name].type.choices) == sorted(COEF_DTYPES)
 
 
+def test_learn_dict_offers_every_atoms_dtype_a_dictionary_file_may_hold_and_no_other():
+    from sparsecache.dictionary import ATOM_DTYPES
+
+    params = {p.name: p for p in cli.commands["learn-dict"].params}
+    assert sorted(params["atoms_dtype"].type.choices) == sorted(ATOM_DTYPES)
+
+
 def test_bench_omp_refuses_a_reference_of_no_signals():
     r = CliRunner().invoke(cli, ["bench", "omp", "--sklearn-n", "0"])
     assert r.exit_code == 2 and "--sklearn-n" in r.output
