@@ -20,6 +20,8 @@ def test_eval_dict_json(tiny_model, tiny_model_dir, tmp_path):
     assert out["nmse_k"] < 1e-4 and out["nmse_v"] < 1e-4
     assert out["top1_agreement"] > 0.95 and abs(out["ppl_reconstructed"] / out["ppl_exact"] - 1) < 0.01
     assert len(out["nmse_k_per_layer"]) == 4
+    lo, hi = out["ppl_change_ci95"]  # two passages: an interval around the measured change
+    assert lo - 1e-5 <= out["ppl_reconstructed"] / out["ppl_exact"] - 1 <= hi + 1e-5  # ppl is float32
     assert out["ratio"]["theoretical_excl_dict"] < 1  # s = m costs more than fp16; honest arithmetic
 
     # as a store writes them: fp8 coefficients, half the coefficient bytes and a little more error

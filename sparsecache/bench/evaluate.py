@@ -9,6 +9,7 @@ KL(exact ‖ reconstructed) of next-token distributions, top-1 agreement, compre
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -57,17 +58,22 @@ class _Tally:
         self.err = {k: torch.zeros(n_layers) for k in "kv"}
         self.ref = {k: torch.zeros(n_layers) for k in "kv"}
         self.nll_exact = self.nll = self.kl = self.agree = self.count = 0.0
+        self.passages: list[tuple[float, float, int]] = []  # per passage: Δnll sum, agreements, tokens
 
     def add_kv(self, name: str, exact: torch.Tensor, rec: torch.Tensor) -> None:
         self.err[name] += (exact - rec).square().sum((1, 2)).cpu()
         self.ref[name] += exact.square().sum((1, 2)).cpu()
 
     def add_logits(self, lp_exact: torch.Tensor, lp: torch.Tensor, target: torch.Tensor) -> None:
-        self.nll_exact += float(-lp_exact.gather(1, target[:, None]).sum())
-        self.nll += float(-lp.gather(1, target[:, None]).sum())
+        nll_exact = float(-lp_exact.gather(1, target[:, None]).sum())
+        nll = float(-lp.gather(1, target[:, None]).sum())
+        agree = float((lp_exact.argmax(-1) == lp.argmax(-1)).sum())
+        self.nll_exact += nll_exact
+        self.nll += nll
         self.kl += float((lp_exact.exp() * (lp_exact - lp)).sum())
-        self.agree += float((lp_exact.argmax(-1) == lp.argmax(-1)).sum())
+        self.agree += agree
         self.count += len(target)
+        self.passages.append((nll - nll_exact, agree, len(target)))
 
     def report(self) -> dict:
         layers = {k: (self.err[k] / self.ref[k].clamp_min(1e-30)).tolist() for k in "kv"}
@@ -81,7 +87,29 @@ class _Tally:
             "kl": self.kl / self.count,
             "top1_agreement": self.agree / self.count,
             "scored_tokens": int(self.count),  # what a top-1 share's standard error rests on ("tokens" counts coded ones)
+            **self.intervals(),
         }
+
+    def intervals(self) -> dict:
+        """95% intervals of the perplexity change and of top-1 agreement, passages as clusters.
+
+        A passage's tokens share one context, so their errors are not independent: the
+        standard error of each ratio estimate (Σ per-passage sum ÷ Σ tokens) is taken over
+        passages, not tokens. None with fewer than two passages."""
+        n = len(self.passages)
+        if n < 2:
+            return {"ppl_change_ci95": None, "top1_ci95": None}
+        dnll, agree, tokens = (torch.tensor(c, dtype=torch.float64) for c in zip(*self.passages))
+
+        def mean_se(x):
+            m = x.sum() / tokens.sum()
+            se = ((x - m * tokens).square().sum() * n / (n - 1)).sqrt() / tokens.sum()
+            return float(m), float(se)
+
+        m, se = mean_se(dnll)
+        a, se_a = mean_se(agree)
+        return {"ppl_change_ci95": [math.expm1(m - 1.96 * se), math.expm1(m + 1.96 * se)],
+                "top1_ci95": [max(0.0, a - 1.96 * se_a), min(1.0, a + 1.96 * se_a)]}
 
 
 @torch.inference_mode()
