@@ -131,12 +131,12 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
         d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}
                                      for name, x in r["domains"].items()}
         d.save(dictionary_dir(dictionary))
-    per_domain = [f"{name:>16}: ppl +{100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):.1f}%{_ci(x)}   "
+    per_domain = [f"{name:>16}: ppl {100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):+.1f}%{_ci(x)}   "
                   f"top-1 {100 * x['top1_agreement']:.1f}%   nmse k/v {x['nmse_k']:.3f}/{x['nmse_v']:.3f}   "
                   f"worst layer v {x['worst_layer_nmse_v']:.3f}" for name, x in r["domains"].items()]
     emit(r, as_json, (per_domain + [f"worst domain: {r['worst_domain']}"] if len(r["domains"]) > 1 else []) + [
         f"nmse_k {r['nmse_k']:.4f}   nmse_v {r['nmse_v']:.4f}",
-        f"ppl exact {r['ppl_exact']:.3f}   reconstructed {r['ppl_reconstructed']:.3f}   (+{100 * (r['ppl_reconstructed'] / r['ppl_exact'] - 1):.2f}%{_ci(r)})",
+        f"ppl exact {r['ppl_exact']:.3f}   reconstructed {r['ppl_reconstructed']:.3f}   ({100 * (r['ppl_reconstructed'] / r['ppl_exact'] - 1):+.2f}%{_ci(r)})",
         f"top-1 agreement {100 * r['top1_agreement']:.1f}%   KL {r['kl']:.4f}",
         f"ratio {r['ratio']['theoretical_excl_dict']:.2f}x (codes only), {r['ratio']['theoretical_incl_dict']:.2f}x with dictionaries, over {r['tokens']} tokens",
     ])
