@@ -75,12 +75,13 @@ def main() -> None:
     L = d.config.layers_per_signal
     decoded = Decoded(Codec(d, args.coef))
     methods = variants(decoded, model.n_layers // L, L)
+    cfg = EvalConfig(passages=args.passages)
     out = {"dictionary": args.dictionary, "coef": args.coef, "passages": args.passages, "cpu": cpu_model(),
            "domains": {}}
     for text in args.texts:
         t = time.time()
-        windows = passages(model, [text], EvalConfig(passages=args.passages))
-        reports = fidelity(model, methods, windows, 512, progress=False)
+        windows = passages(model, [text], cfg)
+        reports = fidelity(model, methods, windows, cfg.prefix_tokens, progress=False)
         out["domains"][domain_name(text)] = reports
         print(f"{domain_name(text)} ({len(windows)} passages, {time.time() - t:.0f} s)", flush=True)
         for name, r in reports.items():

@@ -52,41 +52,38 @@ def compression_ratio(model: KVModel, codec: Codec, tokens: int) -> dict:
 
 
 class _Tally:
-    """Running sums of one method's fidelity over passages."""
+    """Running sums of one method's fidelity over passages (the logits' sums kept per passage,
+    which the intervals need)."""
 
     def __init__(self, n_layers: int):
         self.err = {k: torch.zeros(n_layers) for k in "kv"}
         self.ref = {k: torch.zeros(n_layers) for k in "kv"}
-        self.nll_exact = self.nll = self.kl = self.agree = self.count = 0.0
-        self.passages: list[tuple[float, float, int]] = []  # per passage: Δnll sum, agreements, tokens
+        self.kl = 0.0
+        self.passages: list[tuple[float, float, float, int]] = []  # nll exact, nll, agreements, tokens
 
     def add_kv(self, name: str, exact: torch.Tensor, rec: torch.Tensor) -> None:
         self.err[name] += (exact - rec).square().sum((1, 2)).cpu()
         self.ref[name] += exact.square().sum((1, 2)).cpu()
 
     def add_logits(self, lp_exact: torch.Tensor, lp: torch.Tensor, target: torch.Tensor) -> None:
-        nll_exact = float(-lp_exact.gather(1, target[:, None]).sum())
-        nll = float(-lp.gather(1, target[:, None]).sum())
-        agree = float((lp_exact.argmax(-1) == lp.argmax(-1)).sum())
-        self.nll_exact += nll_exact
-        self.nll += nll
         self.kl += float((lp_exact.exp() * (lp_exact - lp)).sum())
-        self.agree += agree
-        self.count += len(target)
-        self.passages.append((nll - nll_exact, agree, len(target)))
+        self.passages.append((float(-lp_exact.gather(1, target[:, None]).sum()),
+                              float(-lp.gather(1, target[:, None]).sum()),
+                              float((lp_exact.argmax(-1) == lp.argmax(-1)).sum()), len(target)))
 
     def report(self) -> dict:
         layers = {k: (self.err[k] / self.ref[k].clamp_min(1e-30)).tolist() for k in "kv"}
+        nll_exact, nll, agree, count = (sum(c) for c in zip(*self.passages))
         return {
             "nmse_k": sum(layers["k"]) / len(layers["k"]),
             "nmse_v": sum(layers["v"]) / len(layers["v"]),
             "nmse_k_per_layer": layers["k"],
             "nmse_v_per_layer": layers["v"],
-            "ppl_exact": float(torch.tensor(self.nll_exact / self.count).exp()),
-            "ppl_reconstructed": float(torch.tensor(self.nll / self.count).exp()),
-            "kl": self.kl / self.count,
-            "top1_agreement": self.agree / self.count,
-            "scored_tokens": int(self.count),  # what a top-1 share's standard error rests on ("tokens" counts coded ones)
+            "ppl_exact": float(torch.tensor(nll_exact / count).exp()),
+            "ppl_reconstructed": float(torch.tensor(nll / count).exp()),
+            "kl": self.kl / count,
+            "top1_agreement": agree / count,
+            "scored_tokens": count,  # what a top-1 share's standard error rests on ("tokens" counts coded ones)
             **self.intervals(),
         }
 
@@ -99,7 +96,8 @@ class _Tally:
         n = len(self.passages)
         if n < 2:
             return {"ppl_change_ci95": None, "top1_ci95": None}
-        dnll, agree, tokens = (torch.tensor(c, dtype=torch.float64) for c in zip(*self.passages))
+        nll_exact, nll, agree, tokens = (torch.tensor(c, dtype=torch.float64) for c in zip(*self.passages))
+        dnll = nll - nll_exact
 
         def mean_se(x):
             m = x.sum() / tokens.sum()
