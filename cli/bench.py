@@ -174,7 +174,7 @@ def ttft_cmd(store_path, ks, repeats, cold, plot, device, as_json):
               help="sparsecache configurations (layers per signal, sparsity); repeatable. Default: "
                    "L1 s8/16/32/64, L2 s16/32, L3 s32/64, L5 s32/40/64. Dictionaries not shipped are learned "
                    "once into the user cache (~10-40 min each on 2 CPU cores).")
-@click.option("--passages", default=8, show_default=True, help="Held-out passages for NMSE/perplexity/KL/top-1.")
+@click.option("--passages", type=click.IntRange(min=1), default=8, show_default=True, help="Held-out passages for NMSE/perplexity/KL/top-1.")
 @click.option("--prefix-tokens", default=512, show_default=True, help="Passage (= chunk) length in tokens.")
 @click.option("--continuation-tokens", default=64, show_default=True)
 @click.option("--trials", default=16, show_default=True, help="Needle trials per method.")

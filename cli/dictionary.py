@@ -101,7 +101,7 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
 @click.option("--text", "texts", multiple=True, default=("builtin",), show_default=True,
               help="Evaluation text ('builtin' = the held-out split of Python's docs). Repeatable: each "
                    "--text is a domain, reported on its own; the headline figures are the worst domain's.")
-@click.option("--passages", default=16, show_default=True, help="Prefix/continuation passages per domain.")
+@click.option("--passages", type=click.IntRange(min=1), default=16, show_default=True, help="Prefix/continuation passages per domain.")
 @click.option("--prefix-tokens", default=512, show_default=True)
 @click.option("--continuation-tokens", default=64, show_default=True)
 @click.option("--coef", type=click.Choice(["float16", "float8", "float32"]), default="float16", show_default=True,

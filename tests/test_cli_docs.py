@@ -44,3 +44,9 @@ def test_learn_dict_offers_every_atoms_dtype_a_dictionary_file_may_hold_and_no_o
 def test_bench_omp_refuses_a_reference_of_no_signals():
     r = CliRunner().invoke(cli, ["bench", "omp", "--sklearn-n", "0"])
     assert r.exit_code == 2 and "--sklearn-n" in r.output
+
+
+def test_a_fidelity_run_of_no_passages_is_refused_before_any_work():
+    for args in (["eval-dict", "dictionaries/smollm2-135m-n8192-s80-L10"], ["bench", "quality"]):
+        r = CliRunner().invoke(cli, [*args, "--passages", "0"])
+        assert r.exit_code == 2 and "--passages" in r.output, r.output
