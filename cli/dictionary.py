@@ -19,12 +19,14 @@ def check_model_cmd(model_path, device, as_json):
     held-out text: (a) captured keys, rotated to their positions, and values equal the model's
     own cache; (b) per-chunk K/V at global positions with every chunk token recomputed equals
     full prefill's logits; (c) one chunk's K/V after the prefix, nothing recomputed, equals
-    full prefill. Exit 1 if any fails. learn-dict and encode-corpus run it once per model.
+    full prefill. Exit 1 if any fails. learn-dict and encode-corpus run it once per model; the
+    result is kept in the user cache, and this command replaces it.
     """
-    from sparsecache.check import check_model
+    from sparsecache.check import check_model, record_check
     from sparsecache.model import load_model
 
     result = check_model(load_model(model_path, device=resolve_device(device)))
+    record_check(result)
     emit(result.to_dict(), as_json, [
         f"{result.model} ({result.fingerprint['layers']} layers, m = {result.fingerprint['m']})",
         *(f"  {'ok  ' if c.passed else 'FAIL'} {c.name:<14} error {c.error:.1e} (tolerance {c.tolerance:.0e})  {c.what}"

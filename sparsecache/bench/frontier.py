@@ -35,6 +35,7 @@ from ..generate import full_prefill, greedy_continue
 from ..query_config import QueryConfig
 from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
 from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
+from ..durable import locked, write_atomic
 from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
 
@@ -182,10 +183,12 @@ def frontier_dictionary(model: KVModel, L: int, s: int, learn_steps: int, atoms:
         return Dictionary.load(SHIPPED_DIR / name), f"shipped ({name})"
     prefix = "smollm2-135m" if model.name == "SmolLM2-135M-Instruct" else model.fingerprint()["config_hash"]
     out = cache_root() / "dictionaries" / name.replace("smollm2-135m", prefix)
-    if not (out / META_FILE).exists():
-        tcfg = TrainConfig(steps=learn_steps, batch=1024)
-        learn_dict(model, ("builtin",), DictConfig(atoms, s, L), tcfg, out, device,
-                   resume=(out / "checkpoint").exists(), progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked(out.parent / f".{out.name}.lock"):  # two runs at once: the second waits and loads the first's
+        if not (out / META_FILE).exists():
+            tcfg = TrainConfig(steps=learn_steps, batch=1024)
+            learn_dict(model, ("builtin",), DictConfig(atoms, s, L), tcfg, out, device,
+                       resume=(out / "checkpoint").exists(), progress=progress)
     d = Dictionary.load(out)
     d.check_model(model.fingerprint())
     return d, f"learned ({d.meta.get('train', {}).get('steps', '?')} steps, {out})"
@@ -334,7 +337,7 @@ def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs
             for m in missing:
                 if isinstance(m, Sparse):  # measured on the passages' codes
                     fid[m.label]["rice_bits_per_index"] = {k: m.coder(k).rice_bits_per_index(k) for k in "kv"}
-                cache_path("fidelity" + _quality_key(m)).write_text(json.dumps(fid[m.label]))
+                write_atomic(cache_path("fidelity" + _quality_key(m)), json.dumps(fid[m.label]))
     if (todo or reference is None) and not needles:
         for m in todo:
             results[m] = {**fid[m.label], "needle": None}
@@ -345,10 +348,10 @@ def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs
                    cfg.fusion: QueryConfig(cfg.fusion, cfg.recompute_ratio)}
         if reference is None:
             reference = needle_accuracy(model, n, None, fusions)
-            cache_path("full-prefill").write_text(json.dumps(reference))
+            write_atomic(cache_path("full-prefill"), json.dumps(reference))
         for m in tqdm(todo, desc="needles", unit="method", leave=False, disable=not progress):
             r = {**fid[m.label], "needle": needle_accuracy(model, n, m, fusions)}
-            cache_path(_quality_key(m)).write_text(json.dumps(r))
+            write_atomic(cache_path(_quality_key(m)), json.dumps(r))
             results[m] = r
     rows = [row for m in quality_methods for row in _rows(m, results[m], model, cfg)]
     result = {"config": asdict(cfg), "model": model.fingerprint(), "dictionaries": sources,

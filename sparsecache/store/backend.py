@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
-from ..durable import fsync_path, sync_tree, write_atomic
+from ..durable import publish_dir, sync_tree, write_atomic
 from ..errors import StoreError
 
 _MTIME_SLACK_NS = 2_000_000_000  # file timestamps can lag the clock by a tick; re-syncing clean files is free
@@ -129,27 +128,10 @@ class LocalBackend(Backend):
         return (self.root / key).read_bytes()
 
     def put(self, key: str, data: bytes) -> None:
-        path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, data)
+        write_atomic(self.root / key, data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        # link(2) fails on an existing name: an atomic create that never overwrites
-        path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_path(path.parent)
-        return True
+        return write_atomic(self.root / key, data, replace=False)  # link(2): an atomic create that never overwrites
 
     def delete(self, key: str) -> None:
         (self.root / key).unlink(missing_ok=True)
@@ -312,20 +294,29 @@ class ObjectBackend(Backend):
 
     def fetch_dir(self, prefix: str) -> Path:
         """A local directory holding the objects under `prefix`, downloaded once into the user
-        cache: the directory is named by their e-tags, so a replaced object is fetched anew."""
+        cache: the directory is named by their e-tags, so a replaced object is fetched anew.
+        Processes fetching at once (Ray actors starting together) take turns: the first
+        downloads, the others use its copy, and none sees it half-written (`publish_dir`)."""
         import hashlib
 
         from ..model import cache_root
 
         objects = sorted((o["path"], o.get("e_tag") or "", o["size"]) for o in self._objects(prefix))
-        key = hashlib.sha256(json.dumps([self.url, objects]).encode()).hexdigest()[:16]
-        out = cache_root() / "remote" / key
-        for path, _, size in objects:
-            dst = out / path[len(prefix) + 1:]
-            if not (dst.exists() and dst.stat().st_size == size):
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(dst, self.get(path))  # a concurrent reader sees the whole file or none
-        return out
+        # "whole": copies are published whole since this version; an older per-file copy may be partial
+        key = hashlib.sha256(json.dumps([self.url, objects, "whole"]).encode()).hexdigest()[:16]
+        files = [(path[len(prefix) + 1:], path, size) for path, _, size in objects]
+
+        def complete(out: Path) -> bool:
+            return all((out / rel).is_file() and (out / rel).stat().st_size == size for rel, _, size in files)
+
+        def download(tmp: Path) -> None:
+            for (rel, path, _), data in zip(files, self.get_many([path for _, path, _ in files])):
+                if data is None:
+                    raise FileNotFoundError(f"{self.url}/{path} vanished while being fetched")
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_bytes(data)
+
+        return publish_dir(cache_root() / "remote" / key, download, complete)
 
     def lock(self):
         from .versions import Lease
