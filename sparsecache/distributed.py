@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
+import re
 import time
 import uuid
 import warnings
@@ -32,10 +34,14 @@ import numpy as np
 
 from .corpus import chunks
 from .errors import SparseCacheError
-from .failpoints import kill_worker
+from .failpoints import kill_worker, start_failure
 
 RETRIES = 2  # restarts of a dead actor, and retries of its region, before the job fails
+STARTUP_ATTEMPTS = 3  # tries at an actor's start-up (loading model, dictionary, embedder) while it fails transiently
 ROUND_TOKENS = 32_000_000  # tokens the driver plans at a time (~1 GB of token ids in its memory)
+
+
+log = logging.getLogger(__name__)
 
 
 class EncodeFailed(SparseCacheError):
@@ -91,19 +97,25 @@ class RegionEncoder:
 
     def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int]):
         os.environ.pop("SPARSECACHE_PAUSE_AT", None)  # the driver's failpoints are not the workers'
+        # Ray restarts a crashed actor but not one whose __init__ raised, and Ray Data fails
+        # the job on the first such actor: what another attempt can cure is retried here.
+        with_retries(lambda: self._load(store, generation, model, device), STARTUP_ATTEMPTS, "actor start-up")
+        self.batch_tokens, self.prefix = batch_tokens, prefix
+
+    def _load(self, store: str, generation: str, model: str, device: str) -> None:
         from .codec import Codec
         from .index import Embedder
         from .model import load_model
         from .store import Store
         from .store.layout import open_group
 
+        start_failure()
         s = Store.open(store)
         self.backend, self.config = s.backend, s.config
         self.model = load_model(model, device=device)
         self.codec = Codec(s.dictionary, s.config.coef_dtype, device, s.config.index_coding)
         self.embedder = Embedder(s.config.embedder, device)
         self.group = open_group(self.backend, f"data/{generation}", mode="r+")
-        self.batch_tokens, self.prefix = batch_tokens, prefix
 
     def __call__(self, batch: dict) -> dict:
         out = {"region": [], "embeddings": [], "seconds": []}
@@ -153,6 +165,40 @@ class RegionEncoder:
         prefix = f"work/region-{region.id:06d}"
         self.backend.put(f"{prefix}/{uuid.uuid4().hex}", json.dumps({"docs": region.doc_ids}).encode())
         return len(self.backend.list(prefix))
+
+
+def transient(error: BaseException) -> bool:
+    """Whether another attempt may succeed: an I/O or network error anywhere in the chain of
+    causes (a file raced away, an object store's hiccup), not a refusal (permissions,
+    credentials, a wrong path) nor sparsecache's own verdict on its input."""
+    try:
+        from obstore.exceptions import GenericError, JoinError
+        retryable: tuple = (OSError, GenericError, JoinError)
+    except ImportError:
+        retryable = (OSError,)
+    refusal = (PermissionError, IsADirectoryError, NotADirectoryError)
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, retryable) and not isinstance(error, refusal):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def with_retries(fn, attempts: int, what: str, backoff_s: float = 1.0):
+    """fn(), retried up to `attempts` times in all while it fails `transient`ly; each failure
+    logged in one line with its cause. The last failure, or any other error, is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as e:
+            if attempt == attempts or not transient(e):
+                raise
+            wait = backoff_s * 2 ** (attempt - 1) * (1 + random.random())
+            log.warning("%s failed (attempt %d of %d: %s: %s); retrying in %.1f s", what, attempt, attempts,
+                        type(e).__name__, (str(e).splitlines() or [""])[0][:200], wait)
+            time.sleep(wait)
 
 
 def _parts(chunk_list: list[dict], batch_tokens: int):
@@ -317,10 +363,10 @@ def _results(w, regions, model_path, device, batch_tokens, prefix, n):
 
 
 def _worker_env() -> dict | None:
-    """The test-only worker failpoint travels to the actors explicitly: Ray's workers inherit
+    """The test-only worker failpoints travel to the actors explicitly: Ray's workers inherit
     the environment of the process that started the cluster, not the driver's current one."""
-    kill = os.environ.get("SPARSECACHE_KILL_WORKER")
-    return {"env_vars": {"SPARSECACHE_KILL_WORKER": kill}} if kill else None
+    env = {k: os.environ[k] for k in ("SPARSECACHE_KILL_WORKER", "SPARSECACHE_FAIL_START") if os.environ.get(k)}
+    return {"env_vars": env} if env else None
 
 
 def _failure(w, by_id: dict[int, Region], error: Exception) -> str:
@@ -334,4 +380,17 @@ def _failure(w, by_id: dict[int, Region], error: Exception) -> str:
         docs = sorted({d for rid in dead for d in by_id[rid].doc_ids})
         return (f"document(s) {', '.join(docs)} killed their worker {RETRIES + 1} times; nothing was published "
                 f"(the store stays at version {w.base.version}; finished documents are kept for the rerun)")
-    return f"distributed encode failed: {str(error).splitlines()[0][:200]}; nothing was published"
+    started = "" if "creation task" not in str(error) else "an actor could not start: "
+    return f"distributed encode failed: {started}{_cause_line(error)[:300]}; nothing was published"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ERROR_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failed)\b")
+
+
+def _cause_line(error: BaseException) -> str:
+    """The line that says what went wrong: Ray puts a worker's traceback inside its error's
+    text, whose last 'SomeError: message' line is the cause; else the first line."""
+    lines = [_ANSI.sub("", line).strip() for line in str(error).splitlines() if line.strip()]
+    causes = [line for line in lines if _ERROR_LINE.match(line)]
+    return causes[-1] if causes else (lines[0] if lines else type(error).__name__)

@@ -81,3 +81,16 @@ def kill_worker(doc_ids: list[str], attempt: int) -> None:
     doc, n = spec.rsplit(":", 1)
     if doc in doc_ids and (n == "*" or attempt <= int(n)):
         os._exit(137)
+
+
+_starts = 0
+
+
+def start_failure() -> None:
+    """Tests: with SPARSECACHE_FAIL_START=n the first n start-up attempts of each distributed
+    worker process fail as a vanished file would (a transient error, which is retried)."""
+    global _starts
+    n = int(os.environ.get("SPARSECACHE_FAIL_START", "0") or 0)
+    _starts += 1
+    if _starts <= n:
+        raise FileNotFoundError(f"injected start-up failure {_starts} of {n} (SPARSECACHE_FAIL_START)")

@@ -6,6 +6,7 @@ test_store_faults.py, for the distributed path)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,71 @@ def test_distributed_crash_then_single_process_rerun(ray_cluster, encode, corpus
     encode(corpus.root, store)
     assert verify(store)["ok"]
     assert_same_live_chunks(store, fresh_single(encode, corpus, tmp_path))
+
+
+def test_transient_errors_are_retried_and_others_are_not(caplog):
+    from sparsecache.distributed import transient, with_retries
+    from sparsecache.errors import ModelError
+
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise FileNotFoundError("atoms.safetensors.tmp -> atoms.safetensors")
+        return "loaded"
+
+    assert with_retries(flaky, 3, "actor start-up", backoff_s=0.01) == "loaded" and len(calls) == 3
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[0].startswith("actor start-up failed (attempt 1 of 3: FileNotFoundError: atoms")
+    with pytest.raises(FileNotFoundError):  # the last attempt's error is the one raised
+        with_retries(lambda: open("/nonexistent/x"), 2, "actor start-up", backoff_s=0.01)
+    refusals = [ModelError("model directory not found: /x"), PermissionError("denied"), ValueError("bad")]
+    assert not any(map(transient, refusals))
+    wrapped = ModelError("cannot load model")
+    wrapped.__cause__ = ConnectionResetError()
+    assert transient(wrapped) and transient(TimeoutError())
+
+
+def test_a_transient_failure_at_actor_start_up_is_retried(ray_cluster, encode, corpus, tmp_path, monkeypatch):
+    """Each actor's first start-up fails as the fetch race did; the retry makes the job succeed."""
+    monkeypatch.setenv("SPARSECACHE_FAIL_START", "1")
+    encode(corpus.root, tmp_path / "s", workers=2)
+    monkeypatch.delenv("SPARSECACHE_FAIL_START")
+    assert_same_live_chunks(tmp_path / "s", fresh_single(encode, corpus, tmp_path))
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    said = [line for f in logs.glob("worker-*.err") for line in f.read_text(errors="replace").splitlines()
+            if "actor start-up failed (attempt 1 of 3: FileNotFoundError: injected start-up failure 1 of 1" in line]
+    assert len(said) >= 2, "each actor logs its retry in one line"
+
+
+def test_an_actor_that_cannot_start_fails_the_job_in_one_line(ray_cluster, encode, corpus, tmp_path, monkeypatch):
+    from sparsecache.distributed import STARTUP_ATTEMPTS, EncodeFailed
+
+    monkeypatch.setenv("SPARSECACHE_FAIL_START", str(STARTUP_ATTEMPTS))  # every attempt fails
+    with pytest.raises(EncodeFailed) as e:
+        encode(corpus.root, tmp_path / "s", workers=1)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.endswith("nothing was published"), msg
+    assert "an actor could not start: FileNotFoundError: injected start-up failure " \
+           f"{STARTUP_ATTEMPTS} of {STARTUP_ATTEMPTS}" in msg, msg
+
+
+def test_a_fresh_node_encodes_into_a_new_s3_prefix(encode, corpus, s3_url, tmp_path, monkeypatch):
+    """Two actors start on an empty node cache and fetch the new store's dictionary from S3 at
+    once (what failed two runs in three: both renamed one fixed temporary name); the store
+    equals a single-process encode of the same corpus. Last in the module: it restarts Ray."""
+    ray.shutdown()  # workers inherit the environment of the process that starts the cluster
+    cache = tmp_path / "new-node-cache"
+    monkeypatch.setenv("SPARSECACHE_CACHE", str(cache))
+    try:
+        r = encode(corpus.root, s3_url, workers=2)
+    finally:
+        ray.shutdown()
+    copies = [p for p in (cache / "remote").iterdir() if not p.name.startswith(".")]
+    assert r.published and len(copies) == 1  # one copy of the dictionary, fetched by the actors
+    assert verify(s3_url)["ok"]
+    assert_same_live_chunks(s3_url, fresh_single(encode, corpus, tmp_path))
 
 
 def fresh_single(encode, corpus, tmp_path):
