@@ -35,3 +35,7 @@ class StoreLocked(StoreError):
 
 class StoreCorrupt(StoreError):
     """Stored data fails its checksum, is missing, or disagrees with the manifest."""
+
+
+class VersionGone(StoreError):
+    """The version a reader pinned was deleted (by compact or --keep) while it was being read."""

@@ -8,6 +8,7 @@ greedy generation. The same object answers many queries, so latency is steady-st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +16,15 @@ from pathlib import Path
 import torch
 
 from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids
-from .errors import ConfigError
+from .durable import publish_file
+from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
 from .model import KVModel, extract_kv, load_model
 from .overlap import Rates, cake_context
 from .query_config import QueryConfig
 from .stopwatch import Stopwatch
 from .store import Store
+from .store.versions import READ_ATTEMPTS
 
 STEPS = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
 
@@ -56,11 +59,38 @@ class _Prefilled:
     context_ids: list[str]
 
 
+def _at_a_live_version(method):
+    """Run a Session read so that what it returns was read from one intact version: if the
+    version was deleted meanwhile (a compact, or a writer's --keep, beside a long query),
+    nothing read from it is trusted and the read is done again at the newest version (a
+    session given a Store pinned to one version raises VersionGone instead)."""
+    @functools.wraps(method)
+    def read(self, *args, **kwargs):
+        for _ in range(READ_ATTEMPTS):
+            try:
+                out = method(self, *args, **kwargs)
+            except Exception:  # whatever a vanished generation makes zarr raise (KeyError, ...)
+                if self.store.published():
+                    raise  # not explained by a deletion: the error stands
+            else:
+                if self.store.published():
+                    return out
+            if not self.follows_latest:
+                raise VersionGone(f"{self.store.backend}: version {self.store.version} was deleted while it was read")
+            self.store = self.store.latest()
+            self.rereads += 1
+        raise VersionGone(f"{self.store.backend}: {READ_ATTEMPTS} versions in a row were deleted while being read")
+    return read
+
+
 class Session:
-    """Keeps the store, model, codec and embedder loaded across queries."""
+    """Keeps the store, model, codec and embedder loaded across queries. Opened by path, it
+    follows the store's newest version whenever the one it read is deleted."""
 
     def __init__(self, store: str | Path | Store, model: str | KVModel = "default", device: str = "cpu",
                  raw_dir: str | Path | None = None):
+        self.follows_latest = not isinstance(store, Store)
+        self.rereads = 0  # reads done again at a newer version because the one read was deleted
         self.store = store if isinstance(store, Store) else Store.open(store)
         self.device = torch.device(device)
         self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
@@ -78,9 +108,11 @@ class Session:
             self._embedder = Embedder(self.store.config.embedder, self.device)
         return self._embedder
 
+    @_at_a_live_version
     def retrieve(self, question: str, top_k: int) -> list[dict]:
         return retrieve(self.store, self.embedder, question, top_k)
 
+    @_at_a_live_version
     def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = 8,
               chunks: list[str] | None = None, max_new_tokens: int = 64, answer_prefix: str = "",
               reference: list[int] | None = None, **changes) -> Answer:
@@ -186,10 +218,10 @@ class Session:
         prefix = self.store.prefix()[0]
         files = [raw_file(self.raw_dir, c) for c in ids]
         for f, toks in zip(files, self.store.tokens(ids)):
-            if not f.exists():
-                self.raw_dir.mkdir(parents=True, exist_ok=True)
+            if not f.exists():  # a reader (the vLLM connector, another query) sees the whole file or none
                 k, v = extract_kv(self.model, [toks], prefix)[0]
-                save_file({"keys": k.half().cpu().contiguous(), "values": v.half().cpu().contiguous()}, str(f))
+                raw = {"keys": k.half().cpu().contiguous(), "values": v.half().cpu().contiguous()}
+                publish_file(f, lambda tmp: save_file(raw, str(tmp)), replace=False)
         return files
 
     def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:

@@ -15,13 +15,13 @@ import torch
 
 from ..codec import Codec, Codes
 from ..dictionary import Dictionary
-from ..errors import DictionaryMismatch, StoreCorrupt, StoreError
+from ..errors import DictionaryMismatch, StoreCorrupt, StoreError, VersionGone
 from ..index import load_index_bytes, search
 from ..stopwatch import Stopwatch
 from .backend import Backend, open_backend
 from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_strings, root_attrs, store_config,
                      text_arrays)
-from .versions import Manifest, read_manifest, versions
+from .versions import READ_ATTEMPTS, Manifest, manifest_key, read_manifest, versions
 
 
 @dataclass(frozen=True)
@@ -138,10 +138,38 @@ class Store:
 
     @classmethod
     def open(cls, where, version: int | None = None) -> "Store":
-        """The store at a path or URL (s3://, gs://, az://), pinned to `version` (default: latest)."""
+        """The store at a path or URL (s3://, gs://, az://), pinned to `version` (default: latest).
+
+        Opening reads the chunk table; a latest version pruned meanwhile (two publishes by a
+        writer keeping one version) is opened again as the new latest, bounded."""
         backend = open_backend(where)
         attrs = root_attrs(backend)
-        return cls(backend, attrs, read_manifest(backend, version))
+        for _ in range(READ_ATTEMPTS):
+            manifest = read_manifest(backend, version)
+            try:
+                store = cls(backend, attrs, manifest)
+            except Exception:
+                if backend.exists(manifest_key(manifest.version)):
+                    raise  # not explained by a deletion: the error stands
+                store = None
+            if store is not None and store.published():
+                return store
+            if version is not None:
+                raise VersionGone(f"{backend}: version {version} was deleted (compact or --keep) as it was opened")
+        raise VersionGone(f"{backend}: {READ_ATTEMPTS} versions in a row were deleted as they were opened")
+
+    def published(self) -> bool:
+        """Whether this store's version still exists. Publishing deletes manifests before the
+        data only they use, so whatever was read before this returns True was read intact
+        (zarr reads a deleted chunk as fill values, silently; this check is what catches it)."""
+        return self.backend.exists(manifest_key(self.version))
+
+    def latest(self) -> "Store":
+        """The newest published version of this store; what never changes over a store's life
+        (its dictionary, codec and shared prefix) is carried over, not read again."""
+        new = Store.open(self.backend)
+        new._dictionary, new._codec, new._prefix = self._dictionary, self._codec, self._prefix
+        return new
 
     @property
     def root(self):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import StoreCorrupt, StoreError, StoreLocked
+from ..errors import StoreCorrupt, StoreError, StoreLocked, VersionGone
 from .backend import Backend
 from .layout import FORMAT_VERSION, now
 
@@ -82,20 +82,35 @@ class LatestVersion:
         return self._version
 
 
+READ_ATTEMPTS = 5  # a latest version pruned between listing and reading it: list again (each time a newer one exists)
+
+
 def read_manifest(backend: Backend, version: int | None = None) -> Manifest:
-    """The manifest of `version` (default: the latest)."""
-    vs = versions(backend)
-    if not vs:
-        if not backend.exists("zarr.json"):
-            raise StoreError(f"no store at {backend}")
-        raise StoreError(f"{backend}: no published version yet (the first encode did not finish; rerun it)")
-    v = vs[-1] if version is None else version
-    if v not in vs:
-        raise StoreError(f"{backend}: no version {v} (have {', '.join(map(str, vs))})")
-    try:
-        return Manifest.from_json(backend.get(manifest_key(v)))
-    except (json.JSONDecodeError, TypeError, KeyError) as e:
-        raise StoreCorrupt(f"{backend}: manifest v{v} unreadable: {e}") from e
+    """The manifest of `version` (default: the latest).
+
+    The latest can be pruned between the listing and the read (a writer published two
+    versions meanwhile and kept fewer); then the listing is taken again."""
+    for _ in range(READ_ATTEMPTS):
+        vs = versions(backend)
+        if not vs:
+            if not backend.exists("zarr.json"):
+                raise StoreError(f"no store at {backend}")
+            raise StoreError(f"{backend}: no published version yet (the first encode did not finish; rerun it)")
+        v = vs[-1] if version is None else version
+        if v not in vs:
+            raise StoreError(f"{backend}: no version {v} (have {', '.join(map(str, vs))})")
+        try:
+            raw = backend.get(manifest_key(v))
+        except FileNotFoundError:
+            if version is not None:
+                raise VersionGone(f"{backend}: version {v} was deleted (compact or --keep) as it was read") from None
+            continue
+        try:
+            return Manifest.from_json(raw)
+        except (json.JSONDecodeError, TypeError, KeyError) as e:
+            raise StoreCorrupt(f"{backend}: manifest v{v} unreadable: {e}") from e
+    raise StoreError(f"{backend}: the latest version was deleted {READ_ATTEMPTS} times as it was read "
+                     "(is a writer publishing with --keep 1 in a loop?)")
 
 
 def publish(backend: Backend, m: Manifest) -> None:
@@ -133,7 +148,12 @@ class Lock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = self._owner(fd)
+            # the holder writes its name just after taking the lock: give it a moment to
+            for _ in range(50):
+                owner = self._owner(fd)
+                if owner:
+                    break
+                time.sleep(0.01)
             os.close(fd)
             raise StoreLocked(f"store is locked: {self.path.parent} is being written by {_who(owner)}") from None
         self.stale = self._owner(fd) or None

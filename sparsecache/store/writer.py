@@ -19,6 +19,7 @@ import torch
 
 from ..codec import Codes
 from ..dictionary import Dictionary
+from ..durable import is_temporary
 from ..errors import ConfigError, DictionaryMismatch, StoreError
 from ..failpoints import failpoint
 from ..index import build_index, index_kind, index_to_bytes
@@ -35,7 +36,7 @@ PENDING = "pending.json"
 def ours(backend: Backend) -> bool:
     """Whether a writer may create and delete inside the store's root: it is missing or empty
     (a `.lock` aside), carries the marker, or is a store made before the marker existed."""
-    names = set(backend.children("")) - {".lock", "lease.json"}
+    names = {n for n in backend.children("") if not is_temporary(n)} - {".lock", "lease.json"}
     if not names or MARKER in names:
         return True
     try:
@@ -79,10 +80,13 @@ class Writer:
 
     def __enter__(self):
         self.backend.check_root()
-        if not ours(self.backend):
-            raise StoreError(f"{self.backend} is not a sparsecache store: a non-empty directory sparsecache "
-                             f"did not create (no {MARKER}); refusing to write into it")
+        self._refuse_foreign()  # before the lock: nothing is written into a directory that is not ours
         self.lock.acquire()
+        try:
+            self._refuse_foreign()  # and under it: a writer that held it has finished creating the store
+        except StoreError:
+            self.lock.release()
+            raise
         self.backend.mark()
         if not self.backend.exists(MARKER):  # before anything else is created in it
             self.backend.put(MARKER, json.dumps({"created": now(), "format": FORMAT_VERSION}).encode())
@@ -100,6 +104,11 @@ class Writer:
     def __exit__(self, *exc):
         self._zarr_config.__exit__(*exc)
         self.lock.release()
+
+    def _refuse_foreign(self) -> None:
+        if not ours(self.backend):
+            raise StoreError(f"{self.backend} is not a sparsecache store: a non-empty directory sparsecache "
+                             f"did not create (no {MARKER}); refusing to write into it")
 
     def sync(self) -> None:
         """Make everything written since the last sync durable (see `durable`)."""
