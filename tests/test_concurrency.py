@@ -147,7 +147,28 @@ def test_converting_the_default_model(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def s3_store(moto_endpoint, tiny_model_dir, tiny_dictionary_dir, tmp_path_factory):
+def small_model_dir(tiny_gguf, tmp_path_factory) -> Path:
+    """The tiny GGUF converted: a 2-layer Llama with a 512-token vocabulary, whose logits cost
+    a hundredth of the tiny Llama's (49K tokens), so a round of four processes stays short."""
+    from sparsecache.model import convert_gguf
+
+    return convert_gguf(tiny_gguf, tmp_path_factory.mktemp("small") / "model", "small")
+
+
+@pytest.fixture(scope="module")
+def small_dictionary_dir(small_model_dir, tmp_path_factory) -> Path:
+    from conftest import unit_atoms
+
+    from sparsecache.dictionary import DictConfig, Dictionary
+    from sparsecache.model import load_model
+
+    fp = load_model(str(small_model_dir)).fingerprint()
+    return Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), fp).save(
+        tmp_path_factory.mktemp("small-dict"))
+
+
+@pytest.fixture(scope="module")
+def s3_store(moto_endpoint, small_model_dir, small_dictionary_dir, tmp_path_factory):
     """A store on the session's S3 server, encoded once for the module."""
     import boto3
 
@@ -156,7 +177,7 @@ def s3_store(moto_endpoint, tiny_model_dir, tiny_dictionary_dir, tmp_path_factor
     boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket="concurrency")
     url = "s3://concurrency/stores/one"
     corpus = write_corpus(tmp_path_factory.mktemp("concurrency") / "corpus")
-    _invoke("encode-corpus", corpus, "--store", url, "--model", tiny_model_dir, "--dict", tiny_dictionary_dir,
+    _invoke("encode-corpus", corpus, "--store", url, "--model", small_model_dir, "--dict", small_dictionary_dir,
             "--chunk-tokens", 64)
     return url
 
@@ -174,7 +195,7 @@ def encode_with_ray(i, r, corpus: str, url: str, model_dir: str, dict_dir: str):
     return "ran"
 
 
-def test_two_distributed_encodes_on_a_fresh_node(s3_store, tiny_model_dir, tiny_dictionary_dir, tmp_path):
+def test_two_distributed_encodes_on_a_fresh_node(s3_store, small_model_dir, small_dictionary_dir, tmp_path):
     """Two `--workers 2` encodes of different S3 stores at once on an empty cache: two drivers
     and four actors unpack the embedder and fetch dictionaries together. Two rounds (each
     starts two Ray clusters on two cores); the fetch itself is raced 20 rounds above."""
@@ -186,11 +207,11 @@ def test_two_distributed_encodes_on_a_fresh_node(s3_store, tiny_model_dir, tiny_
 
     corpus = write_corpus(tmp_path / "corpus")
     url = s3_store.rsplit("/", 2)[0] + "/ray"
-    rounds = race(encode_with_ray, str(corpus), url, str(tiny_model_dir), str(tiny_dictionary_dir), k=2, rounds=2,
+    rounds = race(encode_with_ray, str(corpus), url, str(small_model_dir), str(small_dictionary_dir), k=2, rounds=2,
                   cache=tmp_path / "cache")
     assert_all_same(rounds)
-    _invoke("encode-corpus", corpus, "--store", tmp_path / "alone", "--model", tiny_model_dir, "--dict",
-            tiny_dictionary_dir, "--chunk-tokens", 64)
+    _invoke("encode-corpus", corpus, "--store", tmp_path / "alone", "--model", small_model_dir, "--dict",
+            small_dictionary_dir, "--chunk-tokens", 64)
     for r in range(2):
         for i in range(2):
             assert verify(f"{url}/r{r}-p{i}")["ok"]
@@ -202,14 +223,14 @@ def test_fetching_a_stores_dictionary(s3_store, tmp_path):
     assert_all_same(race(fetch_dictionary, s3_store, cache=tmp_path))
 
 
-def test_check_model(tiny_model_dir, tmp_path):
+def test_check_model(small_model_dir, tmp_path):
     """check-model records its result per fingerprint; encode and learn-dict read it."""
-    assert_all_same(race(check_model, str(tiny_model_dir), cache=tmp_path))
+    assert_all_same(race(check_model, str(small_model_dir), cache=tmp_path))
 
 
-def test_querying_one_store(s3_store, tiny_model_dir, tmp_path):
+def test_querying_one_store(s3_store, small_model_dir, tmp_path):
     """Queries on a fresh node: embedder unpacked, dictionary fetched, all at once."""
-    assert_all_same(race(query, s3_store, str(tiny_model_dir), cache=tmp_path))
+    assert_all_same(race(query, s3_store, str(small_model_dir), cache=tmp_path))
 
 
 # ---------------------------------------------------------------- one store, several processes
@@ -263,7 +284,7 @@ def _run_in_thread(fn, *args, **kwargs):
     return t, out
 
 
-def test_readers_while_a_writer_publishes_and_compacts(tiny_model_dir, tiny_dictionary_dir, tmp_path):
+def test_readers_while_a_writer_publishes_and_compacts(small_model_dir, small_dictionary_dir, tmp_path):
     """Four processes query while the writer, 20 times, changes the corpus, encodes it and
     compacts, both keeping one version: every version a reader opened is deleted within
     seconds, generations included. No query may fail or return chunks of no document."""
@@ -277,15 +298,15 @@ def test_readers_while_a_writer_publishes_and_compacts(tiny_model_dir, tiny_dict
     for _ in range(5):
         corpus.add()
     store, stop = tmp_path / "store", tmp_path / "stop"
-    _encode(corpus.root, store, tiny_model_dir, tiny_dictionary_dir, "--keep", 1)
+    _encode(corpus.root, store, small_model_dir, small_dictionary_dir, "--keep", 1)
     names = r"(r\d{3}-)*[abcmxz]\d{3}\.txt"  # every name Corpus gives a document
-    done, out = _run_in_thread(race, read_until, str(store), str(tiny_model_dir), str(stop), names,
+    done, out = _run_in_thread(race, read_until, str(store), str(small_model_dir), str(stop), names,
                                rounds=1, cache=tmp_path / "cache")
     versions = set()
     try:
         for _ in range(ROUNDS):
             corpus.mutate(2)
-            _encode(corpus.root, store, tiny_model_dir, tiny_dictionary_dir, "--keep", 1, "--delete-missing")
+            _encode(corpus.root, store, small_model_dir, small_dictionary_dir, "--keep", 1, "--delete-missing")
             versions.add(read_manifest(store).version)
             _invoke("compact", store, "--keep", 1)
             versions.add(read_manifest(store).version)
@@ -317,7 +338,7 @@ def encode_one_store(i, r, corpus: str, stores: str, model_dir: str, dict_dir: s
     raise RuntimeError(f"exit {res.exit_code}: {res.output.strip()[-400:]}") from res.exception
 
 
-def test_two_encodes_of_one_store(tiny_model_dir, tiny_dictionary_dir, tmp_path):
+def test_two_encodes_of_one_store(small_model_dir, small_dictionary_dir, tmp_path):
     """Four encodes of one new store at once: each either runs or is refused naming the
     holder, and the store is what one encode alone makes."""
     from conftest import write_corpus
@@ -326,13 +347,13 @@ def test_two_encodes_of_one_store(tiny_model_dir, tiny_dictionary_dir, tmp_path)
     from sparsecache.store import verify
 
     corpus = write_corpus(tmp_path / "corpus")
-    rounds = race(encode_one_store, str(corpus), str(tmp_path / "stores"), str(tiny_model_dir),
-                  str(tiny_dictionary_dir), cache=tmp_path / "cache")
+    rounds = race(encode_one_store, str(corpus), str(tmp_path / "stores"), str(small_model_dir),
+                  str(small_dictionary_dir), cache=tmp_path / "cache")
     assert not [x for row in rounds for x in row if isinstance(x, Failed)], rounds
     refused = [x for row in rounds for x in row if x.startswith("refused")]
     assert all(re.search(r"being written by pid \d+ on ", x) for x in refused), refused
     assert all("ran" in row for row in rounds)
-    _encode(corpus, tmp_path / "alone", tiny_model_dir, tiny_dictionary_dir)
+    _encode(corpus, tmp_path / "alone", small_model_dir, small_dictionary_dir)
     for r in range(len(rounds)):
         assert verify(tmp_path / "stores" / f"r{r:03d}")["ok"]
         assert_same_live_chunks(tmp_path / "stores" / f"r{r:03d}", tmp_path / "alone")
