@@ -31,6 +31,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..durable import write_atomic
 from ..errors import ConfigError, TextError
 from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, chunk_ids_by_doc
 
@@ -279,7 +280,7 @@ def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: P
             print(f"{task:>10} {label:>16}  accuracy {r['accuracy']:.2f} {r['interval95']}  recall {r['recall']:.2f}"
                   f"  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
             if results is not None:
-                results.write_text(json.dumps({"rows": rows}, indent=1))
+                write_atomic(results, json.dumps({"rows": rows}, indent=1))
     # in task and method order, whichever cells a resumed run had already
     labels = list(methods)
     return sorted(rows, key=lambda r: (TASKS.index(r["task"]) if r["task"] in TASKS else len(TASKS),

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..dictionary import Dictionary, initial_atoms
+from ..durable import write_atomic
 from ..errors import ConfigError, StoreError
 from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
@@ -268,7 +269,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     if not report_file.exists():
         bench_corpus(work / "corpus", min_tokens)
         r = encode_corpus([str(work / "corpus")], store_path, d, model, StoreConfig(), device=device)
-        report_file.write_text(json.dumps(r.to_dict()))
+        write_atomic(report_file, json.dumps(r.to_dict()))
     encode = json.loads(report_file.read_text())
     store = Store.open(store_path)
     full = sorted((c for c in store.chunks() if c.token_length >= 480), key=lambda c: c.id)[:n_chunks]
@@ -391,7 +392,7 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     model = load_model(device=device)
     if not made.exists():
         make_suite(model.tokenizer, work, tasks, trials, k, tokens_per_chunk)
-        made.write_text(json.dumps(settings))
+        write_atomic(made, json.dumps(settings))
     encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
                   StoreConfig(), device=device)
     session = Session(work / "store", model, device)
