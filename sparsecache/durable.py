@@ -40,8 +40,7 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
-def publish_file(path: Path, write: Callable[[Path], object], *, replace: bool = True,
-                 durable: bool = True) -> bool:
+def publish_file(path: Path, write: Callable[[Path], object], *, replace: bool = True) -> bool:
     """Make `path` by `write(tmp)` into a unique temporary beside it, fsync, rename into place.
 
     replace=True renames over whatever is there (readers see the old file or the whole new
@@ -53,8 +52,7 @@ def publish_file(path: Path, write: Callable[[Path], object], *, replace: bool =
     tmp = temp_beside(path)
     try:
         write(tmp)
-        if durable:
-            fsync_path(tmp)
+        fsync_path(tmp)
         if replace:
             os.replace(tmp, path)
         else:
@@ -64,8 +62,7 @@ def publish_file(path: Path, write: Callable[[Path], object], *, replace: bool =
                 return False
     finally:
         tmp.unlink(missing_ok=True)
-    if durable:
-        fsync_path(path.parent)
+    fsync_path(path.parent)
     return True
 
 
@@ -76,8 +73,7 @@ def write_atomic(path: Path, data: str | bytes, *, replace: bool = True) -> bool
     return publish_file(path, lambda tmp: Path(tmp).write_bytes(raw), replace=replace)
 
 
-def publish_dir(path: Path, build: Callable[[Path], object], complete: Callable[[Path], bool],
-                *, durable: bool = True) -> Path:
+def publish_dir(path: Path, build: Callable[[Path], object], complete: Callable[[Path], bool]) -> Path:
     """The directory `path`, built by `build(tmp)` into a unique temporary and renamed into
     place in one step, unless `complete(path)` already holds; returns `path`.
 
@@ -98,8 +94,7 @@ def publish_dir(path: Path, build: Callable[[Path], object], complete: Callable[
             try:
                 tmp.mkdir()
                 build(tmp)
-                if durable:
-                    sync_tree(tmp, 0)
+                sync_tree(tmp, 0)
                 try:
                     os.rename(tmp, path)  # fails where a non-empty directory is in the way
                 except OSError:
@@ -108,8 +103,7 @@ def publish_dir(path: Path, build: Callable[[Path], object], complete: Callable[
                     continue
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            if durable:
-                fsync_path(path.parent)
+            fsync_path(path.parent)
             return path
     raise OSError(f"{path}: could not publish the directory (something else keeps replacing it)")
 

@@ -125,7 +125,8 @@ class Session:
             raise ConfigError("--top-k must be at least 1")
         watch = Stopwatch(self.device)
         with watch.step("retrieve"):
-            hits = self.retrieve(question, top_k) if chunks is None else [
+            # the module's retrieve, not the method: this query already checks its version once
+            hits = retrieve(self.store, self.embedder, question, top_k) if chunks is None else [
                 {"id": c, "doc_id": self.store.chunk(c).doc_id, "ordinal": self.store.chunk(c).ordinal, "score": None}
                 for c in chunks]
         ids = [h["id"] for h in hits]
