@@ -148,8 +148,9 @@ class Lock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            # the holder writes its name just after taking the lock: give it a moment to
-            for _ in range(50):
+            # the holder writes its name just after taking the lock: give it a moment to (up to
+            # 5 s, for a holder descheduled on a loaded machine; a named holder returns at once)
+            for _ in range(500):
                 owner = self._owner(fd)
                 if owner:
                     break
