@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+from cli.options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
+                         resolve_device, screening)
 
 
 @click.command("check-model")
@@ -109,11 +110,12 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
 @click.option("--coef", type=click.Choice(["float16", "float8", "float32"]), default="float16", show_default=True,
               help="Coefficient format the codes are rounded to (a store writes float8 by default).")
 @click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
+@exact_omp_option
 @device_option
 @json_option
 @library_errors
-def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, coef, record, device,
-                  as_json):
+def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, coef, record, exact_omp,
+                  device, as_json):
     """Fidelity of a dictionary: NMSE, perplexity, KL and top-1 agreement on held-out text.
 
     Each passage is the model's chat prefix (kept exact, as a store keeps it), then
@@ -127,7 +129,8 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     d = Dictionary.load(dictionary)
     model = load_model(model_path, device=resolve_device(device))
     d.check_model(model.fingerprint())
-    r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens, coef))
+    r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens, coef,
+                                                                screening(exact_omp)))
     if record:
         d.meta["eval"] = {k: v for k, v in r.items() if not k.endswith("per_layer") and k != "domains"}
         d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}

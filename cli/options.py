@@ -20,6 +20,20 @@ def device_option(f):
                         help="auto (cuda when present, else cpu), cpu, cuda or cuda:N.")(f)
 
 
+def exact_omp_option(f):
+    return click.option("--exact-omp", is_flag=True,
+                        help="Code with exact Batch-OMP (the reference) instead of the CPU kernel's candidate "
+                             "screening, which is ~4x faster at the same held-out error (BENCHMARKS.md, "
+                             "'Encode and decode against the machine's limits'). GPUs always run exact.")(f)
+
+
+def screening(exact_omp: bool):
+    """The OMP screening an --exact-omp flag asks for (the library's default when not set)."""
+    from sparsecache.omp import EXACT, Screening
+
+    return EXACT if exact_omp else Screening()
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else on stdout.")(f)
 

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+from cli.options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
+                         resolve_device, screening)
 
 store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 
@@ -47,12 +48,13 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--ray-address", default=None,
               help="Encode on an existing Ray cluster ('auto' inside `ray job submit`); --workers actors "
               "(default: one per GPU with --device cuda, else 2).")
+@exact_omp_option
 @device_option
 @json_option
 @library_errors
 def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
                       embedder, compressor, coef_dtype, index_coding, adapt_steps, batch_tokens, keep, workers,
-                      ray_address, device, as_json):
+                      ray_address, exact_omp, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -89,7 +91,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
                       delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json,
                       workers=workers, ray_address=ray_address, model_path=model_path,
-                      adapt=AdaptConfig(steps=adapt_steps) if adapt_steps else None)
+                      adapt=AdaptConfig(steps=adapt_steps) if adapt_steps else None, screening=screening(exact_omp))
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
     emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
                                               f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))

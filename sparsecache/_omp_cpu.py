@@ -22,12 +22,28 @@ TILE = 256  # α entries kept in L1 while the support's G rows stream past (256 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, coef_out: np.ndarray,
-              n_blocks: int) -> None:
-    """Fill idx_out [N, s] int64 and coef_out [N, s] float32 from α⁰ [N, n] and G [n, n]."""
+              n_blocks: int, candidates: int = 0, refresh: int = 16) -> None:
+    """Fill idx_out [N, s] int64 and coef_out [N, s] float32 from α⁰ [N, n] and G [n, n].
+
+    `candidates` M (0 or ≥ n: exact Batch-OMP) screens the atoms a step may choose: the M of
+    largest |α| at the last screening. A screening computes the exact α of every atom, chooses
+    that step's atom from it and keeps the M largest; it runs at the start, whenever the best
+    candidate falls below the largest |α| left out (an atom outside may now lead), and at the
+    latest `refresh` steps after the last. Between screenings a step updates M correlations
+    instead of n, so the support's rows it reads, s·M floats, stay in L2 instead of streaming
+    Σ k·n floats from memory. The coefficients are exact least squares on the chosen support."""
     N, n = alpha0.shape
+    M = n if candidates <= 0 or candidates >= n else candidates
+    exact = M == n
     per = (N + n_blocks - 1) // n_blocks
     for blk in numba.prange(n_blocks):
-        Gs = np.empty((s, n), np.float32)
+        Gs = np.empty((s, n), np.float32)  # G rows of the support
+        GsC = Gs if exact else np.empty((s, M), np.float32)  # ... at the candidates
+        cand = np.arange(M)
+        aC = np.empty(M, np.float32)  # α⁰ at the candidates
+        alpha = np.empty(n, np.float32)
+        scratch = np.empty(n, np.float32)
+        chosen = np.zeros(n, np.bool_)
         tile = np.empty(TILE, np.float32)
         L = np.zeros((s, s), np.float64)
         w = np.zeros(s, np.float64)
@@ -37,18 +53,106 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
         for b in range(blk * per, min(N, (blk + 1) * per)):
             a0 = alpha0[b]
             idx = idx_out[b]
-            j = _argmax_abs(a0)
+            if exact:
+                aC = a0
+                j = _argmax_abs(a0)
+            else:
+                j, left_out = _screen(a0, 0, Gs, xs, M, cand, chosen, alpha, scratch)
+                for c in range(M):
+                    aC[c] = a0[cand[c]]
+                last = 0
             for k in range(s):
                 idx[k] = j
+                chosen[j] = True
                 Gs[k, :] = G[j, :]
-                _cholesky_append(L, w, Gs, idx, k, j, live)
+                _cholesky_append(L, w, Gs[k], idx, k, j, live)
                 _cholesky_solve(L, a0, idx, k + 1, x, w, live)
-                if k + 1 < s:
-                    for t in range(k + 1):
-                        xs[t] = x[t]
-                    j = _next_atom(a0, Gs, xs, idx, k + 1, tile)
+                if k + 1 == s:
+                    break
+                for t in range(k + 1):
+                    xs[t] = x[t]
+                if exact:
+                    j = _next_atom(a0, Gs, xs, cand, chosen, k + 1, tile)[0]
+                    continue
+                row = Gs[k]
+                for c in range(M):
+                    GsC[k, c] = row[cand[c]]
+                c, best = _next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
+                if best >= left_out and k + 1 - last < refresh:
+                    j = cand[c]
+                    continue
+                j, left_out = _screen(a0, k + 1, Gs, xs, M, cand, chosen, alpha, scratch)
+                last = k + 1
+                for c in range(M):
+                    aC[c] = a0[cand[c]]
+                for t in range(k + 1):
+                    row = Gs[t]
+                    for c in range(M):
+                        GsC[t, c] = row[cand[c]]
             for k in range(s):
                 coef_out[b, k] = x[k]
+                chosen[idx[k]] = False
+
+
+@numba.njit(fastmath=True, error_model="numpy")
+def _screen(a0, k, Gs, xs, M, cand, chosen, alpha, scratch):
+    """A screening at support size k: the exact α = α⁰ − G[:, S] x_S of every atom; cand[:M] =
+    the M unchosen atoms of largest |α|, in increasing order. Returns (the unchosen atom of
+    largest |α|, the largest |α| left out of the candidates)."""
+    n = a0.shape[0]
+    for i in range(n):
+        alpha[i] = a0[i]
+    for t in range(k):
+        xt = xs[t]
+        row = Gs[t]
+        for i in range(n):
+            alpha[i] -= xt * row[i]
+    best, j = np.float32(-1.0), 0
+    for i in range(n):
+        v = np.float32(-1.0) if chosen[i] else abs(alpha[i])
+        scratch[i] = v
+        if v > best:
+            best, j = v, i
+    thr = _kth_largest(scratch, M)
+    c = 0
+    for i in range(n):  # strictly above the threshold, then ties at it, in atom order
+        if not chosen[i] and abs(alpha[i]) > thr:
+            cand[c] = i
+            c += 1
+    for i in range(n):
+        if c < M and not chosen[i] and abs(alpha[i]) == thr:
+            cand[c] = i
+            c += 1
+    cand[:c].sort()
+    for t in range(c, M):  # fewer than M unchosen atoms: repeat the last (never chosen twice)
+        cand[t] = cand[c - 1]
+    return j, thr
+
+
+@numba.njit(fastmath=True, error_model="numpy")
+def _kth_largest(a, k):
+    """The k-th largest value of `a` (1-based), by quickselect in place (a is scratch)."""
+    lo, hi, target = 0, a.shape[0] - 1, a.shape[0] - k
+    while lo < hi:
+        mid = (lo + hi) // 2  # median of three as the pivot
+        p = max(min(a[lo], a[mid]), min(max(a[lo], a[mid]), a[hi]))
+        i, j = lo, hi
+        while i <= j:
+            while a[i] < p:
+                i += 1
+            while a[j] > p:
+                j -= 1
+            if i <= j:
+                a[i], a[j] = a[j], a[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break
+    return a[target]
 
 
 @numba.njit(fastmath=True, error_model="numpy")
@@ -62,16 +166,16 @@ def _argmax_abs(a: np.ndarray) -> int:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _cholesky_append(L, w, Gs, idx, k, j, live) -> None:
-    """Grow the Cholesky factor of G[S, S] by the row of atom j (support size k → k+1)."""
+def _cholesky_append(L, w, row, idx, k, j, live) -> None:
+    """Grow the Cholesky factor of G[S, S] by atom j, whose G row is `row` (support size k → k+1)."""
     total = 0.0
     for t in range(k):
-        acc = Gs[k, idx[t]]
+        acc = row[idx[t]]
         for u in range(t):
             acc -= L[t, u] * w[u]
         w[t] = acc / L[t, t]
         total += w[t] * w[t]
-    pivot = Gs[k, j] - total
+    pivot = row[j] - total
     live[k] = pivot > PIVOT_TOL
     # An atom (nearly) in the span of the support would blow the coefficients up: it gets a
     # decoupled unit row instead, and a zero right-hand side (so a zero coefficient).
@@ -96,8 +200,9 @@ def _cholesky_solve(L, a0, idx, k, x, w, live) -> None:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _next_atom(a0, Gs, xs, idx, k, tile) -> int:
-    """argmax over atoms off the support of |α|, α = α⁰ − G[:, S] x_S, tile by tile."""
+def _next_atom(a0, Gs, xs, cand, chosen, k, tile):
+    """(argmax, max) over candidates c whose atom cand[c] is off the support of |α|,
+    α = α⁰ − G[cand, S] x_S, tile by tile."""
     n = a0.shape[0]
     best, j = np.float32(-1.0), 0
     for i0 in range(0, n, TILE):
@@ -114,14 +219,6 @@ def _next_atom(a0, Gs, xs, idx, k, tile) -> int:
         if m > best:
             for ii in range(width):
                 v = abs(tile[ii])
-                if v > best and not _on_support(idx, k, i0 + ii):
+                if v > best and not chosen[cand[i0 + ii]]:
                     best, j = v, i0 + ii
-    return j
-
-
-@numba.njit
-def _on_support(idx, k, i) -> bool:
-    for t in range(k):
-        if idx[t] == i:
-            return True
-    return False
+    return j, best

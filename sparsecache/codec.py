@@ -4,8 +4,8 @@ A code for one signal (one token × one group of L layers) is a fixed-width row 
 indices plus s coefficients (fp16, e4m3 or fp32). Indices are either b-bit packed in OMP's
 order (b = ceil(log2 atoms), the paper's layout) or, since a code's atoms are a set, sorted
 and Elias–Fano coded (~10 instead of 13 bits per index at s = 32; coefficients follow
-their atoms). Decode is unpack + `embedding_bag` (gather + weighted sum) on whatever device
-it is given.
+their atoms). Decode is unpack + gather + weighted sum: on a CPU one compiled kernel over
+cache-sized fp16 tiles of the atoms (`_decode_cpu`), on other devices `embedding_bag`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .bitpack import (ef_row_bytes, pack_rows, pack_sorted_rows, row_bytes, unpack_rows_torch,
+from .bitpack import (ef_low_bits, ef_row_bytes, pack_rows, pack_sorted_rows, row_bytes, unpack_rows_torch,
                       unpack_sorted_rows_torch)
 from .errors import ConfigError
 from .dictionary import Dictionary
-from .omp import batch_omp, gram, reconstruct
+from .omp import Screening, batch_omp, gram, reconstruct
 from .signals import from_signals, to_signals
 
 COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float8": torch.float8_e4m3fn}
@@ -75,7 +75,8 @@ class Codes:
 class Codec:
     """Encodes and decodes one model's K/V with one dictionary (Gram matrices built once)."""
 
-    def __init__(self, dictionary: Dictionary, coef_dtype: str = "float16", device="cpu", indices: str = "packed"):
+    def __init__(self, dictionary: Dictionary, coef_dtype: str = "float16", device="cpu", indices: str = "packed",
+                 screening: Screening = Screening()):
         if coef_dtype not in COEF_DTYPES:
             raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}, got {coef_dtype!r}")
         if indices not in INDEX_CODINGS:
@@ -84,6 +85,7 @@ class Codec:
         self.config = dictionary.config
         self.coef_dtype = COEF_DTYPES[coef_dtype]
         self.indices = indices
+        self.screening = screening  # the CPU OMP's (omp.Screening); exact on other devices
         self.device = torch.device(device)
         self._atoms = {k: dictionary.atoms(k).to(self.device) for k in ("k", "v")}
         self._scales = {k: (None if dictionary.scale(k) is None else dictionary.scale(k).view(-1, 1, 1))
@@ -92,6 +94,7 @@ class Codec:
         # Atoms on each device decoded to: a store's codec lives on the CPU, and copying the
         # atoms to the GPU on every decode cost 3.8 ms of an H100's 10 ms for 32 chunks' K.
         self._atoms_on: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._tiles: dict[str, np.ndarray] = {}  # the CPU decode's atom tiles
 
     @property
     def bits(self) -> int:
@@ -128,7 +131,7 @@ class Codec:
         # 2.3× on 192-dim signals, but 9% slower on 960-dim ones (H100, bench omp), whose
         # larger GEMMs already keep the GPU busy.
         idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], self.config.sparsity, self.gram(kind),
-                              graphed=d <= GRAPH_MAX_DIM)
+                              graphed=d <= GRAPH_MAX_DIM, screening=self.screening)
         return idx, coef, (G, T)
 
     def _stored(self, coef: torch.Tensor) -> torch.Tensor:
@@ -149,8 +152,12 @@ class Codec:
             coef = coef.view(torch.float8_e4m3fn)
         G, T, nb = packed.shape
         rows, s = packed.reshape(-1, nb), self.config.sparsity
-        idx = (unpack_sorted_rows_torch(rows, s, self.config.atoms) if self.indices == "elias-fano"
-               else unpack_rows_torch(rows, s, self.bits))  # (G·T, s)
+        if self.indices == "elias-fano" and dev.type == "cpu":
+            idx = _unpack_sorted_cpu(rows, s, self.config.atoms)
+        elif self.indices == "elias-fano":
+            idx = unpack_sorted_rows_torch(rows, s, self.config.atoms)
+        else:
+            idx = unpack_rows_torch(rows, s, self.bits)  # (G·T, s)
         return self.reconstruct(idx, coef.reshape(G * T, -1).float(), (G, T), kind, dev, groups)
 
     def reconstruct(self, idx: torch.Tensor, coef: torch.Tensor, shape: tuple[int, int], kind: str,
@@ -158,6 +165,8 @@ class Codec:
         """[n_layers, T, m] float32 on `device` from atom indices and coefficients [G·T, s]
         there (what `omp` returns), (G, T) and which layer groups they are (see `decode`)."""
         G, T = shape
+        if device.type == "cpu":
+            return self._reconstruct_cpu(idx, coef, shape, kind, groups)
         sig = reconstruct(idx, coef, self.atoms_on(kind, device))  # (G·T, L·m)
         kv = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
         if self._scales[kind] is not None:
@@ -165,6 +174,34 @@ class Codec:
             L = self.config.layers_per_signal
             kv = kv.div_(scale.view(-1, L, 1, 1, 1)[groups].reshape(-1, 1, 1))
         return kv
+
+    def _reconstruct_cpu(self, idx: torch.Tensor, coef: torch.Tensor, shape: tuple[int, int], kind: str,
+                         groups: slice) -> torch.Tensor:
+        """`reconstruct` on the CPU: the compiled tile kernel of `_decode_cpu` (numba, imported
+        on first CPU decode: vLLM's start-up module scan trips over llvmlite, see `omp`)."""
+        from ._decode_cpu import decode_tiles
+
+        G, T = shape
+        L = self.config.layers_per_signal
+        tiles = self._cpu_tiles(kind)
+        m = tiles.shape[2]
+        inv = (torch.ones(G * L) if self._scales[kind] is None
+               else (1.0 / self._scales[kind].view(-1, L))[groups].reshape(-1))
+        out = torch.empty(G * L, T, m)
+        decode_tiles(idx.contiguous().numpy(), coef.float().contiguous().numpy(), tiles,
+                     inv.float().contiguous().numpy(), out.numpy(), torch.get_num_threads())
+        return out
+
+    def _cpu_tiles(self, kind: str) -> np.ndarray:
+        """The atoms of `kind` cut into one column tile per layer of a signal (see `_decode_cpu`):
+        fp16 when the dictionary stores its atoms in fp16 (so exact), fp32 otherwise; built once."""
+        from ._decode_cpu import atom_tiles
+
+        if kind not in self._tiles:
+            atoms = self._atoms[kind].cpu().numpy()
+            width = atoms.shape[0] // self.config.layers_per_signal
+            self._tiles[kind] = atom_tiles(atoms, width, self.dictionary.atoms_dtype == "float16")
+        return self._tiles[kind]
 
     def scales_on(self, kind: str, device: torch.device) -> torch.Tensor:
         """The per-layer factors of `kind` [n_layers, 1, 1] on `device`, copied there once."""
@@ -183,3 +220,14 @@ class Codec:
     def roundtrip(self, kv: torch.Tensor, kind: str) -> torch.Tensor:
         """decode(encode(kv)): what a reader of the store gets back."""
         return self.decode(self.encode(kv, kind), kind)
+
+
+def _unpack_sorted_cpu(rows: torch.Tensor, count: int, universe: int) -> torch.Tensor:
+    """`unpack_sorted_rows_torch` for CPU tensors, as one compiled pass over the rows (int32)."""
+    from ._decode_cpu import ef_decode
+
+    out = torch.empty(rows.shape[0], count, dtype=torch.int32)
+    bad = ef_decode(rows.contiguous().numpy(), count, ef_low_bits(count, universe), out.numpy())
+    if bad:
+        raise ValueError(f"not Elias–Fano rows of {count} values: {bad} of {rows.shape[0]} rows")
+    return out

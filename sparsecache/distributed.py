@@ -35,6 +35,7 @@ import numpy as np
 from .corpus import chunks
 from .errors import SparseCacheError
 from .failpoints import kill_worker, start_failure
+from .omp import Screening
 
 RETRIES = 2  # restarts of a dead actor, and retries of its region, before the job fails
 STARTUP_ATTEMPTS = 3  # tries at an actor's start-up (loading model, dictionary, embedder) while it fails transiently
@@ -95,14 +96,16 @@ def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int,
 class RegionEncoder:
     """A Ray Data actor: model, codec and embedder loaded once; encodes one region per call."""
 
-    def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int]):
+    def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int],
+                 screening: dict):
         os.environ.pop("SPARSECACHE_PAUSE_AT", None)  # the driver's failpoints are not the workers'
         # Ray restarts a crashed actor but not one whose __init__ raised, and Ray Data fails
         # the job on the first such actor: what another attempt can cure is retried here.
-        with_retries(lambda: self._load(store, generation, model, device), STARTUP_ATTEMPTS, "actor start-up")
+        with_retries(lambda: self._load(store, generation, model, device, Screening(**screening)), STARTUP_ATTEMPTS,
+                     "actor start-up")
         self.batch_tokens, self.prefix = batch_tokens, prefix
 
-    def _load(self, store: str, generation: str, model: str, device: str) -> None:
+    def _load(self, store: str, generation: str, model: str, device: str, screening: Screening) -> None:
         from .codec import Codec
         from .index import Embedder
         from .model import load_model
@@ -113,7 +116,7 @@ class RegionEncoder:
         s = Store.open(store)
         self.backend, self.config = s.backend, s.config
         self.model = load_model(model, device=device)
-        self.codec = Codec(s.dictionary, s.config.coef_dtype, device, s.config.index_coding)
+        self.codec = Codec(s.dictionary, s.config.coef_dtype, device, s.config.index_coding, screening)
         self.embedder = Embedder(s.config.embedder, device)
         self.group = open_group(self.backend, f"data/{generation}", mode="r+")
 
@@ -215,7 +218,8 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
 
 
 def encode_distributed(w, plan, model, config, device, batch_tokens: int, report, timer, progress: bool,
-                       workers: int, ray_address: str | None, model_path: str = "default") -> None:
+                       workers: int, ray_address: str | None, model_path: str = "default",
+                       screening: Screening = Screening()) -> None:
     """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring).
     Each actor loads `model_path`, the store's own dictionary copy and its embedder.
 
@@ -226,7 +230,8 @@ def encode_distributed(w, plan, model, config, device, batch_tokens: int, report
     from .encoder import prefix_ids
 
     hashes = {s.id: s.hash for s in plan.work}
-    prefix = prefix_ids(model, config.prefix)
+    actor = {"model": model_path, "device": str(device), "batch_tokens": batch_tokens,
+             "prefix": prefix_ids(model, config.prefix), "screening": asdict(screening)}  # each actor's arguments
     n = _start_ray(workers, ray_address, device, timer)
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not progress, dynamic_ncols=True)
     next_id = 0
@@ -243,7 +248,7 @@ def encode_distributed(w, plan, model, config, device, batch_tokens: int, report
                 end = _allocate(w, regions)
             w.backend.delete_tree("work")
             w.commit({}, *end, extra={"allocated_by": "distributed"})
-            _encode_round(w, regions, end, hashes, model_path, device, batch_tokens, prefix, n, report, timer, bar)
+            _encode_round(w, regions, end, hashes, actor, n, report, timer, bar)
             w.rewind(*end)
     finally:
         bar.close()
@@ -272,12 +277,12 @@ def _rounds(work, tokenizer, chunk_tokens: int, timer):
         yield docs
 
 
-def _encode_round(w, regions, end, hashes, model_path, device, batch_tokens, prefix, n, report, timer, bar) -> None:
+def _encode_round(w, regions, end, hashes, actor: dict, n, report, timer, bar) -> None:
     """Run one round's regions on the actor pool; record each region's documents as it finishes."""
     by_id = {r.id: r for r in regions}
     t0, own = time.perf_counter(), timer["write"] + timer["commit"]
     try:
-        for rid, emb, secs in _results(w, regions, model_path, device, batch_tokens, prefix, n):
+        for rid, emb, secs in _results(w, regions, actor, n):
             region = by_id[rid]
             with timer.phase("write"):
                 w.write_embeddings(region.row_start, np.frombuffer(emb, np.float32).reshape(len(region.chunks), -1))
@@ -341,11 +346,12 @@ def _start_ray(workers: int, ray_address: str | None, device, timer) -> int:
     return workers or (int(ray.cluster_resources().get("GPU", 1)) if gpu else 2)
 
 
-def _results(w, regions, model_path, device, batch_tokens, prefix, n):
-    """Yield (region id, embeddings bytes, seconds JSON) as regions finish on n Ray actors."""
+def _results(w, regions, actor: dict, n):
+    """Yield (region id, embeddings bytes, seconds JSON) as regions finish on n Ray actors,
+    each made with `actor` (RegionEncoder's arguments beyond the store's)."""
     import ray
 
-    gpu = str(device).startswith("cuda")
+    gpu = actor["device"].startswith("cuda")
     ds = ray.data.from_items([{"region": json.dumps(asdict(r))} for r in regions], override_num_blocks=len(regions))
     with warnings.catch_warnings():
         # Ray 2.60 has no named parameter for restarts yet; without them a document that
@@ -353,8 +359,7 @@ def _results(w, regions, model_path, device, batch_tokens, prefix, n):
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
         ds = ds.map_batches(
             RegionEncoder, batch_size=1,
-            fn_constructor_kwargs={"store": str(w.backend.url), "generation": w.base.generation, "model": model_path,
-                                   "device": str(device), "batch_tokens": batch_tokens, "prefix": prefix},
+            fn_constructor_kwargs={"store": str(w.backend.url), "generation": w.base.generation, **actor},
             compute=ray.data.ActorPoolStrategy(size=n), num_gpus=1 if gpu else 0, num_cpus=1,
             max_restarts=RETRIES, max_task_retries=RETRIES, runtime_env=_worker_env())
     for batch in ds.iter_batches(batch_size=1, batch_format="numpy", prefetch_batches=0):

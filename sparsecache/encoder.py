@@ -23,6 +23,7 @@ from .corpus import Chunk, Source, chunks, scan
 from .dictionary import AdaptConfig, Dictionary
 from .index import Embedder
 from .model import KVModel, default_prefix_ids, extract_kv
+from .omp import Screening
 from .store import StoreConfig, Writer
 
 
@@ -86,7 +87,7 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
                   embedder: Embedder | None = None, device="cpu", batch_tokens: int = 8192,
                   delete_missing: bool = False, index: str = "auto", keep: int = 5, progress: bool = True,
                   workers: int = 0, ray_address: str | None = None, model_path: str = "default",
-                  adapt: AdaptConfig | None = None) -> EncodeReport:
+                  adapt: AdaptConfig | None = None, screening: Screening = Screening()) -> EncodeReport:
     """Bring the store at `store` (a directory or an s3://, gs://, az:// URL) up to date with
     `corpus`; returns what was done and how long it took.
 
@@ -99,6 +100,9 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     `adapt` fits the dictionary to a sample of the corpus before a new store's first encode
     (`dictionary.adapt`); the store keeps the adapted copy, and a rerun that names the same
     starting dictionary reuses it.
+
+    `screening` is the CPU OMP's candidate screening (`omp.Screening`; `omp.EXACT` for exact
+    Batch-OMP). It is not part of the store: codes from either are the same format.
     """
     t_start = time.perf_counter()
     timer = _Timer()
@@ -129,9 +133,9 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
                 from .distributed import encode_distributed
 
                 encode_distributed(w, plan, model, config, device, batch_tokens, report, timer, progress, workers,
-                                   ray_address, model_path)
+                                   ray_address, model_path, screening)
             else:
-                _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device, config.index_coding),
+                _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device, config.index_coding, screening),
                              embedder or Embedder(config.embedder, device), prefix_ids(model, config.prefix),
                              config.chunk_tokens, batch_tokens, report, timer, progress)
             _publish(w, plan, index, keep, report, timer)

@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
 
 import torch
+
+from .errors import ConfigError
 
 
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.
@@ -43,6 +46,29 @@ _GATHER_BUDGET_BYTES = 64 << 20
 _GEMM_BUDGET_BYTES = 1 << 30
 PIVOT_TOL = 1e-6  # squared distance of a unit atom from the support's span
 SELECT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Screening:
+    """Candidate screening of the CPU Batch-OMP (`_omp_cpu`): a step may only choose among the
+    `candidates` atoms of largest |α| at the last screening, done at the start and every
+    `refresh` steps from the exact correlations of all atoms. 0 candidates: exact Batch-OMP,
+    the reference. Only the CPU kernel screens; on a GPU the GEMM form is compute-bound and
+    runs exact. The codes have the same format either way: a store may mix them."""
+
+    candidates: int = 512
+    refresh: int = 16
+
+    def __post_init__(self):
+        if self.candidates < 0 or self.refresh < 1:
+            raise ConfigError(f"screening needs candidates >= 0 and refresh >= 1, got {self}")
+
+    @property
+    def exact(self) -> bool:
+        return self.candidates == 0
+
+
+EXACT = Screening(candidates=0)
 
 
 def gram(atoms: torch.Tensor) -> torch.Tensor:
@@ -64,7 +90,8 @@ def gemm_batch_size_for(n_atoms: int) -> int:
 @torch.no_grad()
 def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
               G: torch.Tensor | None = None, batch_size: int | None = None,
-              select_dtype: str = "float16", graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              select_dtype: str = "float16", graphed: bool = False,
+              screening: Screening = EXACT) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse codes of `signals` [N, m] over `atoms` D [m, n] (unit-norm columns).
 
     Returns (indices [N, s] int64, coefficients [N, s] float32) on the signals' device, in
@@ -72,6 +99,7 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     the precision of the atom-choosing GEMM on non-CPU devices (see the module docstring).
     `graphed` replays each block as a CUDA graph captured once per (atoms, G) pair: for
     callers that code many batches with one dictionary (the codec), on CUDA only.
+    `screening` applies to the CPU kernel only (see `Screening`).
     """
     D = atoms.to(signals.device, torch.float32)
     if G is None:
@@ -84,7 +112,7 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     for start in range(0, signals.shape[0], step):
         y = signals[start : start + step].float()
         if fused:
-            i, c = _omp_block_cpu(y @ D, G, sparsity)
+            i, c = _omp_block_cpu(y @ D, G, sparsity, screening)
         elif graphed and y.device.type == "cuda" and D.data_ptr() == atoms.data_ptr():
             # (atoms that had to be copied or cast here are not the caller's tensor: no cache key)
             i, c = _graphed_block(D, G, sparsity, select_dtype, step)(y)
@@ -98,8 +126,9 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     return torch.cat(idx), torch.cat(coef)
 
 
-def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as `_omp_block`, as the fused numba loop of `_omp_cpu`."""
+def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int,
+                   screening: Screening = EXACT) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same as `_omp_block` (exact, or screened: `Screening`), as the fused numba loop of `_omp_cpu`."""
     idx = torch.empty(alpha0.shape[0], s, dtype=torch.long)
     coef = torch.empty(alpha0.shape[0], s, dtype=torch.float32)
     # numba is imported on first encode only: readers (query, the vLLM connector) never need it,
@@ -107,7 +136,7 @@ def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch
     from ._omp_cpu import omp_codes
 
     omp_codes(alpha0.contiguous().numpy(), G.contiguous().numpy(), s, idx.numpy(), coef.numpy(),
-              torch.get_num_threads())
+              torch.get_num_threads(), screening.candidates, screening.refresh)
     return idx, coef
 
 

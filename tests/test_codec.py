@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
-from sparsecache.bitpack import row_bytes
+from sparsecache.bitpack import pack_sorted_rows, row_bytes, unpack_sorted_rows
 from sparsecache.codec import COEF_FORMATS, Codec, coefficient_roundtrip
 from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.omp import batch_omp, reconstruct
@@ -119,3 +120,50 @@ def test_a_quiet_layer_is_coded_as_well_as_its_loud_partner_only_with_scales():
     assert quiet > 1 and loud < 0.3  # worse than storing zeros, as layer 0's V was (NMSE 2.6)
     quiet_s, loud_s = layer_nmse(Codec(scaled))
     assert quiet_s < 0.4 and abs(quiet_s - loud_s) < 0.1
+
+
+@pytest.mark.parametrize("atoms_dtype", ["float16", "float32"])
+@pytest.mark.parametrize("L", [1, 2])
+def test_cpu_decode_kernel_equals_embedding_bag(atoms_dtype, L):
+    """The CPU tile kernel gives what `embedding_bag` gives (the GPU's decode) within fp32
+    summation order, for fp16 atoms (tiles in fp16, exact) and fp32 ones (tiles in fp32),
+    with per-layer scales and for a slice of the layer groups."""
+    from sparsecache.signals import from_signals
+
+    plain = make_dict(L=L, layers=4, atoms=300, s=7)
+    scales = {k: torch.tensor([3.0, 1.0, 0.5, 2.0]) for k in "kv"}
+    d = Dictionary(plain.keys, plain.values, plain.config, plain.model, scales=scales).stored_as(atoms_dtype)
+    codec = Codec(d, "float8", indices="elias-fano")
+    codes = codec.encode(torch.randn(4, 11, 32), "v")
+    got = codec.decode(codes, "v")
+    G, T = codes.indices.shape[:2]
+    idx = torch.from_numpy(unpack_sorted_rows(codes.indices.reshape(G * T, -1), 7, 300))
+    coef = torch.from_numpy(codes.coefficients).view(torch.float8_e4m3fn).float().reshape(G * T, -1)
+    sig = reconstruct(idx, coef, d.atoms("v")).view(G, T, -1)
+    expected = from_signals(sig, L) / scales["v"].view(-1, 1, 1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    part = codec.decode((codes.indices[1:], codes.coefficients[1:]), "v", groups=slice(1, None))
+    torch.testing.assert_close(part, expected[L:], rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 40), st.sampled_from([300, 8192]), st.integers(1, 6), st.data())
+def test_compiled_elias_fano_unpack_equals_the_numpy_one(count, universe, rows, data):
+    from sparsecache.codec import _unpack_sorted_cpu
+
+    values = [sorted(data.draw(st.sets(st.integers(0, universe - 1), min_size=count, max_size=count)))
+              for _ in range(rows)]
+    packed = pack_sorted_rows(np.array(values), universe)
+    got = _unpack_sorted_cpu(torch.from_numpy(packed), count, universe)
+    assert np.array_equal(got.numpy(), unpack_sorted_rows(packed, count, universe))
+    assert got.tolist() == values
+
+
+def test_damaged_elias_fano_rows_are_refused_not_decoded():
+    d = make_dict(atoms=8192, s=16, m=16)
+    codec = Codec(d, "float8", indices="elias-fano")
+    codes = codec.encode(torch.randn(4, 5, 16, generator=torch.Generator().manual_seed(0)), "k")
+    damaged = codes.indices.copy()
+    damaged[2, 3, -4:] = 0xFF  # the upper (unary) bit vector all ones: more values than the row holds
+    with pytest.raises(ValueError, match="not Elias"):
+        codec.decode((damaged, codes.coefficients), "k")

@@ -19,6 +19,7 @@ from ..codec import Codec
 from ..dictionary import Dictionary
 from ..errors import TextError
 from ..model import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
+from ..omp import Screening
 from ..text import read_documents, token_chunks
 
 
@@ -28,6 +29,7 @@ class EvalConfig:
     prefix_tokens: int = 512
     continuation_tokens: int = 64
     coef_dtype: str = "float16"
+    screening: Screening = Screening()  # the codes as the CPU encoder makes them (omp.EXACT: exact Batch-OMP)
 
 
 def passages(model: KVModel, texts, cfg: EvalConfig) -> list[list[int]]:
@@ -147,7 +149,7 @@ def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin"
     report and the top-level metrics are the worst domain's (lowest top-1 agreement), so a
     dictionary is judged on the text it serves worst. One text: its report, as before."""
     dictionary.check_model(model.fingerprint())
-    codec = Codec(dictionary, cfg.coef_dtype, device=model.device)
+    codec = Codec(dictionary, cfg.coef_dtype, device=model.device, screening=cfg.screening)
     domains = {}
     for text in texts:
         windows = passages(model, [text], cfg)
