@@ -56,8 +56,8 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, layers, device, 
 @json_option
 @library_errors
 def decode_cmd(store_path, n_chunks, device, as_json):
-    """Decode speed of retrieved chunks (unpack + embedding_bag, codes already on the device)
-    against a device-to-device copy of the same bytes."""
+    """Decode speed of retrieved chunks (codes already on the device) against a device-to-device
+    copy of the same bytes; on a CPU side by side with the embedding_bag decode other devices run."""
     from sparsecache.bench.suite import bench_decode
 
     r = bench_decode(store_path, n_chunks, resolve_device(device))
@@ -65,8 +65,11 @@ def decode_cmd(store_path, n_chunks, device, as_json):
         f"decode {r['chunks']} chunks ({r['tokens']} tokens, {r['signals']:,} signals) on {r['device']}: "
         f"{r['decode_ms']:.2f} ms = {r['signals_per_s']:,.0f} signals/s",
         f"K/V written {r['kv_bytes'] / 1e6:.0f} MB: {r['kv_bytes_per_s'] / 1e9:.1f} GB/s "
-        f"(a copy of the same bytes moves {r['copy_bytes_per_s'] / 1e9:.0f} GB/s read+write)",
-    ])
+        f"(a copy of the same bytes moves {r['copy_bytes_per_s'] / 1e9:.0f} GB/s read+write; "
+        f"fp32 GEMM {r['gemm_flops_per_s'] / 1e9:.0f} GFLOP/s)",
+    ] + ([f"embedding_bag (the decode before the CPU kernel), same codes, alternating: {r['embedding_bag_ms']:.0f} ms "
+          f"-> {r['speedup_vs_embedding_bag']:.1f}x; largest relative difference {r['max_rel_diff_vs_embedding_bag']:.1e}"]
+         if "embedding_bag_ms" in r else []))
 
 
 def index_coding_lines(ic: dict) -> list[str]:
@@ -75,6 +78,26 @@ def index_coding_lines(ic: dict) -> list[str]:
             f"{ic['packed_torch_indices_per_s']:,.0f}",
             f"  Elias-Fano   {ic['ef_bits_per_index']:5.2f}  {ic['ef_indices_per_s']:>13,.0f} / {ic['ef_torch_indices_per_s']:,.0f}",
             f"  Rice (k={ic['rice_k']})   {ic['rice_bits_per_index']:5.2f}  {ic['rice_indices_per_s']:>13,.0f}"]
+
+
+@bench.command("encode")
+@click.argument("corpus", nargs=-1)
+@click.option("--workdir", default="bench-encode", show_default=True, type=click.Path(file_okay=False),
+              help="Where the two stores go (replaced on every run).")
+@device_option
+@json_option
+@library_errors
+def encode_cmd(corpus, workdir, device, as_json):
+    """encode-corpus of CORPUS (default: builtin:heldout, the demo corpus) with exact Batch-OMP and
+    with the default screening, one after the other in this run: tokens/s, phases and code error."""
+    from sparsecache.bench.suite import bench_encode
+
+    r = bench_encode(workdir, corpus or ("builtin:heldout",), resolve_device(device))
+    lines = [f"{name:>8}: {x['tokens']} tokens, {x['tokens_per_s']:.1f} tokens/s; "
+             + ", ".join(f"{k} {v:.1f}s" for k, v in x["seconds"].items()) for name, x in r["runs"].items()]
+    lines += [f"screened / exact: {r['speedup']:.2f}x; same chunks: {r['same_chunks']}; NMSE on {r['sampled_chunks']} "
+              "chunks: " + ", ".join(f"{name} K {e['k']:.4f} V {e['v']:.4f}" for name, e in r["nmse_sampled_chunks"].items())]
+    emit(r, as_json, lines)
 
 
 @bench.command("store")

@@ -83,7 +83,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
 
     def model():  # called only when there is something to encode
         if not as_json:
-            click.echo(f"loading model {model_path} on {dev} (the default model is converted once, ~30 s)", err=True)
+            click.echo(f"loading model {model_path} on {dev}", err=True)
         loaded = load_model(model_path, device=dev)
         ensure_checked(loaded)  # once per model fingerprint: a model whose K/V we would store wrongly is refused
         return loaded

@@ -9,16 +9,23 @@ are decoded one tile at a time, reading half the bytes from cache instead of mem
 tile's result goes straight to its place in [layers, T, m], divided by the layer's scale,
 so no separate permute or scaling pass runs.
 
-Conversion fp16 → fp32 is one LLVM `fpext` (an F16C instruction on x86), exact.
+Conversion fp16 → fp32 is one LLVM `fpext` (an F16C instruction on x86), exact. The kernel is
+bound by the latency of the random row gathers, not bandwidth (narrower tiles that fit L2
+were slower), so each row is prefetched a few terms before it is used (1.5x).
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
+
+PREFETCH_AHEAD = 4  # atom rows requested this many terms before they are summed (2-8 measured alike)
 
 
 @intrinsic
@@ -33,6 +40,36 @@ def _as_float(typingctx, x):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
 
     return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i):
+    """Ask the cache for the line holding flat element i of the C-contiguous `arr` (no fault)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = builder.gep(context.make_array(sig.args[0])(context, builder, args[0]).data, [args[1]])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, i), codegen
+
+
+def empty_huge(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised float32 array backed by memory the kernel may give in 2 MB pages
+    (madvise; Linux only, else an ordinary array). The decode's output is written once, right
+    after allocation: in 4 KB pages the first touch of 8 chunks' K (90 MB) cost ~55 ms of
+    page faults, a third of the decode."""
+    n = int(np.prod(shape)) * 4
+    if n < 1 << 22 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(shape, np.float32)
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(m, np.float32).reshape(shape)  # the array keeps the mapping alive
 
 
 def atom_tiles(atoms: np.ndarray, width: int, half: bool) -> np.ndarray:
@@ -90,12 +127,20 @@ def decode_tiles(idx: np.ndarray, coef: np.ndarray, tiles: np.ndarray, inv_scale
         layer = g * L + ti // per_layer
         e0 = (ti % per_layer) * W
         tile = tiles[ti]
+        flat = tile.reshape(-1)
         f = inv_scale[layer]
         acc = np.empty(W, np.float32)
         for t in range(part * block, min(T, (part + 1) * block)):
             b = g * T + t
             acc[:] = 0.0
             for k in range(s):
+                # the gathered rows are random, so the hardware prefetcher cannot guess them:
+                # request the row PREFETCH_AHEAD terms ahead (into the next signal at the end)
+                ahead = k + PREFETCH_AHEAD
+                nb = b if ahead < s else min(b + 1, N - 1)
+                base = idx[nb, ahead % s] * W
+                for o in range(0, W, 32):
+                    _prefetch(flat, base + o)
                 c = coef[b, k]
                 row = tile[idx[b, k]]
                 for w in range(W):

@@ -95,6 +95,7 @@ class Codec:
         # atoms to the GPU on every decode cost 3.8 ms of an H100's 10 ms for 32 chunks' K.
         self._atoms_on: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._tiles: dict[str, np.ndarray] = {}  # the CPU decode's atom tiles
+        self.cpu_kernel = True  # False: decode on the CPU as on other devices (the benchmark's baseline)
 
     @property
     def bits(self) -> int:
@@ -108,9 +109,9 @@ class Codec:
             self._gram[kind] = gram(self._atoms[kind])
         return self._gram[kind]
 
-    def encode(self, kv: torch.Tensor, kind: str) -> Codes:
-        """Codes of one K (pre-RoPE) or V tensor [n_layers, T, m]."""
-        idx, coef, (G, T) = self.omp(kv, kind)
+    def encode(self, kv: torch.Tensor, kind: str, on_block=None) -> Codes:
+        """Codes of one K (pre-RoPE) or V tensor [n_layers, T, m]; `on_block(n)` as `batch_omp`'s."""
+        idx, coef, (G, T) = self.omp(kv, kind, on_block)
         if self.indices == "elias-fano":
             idx, order = idx.sort(dim=1)
             coef = coef.gather(1, order)
@@ -119,7 +120,7 @@ class Codec:
             packed = pack_rows(idx.cpu().numpy(), self.bits)
         return Codes(packed.reshape(G, T, -1), self._stored(coef).cpu().numpy().reshape(G, T, -1))
 
-    def omp(self, kv: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    def omp(self, kv: torch.Tensor, kind: str, on_block=None) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         """OMP's atom indices and float32 coefficients [G·T, s] of one K or V tensor
         [n_layers, T, m] on the codec's device, and (G, T): the codes before storage coding."""
         kv = kv.to(self.device).float()
@@ -131,7 +132,7 @@ class Codec:
         # 2.3× on 192-dim signals, but 9% slower on 960-dim ones (H100, bench omp), whose
         # larger GEMMs already keep the GPU busy.
         idx, coef = batch_omp(sig.reshape(-1, d), self._atoms[kind], self.config.sparsity, self.gram(kind),
-                              graphed=d <= GRAPH_MAX_DIM, screening=self.screening)
+                              graphed=d <= GRAPH_MAX_DIM, screening=self.screening, on_block=on_block)
         return idx, coef, (G, T)
 
     def _stored(self, coef: torch.Tensor) -> torch.Tensor:
@@ -152,7 +153,7 @@ class Codec:
             coef = coef.view(torch.float8_e4m3fn)
         G, T, nb = packed.shape
         rows, s = packed.reshape(-1, nb), self.config.sparsity
-        if self.indices == "elias-fano" and dev.type == "cpu":
+        if self.indices == "elias-fano" and dev.type == "cpu" and self.cpu_kernel:
             idx = _unpack_sorted_cpu(rows, s, self.config.atoms)
         elif self.indices == "elias-fano":
             idx = unpack_sorted_rows_torch(rows, s, self.config.atoms)
@@ -165,7 +166,7 @@ class Codec:
         """[n_layers, T, m] float32 on `device` from atom indices and coefficients [G·T, s]
         there (what `omp` returns), (G, T) and which layer groups they are (see `decode`)."""
         G, T = shape
-        if device.type == "cpu":
+        if device.type == "cpu" and self.cpu_kernel:
             return self._reconstruct_cpu(idx, coef, shape, kind, groups)
         sig = reconstruct(idx, coef, self.atoms_on(kind, device))  # (G·T, L·m)
         kv = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
@@ -179,7 +180,7 @@ class Codec:
                          groups: slice) -> torch.Tensor:
         """`reconstruct` on the CPU: the compiled tile kernel of `_decode_cpu` (numba, imported
         on first CPU decode: vLLM's start-up module scan trips over llvmlite, see `omp`)."""
-        from ._decode_cpu import decode_tiles
+        from ._decode_cpu import decode_tiles, empty_huge
 
         G, T = shape
         L = self.config.layers_per_signal
@@ -187,7 +188,7 @@ class Codec:
         m = tiles.shape[2]
         inv = (torch.ones(G * L) if self._scales[kind] is None
                else (1.0 / self._scales[kind].view(-1, L))[groups].reshape(-1))
-        out = torch.empty(G * L, T, m)
+        out = torch.from_numpy(empty_huge((G * L, T, m)))
         decode_tiles(idx.contiguous().numpy(), coef.float().contiguous().numpy(), tiles,
                      inv.float().contiguous().numpy(), out.numpy(), torch.get_num_threads())
         return out

@@ -252,7 +252,6 @@ def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder:
         hashes = {s.id: s.hash for s in plan.work}
         with timer.phase("commit"):  # fsync of the batch's files + pending.json
             w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
-        bar.update(sum(len(c.token_ids) for c in batch))
         busy = sum(v for k, v in timer.items() if k != "load") or 1.0
         bar.set_postfix(docs=f"{len(w.done)}", chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")
     bar.total = bar.n  # the estimate counted whole documents; chunking splits a few tokens differently
@@ -307,9 +306,20 @@ def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], mod
         keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
         values = torch.cat([v for _, v in kv], dim=1)
         del kv
+    n_tok = keys.shape[1]
+    moved = 0.0  # the bar moves as OMP blocks finish (a CPU batch codes for minutes), the rest at the end
+
+    def advance(signals: int) -> None:
+        nonlocal moved
+        if bar is not None:
+            step = signals * n_tok / (2 * k_signals)
+            bar.update(step)
+            moved += step
+
+    k_signals = n_tok * keys.shape[0] // codec.config.layers_per_signal
     with phase("omp"):
-        k_codes = codec.encode(keys, "k")
-        v_codes = codec.encode(values, "v")
+        k_codes = codec.encode(keys, "k", advance)
+        v_codes = codec.encode(values, "v", advance)
     with phase("embed"):
         emb = embedder.embed([c.text for c in batch])
     with phase("write"):
@@ -323,3 +333,5 @@ def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], mod
             d["count"] += 1
             d["tokens"] += len(c.token_ids)
             tok0 += len(c.token_ids)
+    if bar is not None:
+        bar.update(n_tok - moved)

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,8 @@ def convert_gguf(gguf_path: Path, out: Path, name: str) -> Path:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+        # said only when it really happens (once per cache), on stderr through logging's last resort
+        logging.getLogger(__name__).warning("converting %s into %s once (~30 s)", gguf_path.name, out)
         kw = {"gguf_file": gguf_path.name}
         tok = AutoTokenizer.from_pretrained(gguf_path.parent, **kw)
         hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kw)

@@ -91,7 +91,7 @@ def gemm_batch_size_for(n_atoms: int) -> int:
 def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
               G: torch.Tensor | None = None, batch_size: int | None = None,
               select_dtype: str = "float16", graphed: bool = False,
-              screening: Screening = EXACT) -> tuple[torch.Tensor, torch.Tensor]:
+              screening: Screening = EXACT, on_block=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse codes of `signals` [N, m] over `atoms` D [m, n] (unit-norm columns).
 
     Returns (indices [N, s] int64, coefficients [N, s] float32) on the signals' device, in
@@ -99,7 +99,8 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     the precision of the atom-choosing GEMM on non-CPU devices (see the module docstring).
     `graphed` replays each block as a CUDA graph captured once per (atoms, G) pair: for
     callers that code many batches with one dictionary (the codec), on CUDA only.
-    `screening` applies to the CPU kernel only (see `Screening`).
+    `screening` applies to the CPU kernel only (see `Screening`). `on_block(n)` is called as
+    each block of n signals is coded (a progress bar's hook).
     """
     D = atoms.to(signals.device, torch.float32)
     if G is None:
@@ -120,6 +121,8 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
             i, c = _omp_block_gemm(y, D, G, sparsity, select_dtype)
         idx.append(i)
         coef.append(c)
+        if on_block is not None:
+            on_block(y.shape[0])
     if not idx:
         empty = signals.new_zeros((0, sparsity))
         return empty.long(), empty.float()

@@ -211,3 +211,10 @@ def test_kth_largest_is_the_sorted_value(values, data):
     a = np.array(values, np.float32)
     k = data.draw(st.integers(1, len(a)))
     assert _kth_largest(a.copy(), k) == np.sort(a)[::-1][k - 1]
+
+
+def test_on_block_reports_every_coded_signal():
+    D, Y = dense_problem(count=30)
+    seen = []
+    batch_omp(Y, D, 8, batch_size=7, on_block=seen.append, screening=Screening(128, 8))
+    assert seen == [7, 7, 7, 7, 2]

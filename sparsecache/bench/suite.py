@@ -141,9 +141,11 @@ def _cpu_kernel_rate(y: torch.Tensor, D: torch.Tensor, s: int) -> float:
 
 
 def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20) -> dict:
-    """Decoding `n_chunks` full chunks of a store on `device`: unpack + embedding_bag with the
-    codes already there, in signals/s and K/V bytes written per second (fp32 [layers, T, m]),
-    beside a device-to-device copy of the same bytes (the memory-bandwidth yardstick)."""
+    """Decoding `n_chunks` full chunks of a store on `device` with the codes already there, in
+    signals/s and K/V bytes written per second (fp32 [layers, T, m]), beside a device-to-device
+    copy of the same bytes (the memory-bandwidth yardstick). On a CPU also the decode every
+    other device runs (torch unpack + `embedding_bag` over fp32 atoms), the CPU's path before
+    its kernel, timed alternately with it, and the two results' largest relative difference."""
     from ..store import Store
 
     store = Store.open(store_path)
@@ -155,22 +157,50 @@ def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20
               for kind, c in (("k", codes.k), ("v", codes.v))}
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
-    def decode():
-        out = [codec.decode(on_dev[kind], kind, dev) for kind in ("k", "v")]
+    def decode(kernel: bool = True):
+        codec.cpu_kernel = kernel
+        try:
+            out = [codec.decode(on_dev[kind], kind, dev) for kind in ("k", "v")]
+        finally:
+            codec.cpu_kernel = True
         sync()
         return out
 
     k, v = decode()
-    seconds = _median_time(decode, repeats)
     out_bytes = k.numel() * k.element_size() + v.numel() * v.element_size()
+    signals = 2 * codes.k.indices.shape[0] * codes.k.indices.shape[1]
+    result = {"device": str(dev), "chunks": len(ids), "tokens": int(sum(codes.lengths)), "signals": signals,
+              "kv_bytes": out_bytes, "code_bytes": int(codes.nbytes)}
+    if dev.type == "cpu":
+        k0, v0 = decode(False)
+        result["max_rel_diff_vs_embedding_bag"] = max(float((a - b).abs().max() / b.abs().max())
+                                                      for a, b in ((k, k0), (v, v0)))
+        times = {"kernel": [], "embedding_bag": []}
+        for _ in range(max(3, repeats // 4)):  # alternating, so both see the same machine
+            for name, kernel in (("kernel", True), ("embedding_bag", False)):
+                t = time.perf_counter()
+                decode(kernel)
+                times[name].append(time.perf_counter() - t)
+        seconds = float(np.median(times["kernel"]))
+        result["embedding_bag_ms"] = 1e3 * float(np.median(times["embedding_bag"]))
+        result["speedup_vs_embedding_bag"] = result["embedding_bag_ms"] / (1e3 * seconds)
+    else:
+        seconds = _median_time(decode, repeats)
     src = torch.empty(out_bytes // 4, device=dev)
     dst = torch.empty_like(src)
     copy_s = _median_time(lambda: (dst.copy_(src), sync()), repeats)
-    signals = 2 * codes.k.indices.shape[0] * codes.k.indices.shape[1]
-    return {"device": str(dev), "chunks": len(ids), "tokens": int(sum(codes.lengths)), "signals": signals,
-            "decode_ms": 1e3 * seconds, "signals_per_s": signals / seconds, "kv_bytes": out_bytes,
+    return {**result, "decode_ms": 1e3 * seconds, "signals_per_s": signals / seconds,
             "kv_bytes_per_s": out_bytes / seconds, "copy_bytes_per_s": 2 * out_bytes / copy_s,
-            "code_bytes": int(codes.nbytes)}
+            "gemm_flops_per_s": gemm_rate(dev)}
+
+
+def gemm_rate(device, n: int = 2048, repeats: int = 5) -> float:
+    """fp32 FLOP/s of an n×n matrix product on `device`: the machine's compute yardstick."""
+    dev = torch.device(device)
+    a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    a @ b
+    return 2 * n ** 3 / _median_time(lambda: (a @ b, sync()), repeats)
 
 
 def bench_index_coding(idx, bits: int, atoms: int) -> dict:
@@ -306,6 +336,49 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     }
     result["codes_vs_raw_bytes"] = result["raw_bytes"] / result["codes_bytes"]
     return result
+
+
+def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
+    """`encode_corpus` of the same corpus into two fresh stores, one after the other in this
+    run: exact Batch-OMP (the kernel before screening) and the default screening. Reports each
+    run's tokens/s and phases and how the two stores' codes compare: the same chunks, and the
+    decoded K/V error of each against the exact KV of a sample of chunks."""
+    import shutil
+    from pathlib import Path
+
+    from ..dictionary import default_dictionary
+    from ..encoder import encode_corpus
+    from ..model import extract_kv, load_model
+    from ..omp import EXACT, Screening
+    from ..store import Store, StoreConfig
+
+    work = Path(workdir)
+    model = load_model(device=device)
+    d = Dictionary.load(default_dictionary())
+    runs = {}
+    for name, screening in (("exact", EXACT), ("screened", Screening())):
+        shutil.rmtree(work / name, ignore_errors=True)
+        r = encode_corpus(list(corpus), work / name, d, model, StoreConfig(), device=device, screening=screening)
+        runs[name] = {**r.to_dict(), "screening": {"candidates": screening.candidates, "refresh": screening.refresh}}
+    stores = {name: Store.open(work / name) for name in runs}
+    chunks = {name: {(c.doc_id, c.ordinal): c.id for c in st.chunks()} for name, st in stores.items()}
+    same = chunks["exact"].keys() == chunks["screened"].keys() and all(
+        stores["exact"].tokens([chunks["exact"][key]]) == stores["screened"].tokens([chunks["screened"][key]])
+        for key in chunks["exact"])
+    sample = sorted(chunks["exact"])[:: max(1, len(chunks["exact"]) // 8)][:8]
+    err = {name: {"k": [0.0, 0.0], "v": [0.0, 0.0]} for name in runs}
+    prefix = stores["exact"].prefix()[0]
+    for key in sample:
+        (k, v), = extract_kv(model, stores["exact"].tokens([chunks["exact"][key]]), prefix)
+        for name, st in stores.items():
+            (kh, vh), = st.load_kv([chunks[name][key]])
+            for kind, x, xh in (("k", k, kh), ("v", v, vh)):
+                err[name][kind][0] += float((xh.float() - x.float()).square().sum())
+                err[name][kind][1] += float(x.float().square().sum())
+    nmse = {name: {kind: a / b for kind, (a, b) in e.items()} for name, e in err.items()}
+    return {"device": str(device), "corpus": list(corpus), "runs": runs, "same_chunks": same,
+            "nmse_sampled_chunks": nmse, "sampled_chunks": len(sample),
+            "speedup": runs["screened"]["tokens_per_s"] / runs["exact"]["tokens_per_s"]}
 
 
 def _touched_files(store, ids) -> set:
