@@ -79,3 +79,11 @@ def test_help_does_not_import_torch():
     code = "import sys, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_compare_states_the_ttft_ratio_the_right_way_round():
+    from cli.query import ttft_ratio
+
+    assert ttft_ratio(100.0, 330.0) == "TTFT 3.3x lower than full prefill"
+    assert ttft_ratio(330.0, 100.0) == "TTFT 3.3x higher than full prefill (slower)"  # printed "0.3x lower" before
+    assert ttft_ratio(0.0, 100.0) == ""
