@@ -76,7 +76,7 @@ class Codec:
     """Encodes and decodes one model's K/V with one dictionary (Gram matrices built once)."""
 
     def __init__(self, dictionary: Dictionary, coef_dtype: str = "float16", device="cpu", indices: str = "packed",
-                 screening: Screening = Screening()):
+                 screening: Screening | None = None):
         if coef_dtype not in COEF_DTYPES:
             raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}, got {coef_dtype!r}")
         if indices not in INDEX_CODINGS:
@@ -85,7 +85,8 @@ class Codec:
         self.config = dictionary.config
         self.coef_dtype = COEF_DTYPES[coef_dtype]
         self.indices = indices
-        self.screening = screening  # the CPU OMP's (omp.Screening); exact on other devices
+        # the CPU OMP's (omp.Screening; None: the dictionary's default); exact on other devices
+        self.screening = screening or Screening.default_for(dictionary.keys.shape[0], self.config.atoms)
         self.device = torch.device(device)
         self._atoms = {k: dictionary.atoms(k).to(self.device) for k in ("k", "v")}
         self._scales = {k: (None if dictionary.scale(k) is None else dictionary.scale(k).view(-1, 1, 1))
@@ -192,6 +193,19 @@ class Codec:
         decode_tiles(idx.contiguous().numpy(), coef.float().contiguous().numpy(), tiles,
                      inv.float().contiguous().numpy(), out.numpy(), torch.get_num_threads())
         return out
+
+    def warm_up(self) -> None:
+        """Load the CPU decode's compiled kernels (~1 s once per process: numba's import and
+        its cached machine code) and build the atom tiles, so a query's TTFT does not pay them."""
+        if not self.cpu_kernel:
+            return
+        s = self.config.sparsity
+        for kind in ("k", "v"):
+            rows = torch.arange(s, dtype=torch.int32)[None]
+            self._reconstruct_cpu(rows, torch.zeros(1, s), (1, 1), kind, slice(0, 1))
+        if self.indices == "elias-fano":
+            _unpack_sorted_cpu(torch.from_numpy(pack_sorted_rows(np.arange(s)[None], self.config.atoms)), s,
+                               self.config.atoms)
 
     def _cpu_tiles(self, kind: str) -> np.ndarray:
         """The atoms of `kind` cut into one column tile per layer of a signal (see `_decode_cpu`):

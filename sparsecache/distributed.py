@@ -97,15 +97,16 @@ class RegionEncoder:
     """A Ray Data actor: model, codec and embedder loaded once; encodes one region per call."""
 
     def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int],
-                 screening: dict):
+                 screening: dict | None):
         os.environ.pop("SPARSECACHE_PAUSE_AT", None)  # the driver's failpoints are not the workers'
         # Ray restarts a crashed actor but not one whose __init__ raised, and Ray Data fails
         # the job on the first such actor: what another attempt can cure is retried here.
-        with_retries(lambda: self._load(store, generation, model, device, Screening(**screening)), STARTUP_ATTEMPTS,
+        with_retries(lambda: self._load(store, generation, model, device,
+                                                 screening and Screening(**screening)), STARTUP_ATTEMPTS,
                      "actor start-up")
         self.batch_tokens, self.prefix = batch_tokens, prefix
 
-    def _load(self, store: str, generation: str, model: str, device: str, screening: Screening) -> None:
+    def _load(self, store: str, generation: str, model: str, device: str, screening: Screening | None) -> None:
         from .codec import Codec
         from .index import Embedder
         from .model import load_model
@@ -219,7 +220,7 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
 
 def encode_distributed(w, plan, model, config, device, batch_tokens: int, report, timer, progress: bool,
                        workers: int, ray_address: str | None, model_path: str = "default",
-                       screening: Screening = Screening()) -> None:
+                       screening: Screening | None = None) -> None:
     """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring).
     Each actor loads `model_path`, the store's own dictionary copy and its embedder.
 
@@ -231,7 +232,7 @@ def encode_distributed(w, plan, model, config, device, batch_tokens: int, report
 
     hashes = {s.id: s.hash for s in plan.work}
     actor = {"model": model_path, "device": str(device), "batch_tokens": batch_tokens,
-             "prefix": prefix_ids(model, config.prefix), "screening": asdict(screening)}  # each actor's arguments
+             "prefix": prefix_ids(model, config.prefix), "screening": screening and asdict(screening)}  # each actor's arguments
     n = _start_ray(workers, ray_address, device, timer)
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not progress, dynamic_ncols=True)
     next_id = 0

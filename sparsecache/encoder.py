@@ -87,7 +87,7 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
                   embedder: Embedder | None = None, device="cpu", batch_tokens: int = 8192,
                   delete_missing: bool = False, index: str = "auto", keep: int = 5, progress: bool = True,
                   workers: int = 0, ray_address: str | None = None, model_path: str = "default",
-                  adapt: AdaptConfig | None = None, screening: Screening = Screening()) -> EncodeReport:
+                  adapt: AdaptConfig | None = None, screening: Screening | None = None) -> EncodeReport:
     """Bring the store at `store` (a directory or an s3://, gs://, az:// URL) up to date with
     `corpus`; returns what was done and how long it took.
 
@@ -102,7 +102,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     starting dictionary reuses it.
 
     `screening` is the CPU OMP's candidate screening (`omp.Screening`; `omp.EXACT` for exact
-    Batch-OMP). It is not part of the store: codes from either are the same format.
+    Batch-OMP; None: the dictionary's default). It is not part of the store: codes from
+    either are the same format.
     """
     t_start = time.perf_counter()
     timer = _Timer()

@@ -95,6 +95,8 @@ class Session:
         self.device = torch.device(device)
         self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
         self.store.check_model(self.model.fingerprint())
+        if self.device.type == "cpu":
+            self.store.codec().warm_up()  # set-up, like loading the model: not a query's TTFT
         self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
         self._embedder = None
         self._selectors: dict[str, KVModel] = {}

@@ -218,3 +218,10 @@ def test_on_block_reports_every_coded_signal():
     seen = []
     batch_omp(Y, D, 8, batch_size=7, on_block=seen.append, screening=Screening(128, 8))
     assert seen == [7, 7, 7, 7, 2]
+
+
+def test_screening_is_the_default_only_where_the_signal_is_large_against_the_dictionary():
+    """Measured on real K/V: +0.1-0.6% NMSE at 960-1,920 values per signal, +2-6% at 192 of 8,192."""
+    assert Screening.default_for(1920, 8192) == Screening()  # the default dictionary (L10)
+    assert Screening.default_for(960, 8192) == Screening()  # L5
+    assert Screening.default_for(192, 8192) == EXACT  # L1

@@ -29,7 +29,7 @@ class EvalConfig:
     prefix_tokens: int = 512
     continuation_tokens: int = 64
     coef_dtype: str = "float16"
-    screening: Screening = Screening()  # the codes as the CPU encoder makes them (omp.EXACT: exact Batch-OMP)
+    screening: Screening | None = None  # None: as the CPU encoder codes by default (omp.EXACT: exact Batch-OMP)
 
 
 def passages(model: KVModel, texts, cfg: EvalConfig) -> list[list[int]]:
