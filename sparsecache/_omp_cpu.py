@@ -2,9 +2,12 @@
 
 On a CPU the torch formulation streams every [batch, atoms] intermediate through memory
 several times per iteration and is bandwidth-bound (~1.1K signals/s on 2 cores). Here each
-signal's working set (α⁰, α and the chosen rows of G: (s + 2) · n floats) stays in L2, the
+signal's working set (α⁰, α and the chosen rows of G: (s + 2) · n floats) stays in cache, the
 correlation update and the argmax share one pass, and signals run in parallel threads.
-Same algorithm and outputs as `omp._omp_block`; the tests compare them.
+Exact, it is the same algorithm with the same outputs as `omp._omp_block`; the tests compare
+them. With candidate screening (`omp.Screening`) a step updates only the candidates'
+correlations, Σ k·M instead of Σ k·n floats per signal (the rows of n = 8,192 atoms no
+longer fit L2 at s = 80; M = 512 of them do).
 """
 
 from __future__ import annotations
