@@ -184,6 +184,9 @@ class Codec:
         from ._decode_cpu import decode_tiles, empty_huge
 
         G, T = shape
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.atoms):
+            # the kernel does not bounds-check its gathers (embedding_bag raises here)
+            raise ValueError(f"atom index out of range [0, {self.config.atoms}): damaged codes")
         L = self.config.layers_per_signal
         tiles = self._cpu_tiles(kind)
         m = tiles.shape[2]

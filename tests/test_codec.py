@@ -167,3 +167,14 @@ def test_damaged_elias_fano_rows_are_refused_not_decoded():
     damaged[2, 3, -4:] = 0xFF  # the upper (unary) bit vector all ones: more values than the row holds
     with pytest.raises(ValueError, match="not Elias"):
         codec.decode((damaged, codes.coefficients), "k")
+
+
+def test_out_of_range_atoms_are_refused_not_gathered():
+    """The CPU kernel does not bounds-check: an index past the atoms (a packed row of 9 bits over
+    300 atoms can hold up to 511) is refused as damaged codes, as embedding_bag refuses it."""
+    d = make_dict(atoms=300, s=4)
+    codec = Codec(d, "float16")
+    codes = codec.encode(torch.randn(4, 3, 32), "k")
+    bad = np.full_like(codes.indices, 0xFF)  # every 9-bit index = 511
+    with pytest.raises(ValueError, match="out of range"):
+        codec.decode((bad, codes.coefficients), "k")
