@@ -60,9 +60,7 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
                 aC = a0
                 j = _argmax_abs(a0)
             else:
-                j, left_out = _screen(a0, 0, Gs, xs, M, cand, chosen, alpha, scratch)
-                for c in range(M):
-                    aC[c] = a0[cand[c]]
+                j, left_out = _screen(a0, 0, Gs, xs, M, cand, aC, chosen, alpha, scratch)
                 last = 0
             for k in range(s):
                 idx[k] = j
@@ -77,31 +75,33 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
                 if exact:
                     j = _next_atom(a0, Gs, xs, cand, chosen, k + 1, tile)[0]
                     continue
-                row = Gs[k]
-                for c in range(M):
-                    GsC[k, c] = row[cand[c]]
+                _gather(Gs, cand, GsC, k, k + 1)
                 c, best = _next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
                 if best >= left_out and k + 1 - last < refresh:
                     j = cand[c]
                     continue
-                j, left_out = _screen(a0, k + 1, Gs, xs, M, cand, chosen, alpha, scratch)
+                j, left_out = _screen(a0, k + 1, Gs, xs, M, cand, aC, chosen, alpha, scratch)
                 last = k + 1
-                for c in range(M):
-                    aC[c] = a0[cand[c]]
-                for t in range(k + 1):
-                    row = Gs[t]
-                    for c in range(M):
-                        GsC[t, c] = row[cand[c]]
+                _gather(Gs, cand, GsC, 0, k + 1)
             for k in range(s):
                 coef_out[b, k] = x[k]
                 chosen[idx[k]] = False
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _screen(a0, k, Gs, xs, M, cand, chosen, alpha, scratch):
+def _gather(Gs, cand, GsC, t0, t1) -> None:
+    """GsC[t] = Gs[t] at the candidates, for support rows t0 ≤ t < t1."""
+    for t in range(t0, t1):
+        row = Gs[t]
+        for c in range(cand.shape[0]):
+            GsC[t, c] = row[cand[c]]
+
+
+@numba.njit(fastmath=True, error_model="numpy")
+def _screen(a0, k, Gs, xs, M, cand, aC, chosen, alpha, scratch):
     """A screening at support size k: the exact α = α⁰ − G[:, S] x_S of every atom; cand[:M] =
-    the M unchosen atoms of largest |α|, in increasing order. Returns (the unchosen atom of
-    largest |α|, the largest |α| left out of the candidates)."""
+    the M unchosen atoms of largest |α|, in increasing order, and aC = α⁰ at them. Returns
+    (the unchosen atom of largest |α|, the largest |α| left out of the candidates)."""
     n = a0.shape[0]
     for i in range(n):
         alpha[i] = a0[i]
@@ -129,6 +129,8 @@ def _screen(a0, k, Gs, xs, M, cand, chosen, alpha, scratch):
     cand[:c].sort()
     for t in range(c, M):  # fewer than M unchosen atoms: repeat the last (never chosen twice)
         cand[t] = cand[c - 1]
+    for t in range(M):
+        aC[t] = a0[cand[t]]
     return j, thr
 
 
