@@ -1,3 +1,17 @@
 """sparsecache: compressed KV-cache corpus builder and store for RAG."""
 
+import os
+import sys
+
+# OpenMP workers that sleep between parallel regions instead of spinning. A query runs
+# thousands of small operations (the question's pass, the recomputed tokens' layers), each
+# one parallel region; on a CPU shared with another busy process a spinning worker holds
+# its core while the thread it waits for is descheduled, and each region then costs a
+# scheduler tick. Measured (BENCHMARKS.md, "The query path on a busy CPU"): with one
+# competing job, infoflow's TTFT at k = 8 drops ~3x with this; on a quiet machine it is
+# unchanged. libgomp reads it when torch loads it, so it only takes effect if sparsecache is
+# imported before torch (the CLI is); a value set by the user is kept.
+OPENMP_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ  # too late: Session warns
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 __version__ = "0.1.0"

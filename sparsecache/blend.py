@@ -329,27 +329,57 @@ class _ScatterCache(DynamicCache):
 
 
 @torch.inference_mode()
-def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int = 4) -> None:
+def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int = 1,
+              q_ids: list[int] | None = None) -> torch.Tensor | None:
     """Recompute K/V of the tokens at `positions` (sorted) in every layer, in place.
 
-    The tokens go through in `blocks` passes by position, each attending only to keys up
-    to its last position: the same result as one pass (a token never sees a later one),
-    with about half the attention work skipped instead of masked.
+    All positions of a layer go through at once, a few large operations. `blocks` > 1
+    splits them by position, each pass attending only to keys up to its last position:
+    the same result, with up to half the attention work skipped instead of masked, but as
+    many more small operations; on a CPU one pass measured as fast or faster up to 8K
+    tokens of context (BENCHMARKS.md, "The query path on a busy CPU").
+
+    With `q_ids`, the question rides along after the context (positions S.., its K/V join
+    the cache as `prefill` would add them) and the float32 next-token logits are returned:
+    a question token at layer l attends to layer l's recomputed K/V exactly as it would
+    after a separate recomputation, and the question costs no pass of its own (on a busy CPU
+    every pass is thousands of small operations, each paying for the scheduler).
     """
-    pos = positions.to(model.device)
+    dev = model.device
+    pos, ids = positions.to(dev), ctx.token_ids
+    if q_ids:
+        S = ctx.length
+        pos = torch.cat([pos, torch.arange(S, S + len(q_ids), device=dev)])
+        ids = torch.cat([ids, torch.tensor(q_ids, dtype=ids.dtype, device=dev)])
+        _grow(ctx.cache, len(q_ids))
+    logits = None
     for part in pos.tensor_split(min(blocks, max(1, pos.numel()))):
         if part.numel() == 0:
             continue
         limit = int(part[-1]) + 1
-        model.hf.model(input_ids=ctx.token_ids[part][None], position_ids=part[None],
-                       attention_mask=model_mask(model, part, limit), past_key_values=_ScatterCache(ctx.cache, part, limit),
-                       use_cache=True)
+        out = model.hf(input_ids=ids[part][None], position_ids=part[None],
+                       attention_mask=model_mask(model, part, limit),
+                       past_key_values=_ScatterCache(ctx.cache, part, limit), use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1]
+    return logits.float() if q_ids else None
+
+
+def _grow(cache: DynamicCache, n: int) -> None:
+    """Append `n` empty positions to every layer (the question's slots, filled by its pass)."""
+    for layer in cache.layers:
+        pad = list(layer.keys.shape)
+        pad[-2] = n
+        layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(pad)], dim=-2)
+        pad = list(layer.values.shape)
+        pad[-2] = n
+        layer.values = torch.cat([layer.values, layer.values.new_zeros(pad)], dim=-2)
 
 
 def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
          watch: Stopwatch | None = None, selector: KVModel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score, select and recompute per `cfg`, then prefill the question: (next-token logits,
-    recomputed positions). `none` (and `raw`) only prefill; `full` is not a fusion.
+    """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
+    pass: (next-token logits, recomputed positions). `none` (and `raw`) only prefill the
+    question; `full` is not a fusion.
     `cacheclip` scores with `selector` (default: `model`) over its first `cfg.selector_layers`."""
     watch = watch if watch is not None else Stopwatch(model.device)
     positions = torch.zeros(0, dtype=torch.long)
@@ -364,8 +394,8 @@ def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
             else:
                 scores = attention_scores(ctx, q_ids, model, layer)
             positions = select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
-        with watch.step("recompute"):
-            recompute(ctx, positions, model)
+        with watch.step("recompute"):  # the question's prefill rides in the same pass
+            return recompute(ctx, positions, model, q_ids=q_ids), positions
     with watch.step("prefill"):
         logits = prefill(ctx.cache, q_ids, model)
     return logits, positions

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from . import OPENMP_SPINS
 from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
@@ -97,6 +98,11 @@ class Session:
         self.store.check_model(self.model.fingerprint())
         if self.device.type == "cpu":
             self.store.codec().warm_up()  # set-up, like loading the model: not a query's TTFT
+            if OPENMP_SPINS:
+                warnings.warn("torch was imported before sparsecache, so its OpenMP workers spin between "
+                              "operations: on a CPU shared with other work a query can be several times slower. "
+                              "Import sparsecache first, or set OMP_WAIT_POLICY=PASSIVE before Python starts.",
+                              stacklevel=2)
         self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
         self._embedder = None
         self._selectors: dict[str, KVModel] = {}

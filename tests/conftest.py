@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
+import sparsecache  # noqa: F401  before torch, as the CLI does: OpenMP workers that sleep (sparsecache/__init__.py)
 import torch
 
 # Devices a device-agnostic test runs on: the CPU always, CUDA where a GPU is present (the

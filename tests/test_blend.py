@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import eager_attention_mass
-from sparsecache.blend import Context, attention_scores, load_cache, question_ids, select
+from sparsecache.blend import Context, attention_scores, load_cache, question_ids, recompute, select
+from sparsecache.generate import prefill
 from sparsecache.query_config import QueryConfig
 from sparsecache.errors import ConfigError
 from sparsecache.session import Session
@@ -44,6 +45,23 @@ def test_recomputing_everything_reproduces_full_prefill(session, chunk_ids, meth
     full = first_logits(session, chunk_ids, "full")
     got = first_logits(session, chunk_ids, method, 1.0, group_window=window, group_min=min(5, window))
     torch.testing.assert_close(got, full, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_the_question_riding_along_equals_its_own_prefill_after(session, chunk_ids, tiny_model, blocks):
+    """The question's prefill in the recomputation's pass gives the logits and the cache of
+    recomputing first and prefilling the question after, in one pass or in position blocks."""
+    q = question_ids(tiny_model, QUESTION)
+    apart, along = (load_cache(session.store, chunk_ids, tiny_model) for _ in range(2))
+    positions = select(attention_scores(apart, q, tiny_model, 1), apart, 0.3)
+    recompute(apart, positions, tiny_model)
+    expected = prefill(apart.cache, q, tiny_model)
+    got = recompute(along, positions, tiny_model, blocks=blocks, q_ids=q)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    assert along.cache.get_seq_length() == apart.cache.get_seq_length() == apart.length + len(q)
+    for a, b in zip(apart.cache.layers, along.cache.layers):
+        torch.testing.assert_close(b.keys, a.keys, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(b.values, a.values, atol=2e-5, rtol=1e-5)
 
 
 def test_compressed_kv_without_recomputation_differs(session, chunk_ids):

@@ -554,14 +554,42 @@ TTFT_METHODS = (("full", 0.0), ("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("info
 TTFT_QUESTION = "Summarise what these sections say about special method names."
 
 
-def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu", cold: bool = True) -> dict:
+def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu", cold: bool = True,
+               busy: bool = False) -> dict:
     """TTFT breakdown of every method for k chunks of 480–512 tokens, in one run.
 
     Chunks come from a store built by `bench store`; raw KV files are made on first use
     (not timed). Each figure is the median of `repeats` queries after one warm-up (full
     prefill at the largest k runs once: it takes a minute on a CPU). With `cold`, the
-    largest k is also run with the store's and raw files evicted from the page cache.
+    largest k is also run with the store's and raw files evicted from the page cache. With
+    `busy`, another CPU-heavy process (`COMPETING_LOAD`) runs throughout.
     """
+    with competing_load() if busy else contextlib.nullcontext():
+        result = _bench_ttft(store_path, ks, repeats, device, cold)
+    return {**result, "competing_load": COMPETING_LOAD if busy else None}
+
+
+# Another job on the same cores: torch matrix products on as many threads as there are cores,
+# with OpenMP's default (spinning) workers, as most CPU jobs run.
+COMPETING_LOAD = "import torch\na = torch.randn(1024, 1024)\nwhile True:\n    a @ a\n"
+
+
+@contextlib.contextmanager
+def competing_load():
+    """Run `COMPETING_LOAD` in a child process for the duration of the block."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    child = subprocess.Popen([sys.executable, "-c", COMPETING_LOAD], env=env)
+    try:
+        time.sleep(2.0)  # torch imported and multiplying before the first measurement
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def _bench_ttft(store_path, ks, repeats: int, device, cold: bool) -> dict:
     from ..model import load_model
     from ..session import STEPS, Session
 
