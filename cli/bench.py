@@ -164,6 +164,31 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device
                       f"ttft {x['ttft_ms']:.0f} ms" for x in r["rows"]])
 
 
+@bench.command("fidelity")
+@click.option("--workdir", default="bench-fidelity", show_default=True, type=click.Path(file_okay=False),
+              help="Where the suite, its store and results.json go; a rerun resumes there.")
+@click.option("--k", "ks", default="4,8", show_default=True, help="Chunks per question, comma-separated.")
+@click.option("--questions", default=100, show_default=True, help="Questions per k (a fifth need two chunks).")
+@click.option("--methods", default=None, help="Labels, or method:ratio (append +reorder to reorder by attention). "
+              "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
+@device_option
+@json_option
+@library_errors
+def fidelity_cmd(workdir, ks, questions, methods, device, as_json):
+    """Does the compressed path give full prefill's answer to ordinary questions? Documents
+    about fictional entities, one fact per question (some need two chunks), k chunks with the
+    answer's at a random rank. Per method: same answer as full prefill's (with its Wilson 95%
+    interval), token agreement along full prefill's answer, accuracy, mean TTFT."""
+    from sparsecache.bench.ruler import parse_methods
+    from sparsecache.bench.suite import bench_fidelity
+
+    r = bench_fidelity(workdir, tuple(int(k) for k in ks.split(",")), questions,
+                       parse_methods(methods) if methods else None, resolve_device(device))
+    emit(r, as_json, [f"k={x['k']} {x['label']:>22}  same answer {x.get('same_answer', 1.0):.2f} "
+                      f"{x.get('same_answer_ci95', '')}  tokens {x.get('token_agreement', 1.0):.2f}  "
+                      f"correct {x['correct']:.2f}  ttft {x['ttft_ms']:.0f} ms" for x in r["rows"]])
+
+
 @bench.command("ttft")
 @click.option("--store", "store_path", default="bench-store/store", show_default=True,
               type=click.Path(file_okay=False), help="A store with >= 32 chunks of 480-512 tokens (bench store makes one).")

@@ -73,7 +73,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
                       selector_layers=None, chunks=a.context_ids,
                       max_new_tokens=max_new_tokens)  # the same context, in the same order
         # full prefill's answer fed through our context: agreement that survives one different word
-        forced = s.query(question, cfg, chunks=[c["id"] for c in a.chunks], reference=ref.tokens)
+        forced = s.query(question, cfg, chunks=[c["id"] for c in a.chunks], reference=ref.tokens, max_new_tokens=1)
         same = ref.answer == a.answer
         result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same,
                                   "token_agreement": forced.agreement}

@@ -218,7 +218,7 @@ def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int)
         probs = logits.masked_fill(~seen, float("-inf")).softmax(-1)
         return probs[0, :, :, :S].sum((0, 1)).float()
     finally:
-        _truncate(ctx.cache, S)
+        truncate(ctx.cache, S)
 
 
 @torch.inference_mode()
@@ -257,7 +257,8 @@ def _first_layers(model: KVModel, ids: torch.Tensor, pos: torch.Tensor, n: int,
     return h, pe
 
 
-def _truncate(cache: DynamicCache, length: int) -> None:
+def truncate(cache: DynamicCache, length: int) -> None:
+    """Drop every position from `length` on, in every layer (what a forward appended)."""
     for layer in cache.layers:
         if layer.keys is not None and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[:, :, :length]

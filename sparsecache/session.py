@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import OPENMP_SPINS
-from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids
+from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids, truncate
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
@@ -126,8 +126,9 @@ class Session:
               reference: list[int] | None = None, **changes) -> Answer:
         """Answer `question` from the top_k retrieved chunks (or the given chunk ids), fused as
         `config` says; keyword `changes` override its fields (`method="none"`, `order="reverse"`).
-        With `reference` (another answer's token ids) the answer is not generated: `agreement`
-        says how many of the reference's tokens this context would predict, teacher-forced."""
+        With `reference` (another answer's token ids), `agreement` also says how many of the
+        reference's tokens this context would predict, teacher-forced (then the answer is
+        generated from the same cache, the reference's tokens dropped from it again)."""
         cfg = dataclasses.replace(config or QueryConfig(), **changes)
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
@@ -154,10 +155,9 @@ class Session:
         agreement = None
         with watch.step("generate"):
             if reference is not None:
-                tokens = []
                 agreement = forced_agreement(p.logits, p.cache, position, reference, self.model) / max(1, len(reference))
-            else:
-                tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens)
+                truncate(p.cache, position)
+            tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,

@@ -473,6 +473,45 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
 
 
+def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu") -> dict:
+    """Agreement with full prefill's answer, accuracy and mean TTFT of every method on the
+    fidelity suite (`fidelity.py`): ordinary questions about generated documents, k chunks.
+
+    Made once per workdir like `bench_ruler` (suite, store); every answer is saved to
+    results.json as it is made, and a rerun resumes there."""
+    import json
+    from pathlib import Path
+
+    from ..dictionary import default_dictionary
+    from ..encoder import encode_corpus
+    from ..model import load_model
+    from ..session import Session
+    from ..store import StoreConfig
+    from .fidelity import load_suite, make_suite, run_fidelity, table
+    from .ruler import parse_methods
+
+    work = Path(workdir)
+    settings = {"ks": list(ks), "questions": questions}
+    made = work / "suite.json"
+    if made.exists() and json.loads(made.read_text()) != settings:
+        raise ConfigError(f"{work} holds a suite made with {made.read_text().strip()}; use another --workdir")
+    if not made.exists():
+        make_suite(work, ks, questions)
+        write_atomic(made, json.dumps(settings))
+    model = load_model(device=device)
+    encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
+                  StoreConfig(), device=device)
+    session = Session(work / "store", model, device)
+    rows = run_fidelity(session, load_suite(work), methods or parse_methods(FIDELITY_METHODS), work / "results.json")
+    return {"device": str(device), "cpu": cpu_model(), **settings, "rows": table(rows)}
+
+
+# The decomposition: exact per-chunk KV, codes, then recomputation at growing ratios, with and
+# without reordering, and the other scorers at the default ratio.
+FIDELITY_METHODS = ("raw,none,infoflow:0.15,infoflow:0.3,infoflow:0.5,infoflow:1.0,infoflow:0.15+reorder,"
+                    "infoflow:0.3+reorder,a3:0.15,cacheblend:0.15")
+
+
 _S3_ENV = {"AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1",
            "AWS_ALLOW_HTTP": "true"}
 

@@ -1,0 +1,317 @@
+"""The fidelity suite: does the compressed path give full prefill's answer to ordinary questions?
+
+Needle tasks ask for a planted number; users ask about what their documents say. This suite
+generates documents about fictional entities (made-up names, so the model cannot know the
+answers from training), one document per chunk, and ordinary questions about them in
+several phrasings:
+
+- one fact per question (a year, a count, a name, a place, a weekday, a colour);
+- some questions need two chunks: the entity's document names a person, and the person's
+  own document holds the fact asked (`hops` = 2);
+- each question's context is k chunks as retrieval would give them: the answer's chunk(s)
+  at random ranks among other entities' documents.
+
+The score that matters is agreement with full prefill's greedy answer on the same chunks
+(`same_answer`: the answers' first sentences are equal after normalising case, spaces and
+punctuation; `token_agreement`: the fraction of full prefill's answer tokens the method's
+context predicts when fed that answer, as `query --compare` computes it). It separates what
+the compressed cache changes from what the model cannot do. `correct` (the true value
+appears in the answer) is reported beside it, for full prefill too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..durable import write_atomic
+from ..errors import ConfigError, TextError
+from .ruler import wilson
+
+SYLLABLES = ("bar", "tel", "mon", "kri", "vos", "lan", "dre", "sul", "pim", "gor", "nea", "wyl", "thar", "quen",
+             "bel", "rov", "zan", "mir", "dov", "kel", "ost", "ula", "fen", "jor")
+GIVEN = ("Ilse", "Tomas", "Maren", "Oskar", "Livia", "Anselm", "Greta", "Pavel", "Noor", "Elio", "Sabine", "Bruno",
+         "Katla", "Ruben", "Ines", "Florin", "Dagny", "Matteo", "Yara", "Emil")
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+COLOURS = ("red", "green", "blue", "yellow", "purple", "orange", "grey", "white")
+TRADES = ("a clockmaker", "a ferry pilot", "a botanist", "a glassblower", "a cartographer", "a beekeeper",
+          "a violin maker", "a surveyor")
+
+# Each kind: the sentences stating its facts ({n} is the entity's name) and, per fact, the
+# phrasings of a question about it. Facts are drawn per entity by `_facts`.
+KINDS = {
+    "town": {
+        "intro": "{n} is a small town in the hills of the {region} valley.",
+        "facts": {
+            "year": ("{n} was founded in {year}.", ("When was {n} founded?", "In what year was the town of {n} founded?",
+                                                    "How old is {n}? Give the year it was founded.")),
+            "count": ("{n} has {count} bridges over its river.", ("How many bridges does {n} have?",
+                                                                  "What is the number of bridges in {n}?")),
+            "weekday": ("The market in {n} is held every {weekday}.", ("On which day is the market held in {n}?",
+                                                                       "What day of the week is market day in {n}?")),
+            "colour": ("Most houses in {n} have {colour} roofs.", ("What colour are the roofs in {n}?",
+                                                                   "Which roof colour is typical of {n}?")),
+            "person": ("The mayor of {n} is {person}.", ("Who is the mayor of {n}?", "What is the name of {n}'s mayor?")),
+        },
+    },
+    "company": {
+        "intro": "{n} is a family business that makes {product}.",
+        "facts": {
+            "year": ("{n} opened its first workshop in {year}.", ("When did {n} open its first workshop?",
+                                                                  "In which year did {n} start?")),
+            "count": ("{n} employs {count} people.", ("How many people work at {n}?", "How many employees does {n} have?")),
+            "place": ("The headquarters of {n} are in {place}.", ("Where are the headquarters of {n}?",
+                                                                  "In which town is {n} based?")),
+            "weekday": ("{n} is closed every {weekday}.", ("On which day is {n} closed?",
+                                                           "What day of the week does {n} not open?")),
+            "person": ("{n} was founded by {person}.", ("Who founded {n}?", "What is the name of the founder of {n}?")),
+        },
+    },
+    "ship": {
+        "intro": "The {n} is a wooden sailing ship that carries {product} along the coast.",
+        "facts": {
+            "year": ("The {n} was launched in {year}.", ("When was the {n} launched?", "In what year was the {n} launched?")),
+            "count": ("The {n} has a crew of {count}.", ("How many sailors are in the crew of the {n}?",
+                                                          "How large is the crew of the {n}?")),
+            "place": ("The home port of the {n} is {place}.", ("What is the home port of the {n}?",
+                                                               "Where is the {n} based?")),
+            "colour": ("The hull of the {n} is painted {colour}.", ("What colour is the hull of the {n}?",
+                                                                     "Which colour is the {n} painted?")),
+            "person": ("The captain of the {n} is {person}.", ("Who is the captain of the {n}?",
+                                                               "Who commands the {n}?")),
+        },
+    },
+}
+PRODUCTS = ("barrels", "lanterns", "rope", "salt", "wool blankets", "clay pots", "maps", "candles")
+# What a person's own document says, and how a two-chunk question asks it (through the entity).
+PERSON_FACTS = {
+    "year": ("{p} was born in {year}.", "In what year was {role} born?"),
+    "place": ("{p} grew up in {place}.", "Where did {role} grow up?"),
+    "trade": ("Before that, {p} worked as {trade}.", "What did {role} work as before?"),
+}
+ROLES = {"town": "the mayor of {n}", "company": "the founder of {n}", "ship": "the captain of the {n}"}
+# Sentences that say nothing a question asks, so a document has a realistic length.
+FILLER = (
+    "Visitors often remark on how quiet {n} is in the early morning.",
+    "Much of what is known about {n} comes from letters kept in a regional archive.",
+    "Over the years {n} has changed less than its neighbours.",
+    "A short guide to {n} was printed some decades ago and is now hard to find.",
+    "People who know {n} well say that its character comes from its history.",
+    "There are several stories about {n}, not all of them reliable.",
+    "In winter the roads around {n} are sometimes closed by snow.",
+    "Local newspapers have written about {n} on many occasions.",
+    "The records of {n} were carefully copied by hand before being stored.",
+    "Travellers who pass through {n} rarely stay for long, but many come back.",
+    "Some of the older residents remember when things were done differently in {n}.",
+    "Photographs of {n} from the last century show much the same scene as today.",
+    "A few paintings of {n} hang in the houses of people who once lived there.",
+    "Some say the name {n} is older than anything else about the place.",
+    "Letters sent from {n} usually mention the weather before anything else.",
+    "The path that leads to {n} is lined with old stone walls.",
+    "Nobody agrees on the best season to see {n}.",
+    "Children who grow up around {n} learn its stories early.",
+    "There is a small museum nearby with a room about {n}.",
+    "More than one book mentions {n} in passing.",
+)
+
+PERSON_FILLER = (
+    "Friends of {n} describe a patient and careful person.",
+    "Several letters written by {n} survive in a family collection.",
+    "{n} rarely spoke about the early years.",
+    "Neighbours remember {n} walking the same route every evening.",
+    "A portrait of {n} hangs in a small local gallery.",
+    "{n} kept detailed notebooks, most of which are now lost.",
+    "Many stories about {n} were told long after the events they describe.",
+    "Those who worked with {n} remember long days and few complaints.",
+    "{n} was known for a dry sense of humour.",
+    "In later years {n} received many visitors.",
+    "Some of the furniture {n} owned is still in use.",
+    "{n} travelled less than most people expected.",
+    "A street was once going to be named after {n}, but the plan was dropped.",
+    "Relatives say {n} could recite long poems from memory.",
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    truth: str  # the value; an answer is correct when it contains it
+    docs: list[str]  # the document(s) the answer needs
+    chunk_docs: list[str]  # the k documents of its context, in retrieval order
+    hops: int
+
+
+def _name(rng: random.Random) -> str:
+    return "".join(rng.sample(SYLLABLES, rng.choice((2, 3)))).capitalize()
+
+
+def _person(rng: random.Random) -> str:
+    return f"{rng.choice(GIVEN)} {_name(rng)}"
+
+
+def _values(rng: random.Random, places: list[str]) -> dict:
+    return {"year": str(rng.randint(1650, 1950)), "count": str(rng.randint(3, 60)), "weekday": rng.choice(WEEKDAYS),
+            "colour": rng.choice(COLOURS), "place": rng.choice(places), "region": _name(rng),
+            "product": rng.choice(PRODUCTS), "trade": rng.choice(TRADES)}
+
+
+def _document(rng: random.Random, sentences: list[str], n: str, filler: int, pool=FILLER) -> str:
+    """The fact sentences in order with `filler` sentences of `pool` between them, in paragraphs."""
+    body = list(sentences[1:])
+    for s in rng.sample(pool, min(filler, len(pool))):
+        body.insert(rng.randint(0, len(body)), s.format(n=n))
+    paragraphs = [body[i:i + 4] for i in range(0, len(body), 4)]
+    return sentences[0] + " " + "\n\n".join(" ".join(p) for p in paragraphs) + "\n"
+
+
+def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int = 40, filler: int = 14,
+               seed: int = 0) -> dict[int, list[Question]]:
+    """Write `out`/corpus.jsonl (one document per entity and per person) and
+    `out`/questions.json; returns `questions` questions for each k, a fifth of them two-hop."""
+    if min(ks) < 2:
+        raise ConfigError("k must be >= 2: a context holds the answer's chunk and others")
+    if entities < max(ks) + 2:
+        raise ConfigError(f"--entities must be at least max(k) + 2 = {max(ks) + 2}")
+    rng = random.Random(seed)
+    places = [_name(rng) for _ in range(12)]
+    docs, facts = {}, []  # facts: (doc ids needed, question, truth, hops)
+    kinds = list(KINDS)
+    for e in range(entities):
+        kind = kinds[e % len(kinds)]
+        spec, n, v = KINDS[kind], _name(rng), _values(rng, places)
+        v["person"] = person = _person(rng)
+        doc = f"{kind}-{e:03d}"
+        sentences = [spec["intro"].format(n=n, **v)]
+        for fact, (sentence, phrasings) in spec["facts"].items():
+            sentences.append(sentence.format(n=n, **v))
+            facts.append(([doc], rng.choice(phrasings).format(n=n), v[fact], 1))
+        docs[doc] = _document(rng, sentences, n, filler)
+        pdoc, pv = f"person-{e:03d}", _values(rng, places)
+        psentences = [f"{person} is remembered in {v['region']} for a long life of work."]
+        for fact, (sentence, asked) in PERSON_FACTS.items():
+            psentences.append(sentence.format(p=person, **pv))
+            facts.append(([doc, pdoc], asked.format(role=ROLES[kind].format(n=n)), pv[fact].removeprefix("a "), 2))
+        docs[pdoc] = _document(rng, psentences, person, filler, PERSON_FILLER)
+    one = [f for f in facts if f[3] == 1]
+    two = [f for f in facts if f[3] == 2]
+    if questions > len(one) + len(two):
+        raise ConfigError(f"{entities} entities give {len(one) + len(two)} questions; ask for fewer or add entities")
+    suite = {}
+    for k in ks:
+        n_two = questions // 5
+        picked = rng.sample(two, n_two) + rng.sample(one, questions - n_two)
+        rng.shuffle(picked)
+        suite[k] = [Question(f"k{k}-{i:03d}", q, truth, need, _context(rng, need, list(docs), k), hops)
+                    for i, (need, q, truth, hops) in enumerate(picked)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "corpus.jsonl", "".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in docs.items()))
+    write_atomic(out / "questions.json", json.dumps({str(k): [asdict(q) for q in qs] for k, qs in suite.items()}, indent=1))
+    return suite
+
+
+def _context(rng: random.Random, need: list[str], docs: list[str], k: int) -> list[str]:
+    """k document ids: those the answer needs at random ranks, the rest other documents."""
+    others = rng.sample([d for d in docs if d not in need and d.split("-")[1] not in {n.split("-")[1] for n in need}],
+                        k - len(need))
+    slots = sorted(rng.sample(range(k), len(need)))
+    out, it_need, it_other = [], iter(need), iter(others)
+    for i in range(k):
+        out.append(next(it_need) if i in slots else next(it_other))
+    return out
+
+
+def load_suite(out: str | Path) -> dict[int, list[Question]]:
+    path = Path(out) / "questions.json"
+    if not path.exists():
+        raise TextError(f"{path} does not exist (make_suite writes it)")
+    return {int(k): [Question(**q) for q in qs] for k, qs in json.loads(path.read_text()).items()}
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def answer_span(text: str) -> str:
+    """The answer's first sentence, lower-cased, punctuation and repeated spaces removed:
+    what `same_answer` compares (two answers that differ after it still agree)."""
+    return _words(re.split(r"(?<=[.!?])\s|\n", text.strip(), maxsplit=1)[0])
+
+
+def contains(answer: str, truth: str) -> bool:
+    """The true value appears in the answer as whole words."""
+    return f" {_words(truth)} " in f" {_words(answer)} "
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+# ---------------------------------------------------------------- running
+
+
+def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, dict], results: Path | None = None,
+                 max_new_tokens: int = 24) -> list[dict]:
+    """Every method on every question of every k, after full prefill's answer to it.
+
+    One row per (k, method, question); with `results`, every row is saved as it is made and a
+    rerun skips rows already there, so an interrupted run resumes where it stopped."""
+    from .passkey import chunk_ids_by_doc
+
+    rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
+    done = {(r["k"], r["label"], r["question"]) for r in rows}
+    refs = {(r["k"], r["question"]): r for r in rows if r["label"] == "full"}
+    ids = chunk_ids_by_doc(session.store)
+    for k, questions in suite.items():
+        for label, cfg in {"full": {"method": "full"}, **methods}.items():
+            for q in questions:
+                if (k, label, q.id) in done:
+                    continue
+                chunks = [ids[d] for d in q.chunk_docs]
+                ref = refs.get((k, q.id))
+                a = session.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens,
+                                  reference=None if ref is None else ref["tokens"], **cfg)
+                row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
+                       "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
+                       "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens}
+                if ref is None:
+                    refs[(k, q.id)] = row
+                else:
+                    row |= {"same_answer": answer_span(a.answer) == answer_span(ref["answer"]),
+                            "token_agreement": a.agreement}
+                rows.append(row)
+                if results is not None:
+                    write_atomic(results, json.dumps({"rows": rows}))
+            summary = summarise([r for r in rows if r["k"] == k and r["label"] == label])
+            print(f"k={k} {label:>22}  same answer {summary.get('same_answer', 1.0):.2f}  correct "
+                  f"{summary['correct']:.2f}  ttft {summary['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
+    return rows
+
+
+def summarise(rows: list[dict]) -> dict:
+    """One configuration's figures: agreement with full prefill (exact answer, with its Wilson
+    95% interval, and token agreement), accuracy against the truth, mean TTFT; by hops too."""
+    n = len(rows)
+    out = {"questions": n, "correct": sum(r["correct"] for r in rows) / n,
+           "correct_ci95": wilson(sum(r["correct"] for r in rows), n),
+           "ttft_ms": round(sum(r["ttft_ms"] for r in rows) / n, 1)}
+    if "same_answer" in rows[0]:
+        same = sum(r["same_answer"] for r in rows)
+        out |= {"same_answer": same / n, "same_answer_ci95": wilson(same, n),
+                "token_agreement": round(sum(r["token_agreement"] for r in rows) / n, 4)}
+        for hops in (1, 2):
+            part = [r for r in rows if r["hops"] == hops]
+            if part:
+                out[f"same_answer_hops{hops}"] = round(sum(r["same_answer"] for r in part) / len(part), 4)
+    return out
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """`summarise` of every (k, label) in the order the rows were made."""
+    keys = list(dict.fromkeys((r["k"], r["label"]) for r in rows))
+    return [{"k": k, "label": label, **summarise([r for r in rows if r["k"] == k and r["label"] == label])}
+            for k, label in keys]
