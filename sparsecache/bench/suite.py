@@ -446,29 +446,15 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     The suite and its store are made once per workdir (the store encodes incrementally, so a
     killed encode resumes); every finished (task, method) cell is saved to results.json at
     once, and a rerun skips the cells already there."""
-    import json
     from pathlib import Path
 
-    from ..dictionary import default_dictionary
-    from ..encoder import encode_corpus
-    from ..model import load_model
-    from ..session import Session
-    from ..store import StoreConfig
     from .ruler import METHODS, check_suite, load_suite, make_suite, run_suite
 
     check_suite(tasks, k)
     work = Path(workdir)
     settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk}
-    made = work / "suite.json"
-    if made.exists() and json.loads(made.read_text()) != settings:
-        raise ConfigError(f"{work} holds a suite made with {made.read_text().strip()}; use another --workdir")
-    model = load_model(device=device)
-    if not made.exists():
-        make_suite(model.tokenizer, work, tasks, trials, k, tokens_per_chunk)
-        write_atomic(made, json.dumps(settings))
-    encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
-                  StoreConfig(), device=device)
-    session = Session(work / "store", model, device)
+    session = _suite_session(work, settings, lambda model: make_suite(model.tokenizer, work, tasks, trials, k,
+                                                                      tokens_per_chunk), device)
     rows = run_suite(session, load_suite(work), methods or METHODS, work / "results.json")
     return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
 
@@ -479,31 +465,40 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
 
     Made once per workdir like `bench_ruler` (suite, store); every answer is saved to
     results.json as it is made, and a rerun resumes there."""
-    import json
     from pathlib import Path
+
+    from .fidelity import load_suite, make_suite, run_fidelity, table
+    from .ruler import parse_methods
+
+    work = Path(workdir)
+    settings = {"ks": list(ks), "questions": questions}
+    session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions), device)
+    rows = run_fidelity(session, load_suite(work), methods or parse_methods(FIDELITY_METHODS), work / "results.json")
+    return {"device": str(device), "cpu": cpu_model(), **settings, "rows": table(rows)}
+
+
+def _suite_session(work, settings: dict, make, device):
+    """A Session over a generated suite's store in `work`: the suite made once (`make(model)`
+    writes its corpus.jsonl), refused if `work` holds one made with other settings; the store
+    encoded incrementally, so a killed encode resumes."""
+    import json
 
     from ..dictionary import default_dictionary
     from ..encoder import encode_corpus
     from ..model import load_model
     from ..session import Session
     from ..store import StoreConfig
-    from .fidelity import load_suite, make_suite, run_fidelity, table
-    from .ruler import parse_methods
 
-    work = Path(workdir)
-    settings = {"ks": list(ks), "questions": questions}
     made = work / "suite.json"
     if made.exists() and json.loads(made.read_text()) != settings:
         raise ConfigError(f"{work} holds a suite made with {made.read_text().strip()}; use another --workdir")
-    if not made.exists():
-        make_suite(work, ks, questions)
-        write_atomic(made, json.dumps(settings))
     model = load_model(device=device)
+    if not made.exists():
+        make(model)
+        write_atomic(made, json.dumps(settings))
     encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
                   StoreConfig(), device=device)
-    session = Session(work / "store", model, device)
-    rows = run_fidelity(session, load_suite(work), methods or parse_methods(FIDELITY_METHODS), work / "results.json")
-    return {"device": str(device), "cpu": cpu_model(), **settings, "rows": table(rows)}
+    return Session(work / "store", model, device)
 
 
 # The decomposition: exact per-chunk KV, codes, then recomputation at growing ratios, with and
