@@ -100,3 +100,15 @@ def test_a_run_agrees_with_full_prefill_where_the_method_is_exact_and_resumes(se
         assert run_fidelity(session, few, parse_methods("infoflow:1.0,none"), results) == saved and not calls
     finally:
         session.query = real
+
+
+def test_bench_fidelity_refuses_a_workdir_made_with_other_settings(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    (tmp_path / "suite.json").write_text(json.dumps({"ks": [8], "questions": 10}))
+    r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(tmp_path)])
+    assert r.exit_code == 1 and "holds a suite made with" in r.output and "Traceback" not in r.output
+    text = " ".join(CliRunner().invoke(cli, ["bench", "fidelity", "--help"]).output.split())  # unwrapped
+    assert "[default: 4,8]" in text and "[default: 100]" in text
