@@ -2,7 +2,7 @@
 
 import click
 
-from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+from cli.options import device_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
 
 @click.group()
@@ -167,7 +167,7 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device
 @bench.command("fidelity")
 @click.option("--workdir", default="bench-fidelity", show_default=True, type=click.Path(file_okay=False),
               help="Where the suite, its store and results.json go; a rerun resumes there.")
-@click.option("--k", "ks", default="4,8", show_default=True, help="Chunks per question, comma-separated.")
+@click.option("--k", "ks", default="4,8", show_default=True, callback=int_list, help="Chunks per question, comma-separated.")
 @click.option("--questions", default=100, show_default=True, help="Questions per k (a fifth need two chunks).")
 @click.option("--methods", default=None, help="Labels, or method:ratio (append +reorder to reorder by attention). "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
@@ -182,7 +182,7 @@ def fidelity_cmd(workdir, ks, questions, methods, device, as_json):
     from sparsecache.bench.ruler import parse_methods
     from sparsecache.bench.suite import bench_fidelity
 
-    r = bench_fidelity(workdir, tuple(int(k) for k in ks.split(",")), questions,
+    r = bench_fidelity(workdir, ks, questions,
                        parse_methods(methods) if methods else None, resolve_device(device))
     emit(r, as_json, [f"k={x['k']} {x['label']:>22}  same answer {x.get('same_answer', 1.0):.2f} "
                       f"{x.get('same_answer_ci95', '')}  tokens {x.get('token_agreement', 1.0):.2f}  "
@@ -192,7 +192,7 @@ def fidelity_cmd(workdir, ks, questions, methods, device, as_json):
 @bench.command("ttft")
 @click.option("--store", "store_path", default="bench-store/store", show_default=True,
               type=click.Path(file_okay=False), help="A store with >= 32 chunks of 480-512 tokens (bench store makes one).")
-@click.option("--k", "ks", default="2,4,8,16,32", show_default=True, help="Chunk counts, comma-separated.")
+@click.option("--k", "ks", default="2,4,8,16,32", show_default=True, callback=int_list, help="Chunk counts, comma-separated.")
 @click.option("--repeats", default=2, show_default=True)
 @click.option("--cold/--no-cold", default=True, show_default=True, help="Also measure the largest k with evicted files.")
 @click.option("--busy", is_flag=True,
@@ -206,7 +206,7 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, plot, device, as_json):
     from sparsecache.bench.suite import bench_ttft, plot_ttft
     from sparsecache.session import STEPS
 
-    r = bench_ttft(store_path, tuple(int(k) for k in ks.split(",")), repeats, resolve_device(device), cold, busy)
+    r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy)
     if plot:
         plot_ttft(r, plot)
     emit(r, as_json, [f"k={x['k']:<3} {x['method']:>10} {x['page_cache']}: ttft {x['ttft']:.0f} ms  "

@@ -36,6 +36,14 @@ def screening(exact_omp: bool):
     return EXACT if exact_omp else None
 
 
+def int_list(ctx, param, value: str) -> tuple[int, ...]:
+    """A click callback: "2,8" -> (2, 8), or a usage error naming the option."""
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of whole numbers") from None
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else on stdout.")(f)
 

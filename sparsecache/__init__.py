@@ -9,8 +9,9 @@ import sys
 # its core while the thread it waits for is descheduled, and each region then costs a
 # scheduler tick. Measured (BENCHMARKS.md, "The query path on a busy CPU"): with one
 # competing job, a k = 8 recomputation's select/recompute/question-prefill took 3.6/14/4.7 s
-# with spinning workers and 0.3-0.6/5.0-5.6/0.4-0.7 s with this; quiet, the same either way. libgomp reads it when torch loads it, so it only takes effect if sparsecache is
-# imported before torch (the CLI is); a value set by the user is kept.
+# with spinning workers and 0.3-0.6/5.0-5.6/0.4-0.7 s with this; quiet, the same either way.
+# libgomp reads it when torch loads it, so it only takes effect if sparsecache is imported
+# before torch (the CLI is); a value set by the user is kept.
 OPENMP_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ  # too late: Session warns
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

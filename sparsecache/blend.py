@@ -368,12 +368,8 @@ def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int
 def _grow(cache: DynamicCache, n: int) -> None:
     """Append `n` empty positions to every layer (the question's slots, filled by its pass)."""
     for layer in cache.layers:
-        pad = list(layer.keys.shape)
-        pad[-2] = n
-        layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(pad)], dim=-2)
-        pad = list(layer.values.shape)
-        pad[-2] = n
-        layer.values = torch.cat([layer.values, layer.values.new_zeros(pad)], dim=-2)
+        layer.keys, layer.values = (torch.cat([x, x.new_zeros(*x.shape[:-2], n, x.shape[-1])], dim=-2)
+                                    for x in (layer.keys, layer.values))
 
 
 def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,

@@ -55,6 +55,12 @@ def test_bad_settings_are_refused(tmp_path):
         make_suite(tmp_path, ks=(8,), entities=6)
     with pytest.raises(ConfigError, match="ask for fewer"):
         make_suite(tmp_path, ks=(4,), questions=500, entities=10)
+    # 10 entities hold 80 questions, but only 50 one-hop: 70 questions would need 56 of them
+    assert len(make_suite(tmp_path, ks=(4,), questions=60, entities=10)[4]) == 60
+    with pytest.raises(ConfigError, match="50 one-hop"):
+        make_suite(tmp_path, ks=(4,), questions=70, entities=10)
+    with pytest.raises(ConfigError, match="at least 1"):
+        make_suite(tmp_path, ks=(4,), questions=0)
 
 
 def test_answer_spans_compare_first_sentences_without_case_or_punctuation():
@@ -100,6 +106,23 @@ def test_a_run_agrees_with_full_prefill_where_the_method_is_exact_and_resumes(se
         assert run_fidelity(session, few, parse_methods("infoflow:1.0,none"), results) == saved and not calls
     finally:
         session.query = real
+
+
+def test_bench_fidelity_refuses_bad_settings_before_loading_the_model(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    import sparsecache.model
+
+    def no_model(*a, **kw):
+        raise AssertionError("the model was loaded for a suite that cannot run")
+
+    monkeypatch.setattr(sparsecache.model, "load_model", no_model)
+    for args, code, msg in ((["--k", "4,x"], 2, "not a comma-separated list"), (["--k", "1"], 1, "k must be >= 2"),
+                            (["--questions", "0"], 1, "at least 1"), (["--questions", "400"], 1, "ask for fewer")):
+        r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(tmp_path / "w"), *args])
+        assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "w").exists()
 
 
 def test_bench_fidelity_refuses_a_workdir_made_with_other_settings(tmp_path):

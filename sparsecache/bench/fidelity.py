@@ -42,7 +42,7 @@ TRADES = ("a clockmaker", "a ferry pilot", "a botanist", "a glassblower", "a car
           "a violin maker", "a surveyor")
 
 # Each kind: the sentences stating its facts ({n} is the entity's name) and, per fact, the
-# phrasings of a question about it. Facts are drawn per entity by `_facts`.
+# phrasings of a question about it (`make_suite` picks one per entity and fact).
 KINDS = {
     "town": {
         "intro": "{n} is a small town in the hills of the {region} valley.",
@@ -169,14 +169,27 @@ def _document(rng: random.Random, sentences: list[str], n: str, filler: int, poo
     return sentences[0] + " " + "\n\n".join(" ".join(p) for p in paragraphs) + "\n"
 
 
+def check_suite(ks, questions: int, entities: int = 40) -> None:
+    """Refuses settings the suite cannot be made with (before any model loads)."""
+    if not ks or min(ks) < 2:
+        raise ConfigError("k must be >= 2: a context holds the answer's chunk and others")
+    if entities < max(ks) + 2:
+        raise ConfigError(f"--entities must be at least max(k) + 2 = {max(ks) + 2}")
+    kinds = list(KINDS)
+    one = sum(len(KINDS[kinds[e % len(kinds)]]["facts"]) for e in range(entities))
+    two = entities * len(PERSON_FACTS)
+    if questions < 1:
+        raise ConfigError(f"--questions must be at least 1, got {questions}")
+    if questions // 5 > two or questions - questions // 5 > one:
+        raise ConfigError(f"--questions {questions}: {entities} entities hold {one} one-hop and {two} two-hop "
+                          "questions, and a fifth must be two-hop; ask for fewer or add entities")
+
+
 def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int = 40, filler: int = 14,
                seed: int = 0) -> dict[int, list[Question]]:
     """Write `out`/corpus.jsonl (one document per entity and per person) and
     `out`/questions.json; returns `questions` questions for each k, a fifth of them two-hop."""
-    if min(ks) < 2:
-        raise ConfigError("k must be >= 2: a context holds the answer's chunk and others")
-    if entities < max(ks) + 2:
-        raise ConfigError(f"--entities must be at least max(k) + 2 = {max(ks) + 2}")
+    check_suite(ks, questions, entities)
     rng = random.Random(seed)
     places = [_name(rng) for _ in range(12)]
     docs, facts = {}, []  # facts: (doc ids needed, question, truth, hops)
@@ -199,8 +212,6 @@ def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int =
         docs[pdoc] = _document(rng, psentences, person, filler, PERSON_FILLER)
     one = [f for f in facts if f[3] == 1]
     two = [f for f in facts if f[3] == 2]
-    if questions > len(one) + len(two):
-        raise ConfigError(f"{entities} entities give {len(one) + len(two)} questions; ask for fewer or add entities")
     suite = {}
     for k in ks:
         n_two = questions // 5
@@ -217,8 +228,8 @@ def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int =
 
 def _context(rng: random.Random, need: list[str], docs: list[str], k: int) -> list[str]:
     """k document ids: those the answer needs at random ranks, the rest other documents."""
-    others = rng.sample([d for d in docs if d not in need and d.split("-")[1] not in {n.split("-")[1] for n in need}],
-                        k - len(need))
+    entity = {n.split("-")[1] for n in need}  # no other document of the same entity (or person)
+    others = rng.sample([d for d in docs if d.split("-")[1] not in entity], k - len(need))
     slots = sorted(rng.sample(range(k), len(need)))
     out, it_need, it_other = [], iter(need), iter(others)
     for i in range(k):

@@ -467,9 +467,10 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     results.json as it is made, and a rerun resumes there."""
     from pathlib import Path
 
-    from .fidelity import load_suite, make_suite, run_fidelity, table
+    from .fidelity import check_suite, load_suite, make_suite, run_fidelity, table
     from .ruler import parse_methods
 
+    check_suite(ks, questions)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions}
     session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions), device)
