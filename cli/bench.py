@@ -169,12 +169,15 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device
               help="Where the suite, its store and results.json go; a rerun resumes there.")
 @click.option("--k", "ks", default="4,8", show_default=True, callback=int_list, help="Chunks per question, comma-separated.")
 @click.option("--questions", default=100, show_default=True, help="Questions per k (a fifth need two chunks).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Answer only the first N questions of each k (the suite stays the same): TTFT on a CPU, "
+                   "where every method on every question takes hours.")
 @click.option("--methods", default=None, help="Labels, or method:ratio (append +reorder to reorder by attention). "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, questions, methods, device, as_json):
+def fidelity_cmd(workdir, ks, questions, limit, methods, device, as_json):
     """Does the compressed path give full prefill's answer to ordinary questions? Documents
     about fictional entities, one fact per question (some need two chunks), k chunks with the
     answer's at a random rank. Per method: same answer as full prefill's (with its Wilson 95%
@@ -183,7 +186,7 @@ def fidelity_cmd(workdir, ks, questions, methods, device, as_json):
     from sparsecache.bench.suite import bench_fidelity
 
     r = bench_fidelity(workdir, ks, questions,
-                       parse_methods(methods) if methods else None, resolve_device(device))
+                       parse_methods(methods) if methods else None, resolve_device(device), limit)
     emit(r, as_json, [f"k={x['k']} {x['label']:>22}  same answer {x.get('same_answer', 1.0):.2f} "
                       f"{x.get('same_answer_ci95', '')}  tokens {x.get('token_agreement', 1.0):.2f}  "
                       f"correct {x['correct']:.2f}  ttft {x['ttft_ms']:.0f} ms" for x in r["rows"]])

@@ -82,5 +82,39 @@ ruler)  # the RULER-style suite, decode on the GPU; what finished comes back if 
   stamp ruler; timeout "${2:-520}" $SC bench ruler --workdir /tmp/ruler --device cuda --json > "$OUT/ruler-h100.json" 2> "$OUT/ruler-h100.err"
   cp /tmp/ruler/results.json "$OUT/ruler-h100-results.json"; grep -a -E "accuracy" "$OUT/ruler-h100.err" | tail -50
   ;;
-*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]"; exit 2 ;;
+fidelity)  # bench fidelity's rows on the GPU: full prefill first, then the configurations in parallel
+  # processes (each is launch-bound, so they share the GPU well). The staged fid/ holds the suite and
+  # its store, made on a CPU by `bench fidelity`. Agreement only: TTFT under contention means nothing.
+  # FIDELITY_CONFIGS: lines "K METHODS" (a --methods spec or a JSON {label: config}), one process each.
+  stage
+  W=/tmp/stage/fid R=/tmp/fid-res LIMIT=${2:-420}; mkdir -p $R
+  fid() {  # RESULTS K METHODS [REFERENCE]: run_fidelity on one k
+    timeout $(( LIMIT - SECONDS )) python3 - "$W" "$@" >> "$R/log.txt" 2>&1 <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+from sparsecache.bench.fidelity import load_suite, run_fidelity
+from sparsecache.bench.ruler import parse_methods
+from sparsecache.session import Session
+work, results, k, spec = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if len(sys.argv) > 5 and not results.exists():
+    shutil.copy(sys.argv[5], results)
+methods = json.loads(spec) if spec.startswith("{") else parse_methods(spec)
+run_fidelity(Session(work / "store", "default", "cuda"), {k: load_suite(work)[k]}, methods, results)
+EOF
+  }
+  merge() {  # every file's rows into one, full prefill's once (from full-K.json)
+    python3 -c "import json,glob,sys; json.dump({'rows': [r for f in sorted(glob.glob(sys.argv[1] + '/*.json')) for r in json.load(open(f))['rows'] if r['label'] != 'full' or '/full-' in f]}, open(sys.argv[2], 'w'))" $R "$OUT/fidelity-gpu.json"
+  }
+  python3 -c "from sparsecache.model import load_model; load_model()" || exit 1  # convert once, before the fan-out
+  ( while sleep 15; do merge; done ) & merger=$!
+  stamp full; fid $R/full-8.json 8 '{}' & p1=$!; fid $R/full-4.json 4 '{}' & p2=$!; wait $p1 $p2
+  stamp configurations; pids=(); i=0
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue; k=${line%% *}; i=$((i + 1))
+    fid $R/w$i.json "$k" "${line#* }" $R/full-$k.json & pids+=($!)
+  done <<< "${FIDELITY_CONFIGS:-8 raw,none,infoflow:0.15,infoflow:0.3}"
+  wait "${pids[@]}"; kill $merger; merge; stamp done
+  grep -a "same answer\|Error" $R/log.txt | tail -40; nvidia-smi --query-gpu=name --format=csv,noheader
+  ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]"; exit 2 ;;
 esac

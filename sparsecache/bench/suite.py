@@ -459,12 +459,13 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
 
 
-def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu") -> dict:
+def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None) -> dict:
     """Agreement with full prefill's answer, accuracy and mean TTFT of every method on the
     fidelity suite (`fidelity.py`): ordinary questions about generated documents, k chunks.
 
     Made once per workdir like `bench_ruler` (suite, store); every answer is saved to
     results.json as it is made, and a rerun resumes there."""
+    import json
     from pathlib import Path
 
     from .fidelity import check_suite, load_suite, make_suite, run_fidelity, table
@@ -473,9 +474,17 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     check_suite(ks, questions)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions}
+    made = work / "suite.json"
+    if made.exists():  # a suite made for more ks answers a subset of them
+        saved = json.loads(made.read_text())
+        if saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ())):
+            settings = saved
     session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions), device)
-    rows = run_fidelity(session, load_suite(work), methods or parse_methods(FIDELITY_METHODS), work / "results.json")
-    return {"device": str(device), "cpu": cpu_model(), **settings, "rows": table(rows)}
+    suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
+    rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json")
+    asked = {(k, q.id) for k, qs in suite.items() for q in qs}
+    return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
+            "rows": table([r for r in rows if (r["k"], r["question"]) in asked])}
 
 
 def _suite_session(work, settings: dict, make, device):
