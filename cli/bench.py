@@ -200,16 +200,18 @@ def fidelity_cmd(workdir, ks, questions, limit, methods, device, as_json):
 @click.option("--cold/--no-cold", default=True, show_default=True, help="Also measure the largest k with evicted files.")
 @click.option("--busy", is_flag=True,
               help="Measure with another CPU-heavy process running (torch matrix products on every core).")
+@click.option("--min-chunk-tokens", default=480, show_default=True,
+              help="Use chunks of at least this many tokens (a store of shorter chunks measures shorter contexts).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write the PNG here.")
 @device_option
 @json_option
 @library_errors
-def ttft_cmd(store_path, ks, repeats, cold, busy, plot, device, as_json):
+def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device, as_json):
     """TTFT breakdown of full / raw / none / a3 / infoflow / cacheblend (r = 0.15) vs chunk count."""
     from sparsecache.bench.suite import bench_ttft, plot_ttft
     from sparsecache.session import STEPS
 
-    r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy)
+    r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy, min_chunk_tokens)
     if plot:
         plot_ttft(r, plot)
     emit(r, as_json, [f"k={x['k']:<3} {x['method']:>10} {x['page_cache']}: ttft {x['ttft']:.0f} ms  "

@@ -12,13 +12,14 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
 @click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 @click.argument("question")
 @click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
-@click.option("--method", type=click.Choice(METHODS), default="infoflow", show_default=True,
+@click.option("--method", type=click.Choice(METHODS), default=QueryConfig.method, show_default=True,
               help="none: decoded KV as is; a3 / infoflow / cacheblend / cacheclip: recompute the top "
                    "--recompute-ratio tokens they select; cake: prefill the first chunks while the last ones load, on two threads; "
                    "full: prefill everything (no cache); raw: exact uncompressed KV.")
-@click.option("--recompute-ratio", default=0.15, show_default=True, help="Fraction of chunk tokens to recompute.")
-@click.option("--group-window", default=8, show_default=True, help="CacheClip grouping window (1 = off).")
-@click.option("--group-min", default=0, show_default=True,
+@click.option("--recompute-ratio", default=QueryConfig.recompute_ratio, show_default=True,
+              help="Fraction of chunk tokens to recompute.")
+@click.option("--group-window", default=QueryConfig.group_window, show_default=True, help="CacheClip grouping window (1 = off).")
+@click.option("--group-min", default=QueryConfig.group_min, show_default=True,
               help="0: recompute the windows with most score mass up to the budget; M > 0: CacheClip's rule, "
                    "windows holding at least M selected tokens.")
 @click.option("--score-layer", type=int, default=None, help="Layer the scorer reads (default: a3/cacheblend 1, "
@@ -28,7 +29,7 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
 @click.option("--order", type=click.Choice(ORDERS), default=QueryConfig.order, show_default=True,
               help="Context order: given (best chunk first) or reverse (best chunk next to the question; "
                    "measured better on needle tasks).")
-@click.option("--reorder", type=click.Choice(REORDERS), default="none", show_default=True,
+@click.option("--reorder", type=click.Choice(REORDERS), default=QueryConfig.reorder, show_default=True,
               help="attention: order chunks by the question's attention to each (scored alone, so retrieval "
                    "rank does not bias it), most important next to the question (InfoFlow).")
 @click.option("--cake-split", type=int, default=None,

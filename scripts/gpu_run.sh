@@ -85,10 +85,11 @@ ruler)  # the RULER-style suite, decode on the GPU; what finished comes back if 
 fidelity)  # bench fidelity's rows on the GPU: full prefill first, then the configurations in parallel
   # processes (each is launch-bound, so they share the GPU well). The staged fid/ holds the suite and
   # its store, made on a CPU by `bench fidelity`. Agreement only: TTFT under contention means nothing.
-  # FIDELITY_CONFIGS: lines "K METHODS" (a --methods spec or a JSON {label: config}), one process each.
+  # FIDELITY_CONFIGS: lines "K METHODS" (a --methods spec or a JSON {label: config}), one process each;
+  # FIDELITY_SEED: an earlier fidelity-gpu.json every process resumes from (rows there are not redone).
   stage
   W=/tmp/stage/fid R=/tmp/fid-res LIMIT=${2:-420}; mkdir -p $R
-  fid() {  # RESULTS K METHODS [REFERENCE]: run_fidelity on one k
+  fid() {  # RESULTS K METHODS [SEED...]: run_fidelity on one k, from the first seed file that exists
     timeout $(( LIMIT - SECONDS )) python3 - "$W" "$@" >> "$R/log.txt" 2>&1 <<'EOF'
 import json, shutil, sys
 from pathlib import Path
@@ -96,22 +97,24 @@ from sparsecache.bench.fidelity import load_suite, run_fidelity
 from sparsecache.bench.ruler import parse_methods
 from sparsecache.session import Session
 work, results, k, spec = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if len(sys.argv) > 5 and not results.exists():
-    shutil.copy(sys.argv[5], results)
+for seed in sys.argv[5:]:
+    if Path(seed).exists() and not results.exists():
+        shutil.copy(seed, results)
 methods = json.loads(spec) if spec.startswith("{") else parse_methods(spec)
 run_fidelity(Session(work / "store", "default", "cuda"), {k: load_suite(work)[k]}, methods, results)
 EOF
   }
-  merge() {  # every file's rows into one, full prefill's once (from full-K.json)
-    python3 -c "import json,glob,sys; json.dump({'rows': [r for f in sorted(glob.glob(sys.argv[1] + '/*.json')) for r in json.load(open(f))['rows'] if r['label'] != 'full' or '/full-' in f]}, open(sys.argv[2], 'w'))" $R "$OUT/fidelity-gpu.json"
+  merge() {  # every file's rows into one, each (k, label, question) once
+    python3 -c "import json,glob,sys; rows={(r['k'], r['label'], r['question']): r for f in sorted(glob.glob(sys.argv[1] + '/*.json')) for r in json.load(open(f))['rows']}; json.dump({'rows': list(rows.values())}, open(sys.argv[2], 'w'))" $R "$OUT/fidelity-gpu.json"
   }
   python3 -c "from sparsecache.model import load_model; load_model()" || exit 1  # convert once, before the fan-out
   ( while sleep 15; do merge; done ) & merger=$!
-  stamp full; fid $R/full-8.json 8 '{}' & p1=$!; fid $R/full-4.json 4 '{}' & p2=$!; wait $p1 $p2
+  S=${FIDELITY_SEED:-none}; ks=$(printf '%s\n' "${FIDELITY_CONFIGS:-8}" | cut -d' ' -f1 | sort -u)
+  stamp full; pids=(); for k in $ks; do fid $R/full-$k.json $k '{}' "$S" & pids+=($!); done; wait "${pids[@]}"
   stamp configurations; pids=(); i=0
   while IFS= read -r line; do
     [ -n "$line" ] || continue; k=${line%% *}; i=$((i + 1))
-    fid $R/w$i.json "$k" "${line#* }" $R/full-$k.json & pids+=($!)
+    fid $R/w$i.json "$k" "${line#* }" "$S" $R/full-$k.json & pids+=($!)
   done <<< "${FIDELITY_CONFIGS:-8 raw,none,infoflow:0.15,infoflow:0.3}"
   wait "${pids[@]}"; kill $merger; merge; stamp done
   grep -a "same answer\|Error" $R/log.txt | tail -40; nvidia-smi --query-gpu=name --format=csv,noheader

@@ -31,7 +31,9 @@ class QueryConfig:
     """
 
     method: str = "infoflow"  # measured best on the needle tasks (BENCHMARKS.md)
-    recompute_ratio: float = 0.15
+    # #34's rule: the most answers equal to full prefill's on the fidelity suite (k = 8) among
+    # configurations at <= half its TTFT on a 2-core CPU (BENCHMARKS.md, "Fidelity at k = 8")
+    recompute_ratio: float = 0.25
     group_window: int = 8
     group_min: int = 0
     score_layer: int | None = None

@@ -108,6 +108,9 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 10_000
     table = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "ttft_table.py"))["ttft_table"](rows)
     assert table.splitlines()[0] == "| method | k=1 | k=2 |" and len(table.splitlines()) == 2 + len(methods)
+    r = CliRunner().invoke(cli, ["bench", "ttft", "--store", str(tmp_path / "store"), "--k", "1",
+                                 "--min-chunk-tokens", "100000"])
+    assert r.exit_code == 1 and "only 0 chunks of >= 100000 tokens" in r.output, r.output
 
 
 def test_converted_default_model_is_a_standard_hf_directory(default_model):

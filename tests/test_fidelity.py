@@ -135,3 +135,39 @@ def test_bench_fidelity_refuses_a_workdir_made_with_other_settings(tmp_path):
     assert r.exit_code == 1 and "holds a suite made with" in r.output and "Traceback" not in r.output
     text = " ".join(CliRunner().invoke(cli, ["bench", "fidelity", "--help"]).output.split())  # unwrapped
     assert "[default: 4,8]" in text and "[default: 100]" in text
+
+
+def test_bench_fidelity_answers_the_first_questions_of_some_of_a_workdirs_ks(session, suite, tmp_path, monkeypatch):
+    import shutil
+
+    import sparsecache.bench.suite as bench
+
+    out, made, _ = suite
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copy(out / "questions.json", work)
+    (work / "suite.json").write_text(json.dumps({"ks": [4, 8], "questions": 50}))
+    seen = []
+    monkeypatch.setattr(bench, "_suite_session", lambda w, settings, make, device: seen.append(settings) or session)
+    r = bench.bench_fidelity(work, ks=(8,), questions=50, methods=parse_methods("none"), limit=2)
+    assert seen == [{"ks": [4, 8], "questions": 50}]  # the workdir's suite, not a new one
+    assert [(x["k"], x["label"], x["questions"]) for x in r["rows"]] == [(8, "full", 2), (8, "none", 2)]
+    saved = json.loads((work / "results.json").read_text())["rows"]
+    assert {x["question"] for x in saved} == {q.id for q in made[8][:2]}
+
+
+def test_the_rule_picks_the_best_agreement_within_half_of_full_prefills_ttft():
+    from sparsecache.bench.fidelity import pick_default
+
+    def row(label, same, ttft, k=8):
+        return {"k": k, "label": label, "same_answer": same, "token_agreement": same, "ttft_ms": ttft}
+
+    agreement = [row("full", 1.0, 0), row("a", 0.10, 0), row("b", 0.20, 0), row("c", 0.90, 0), row("b", 0.5, 0, k=4)]
+    ttft = [row("full", 1.0, 1000), row("a", 0, 300), row("b", 0, 500), row("c", 0, 501)]
+    r = pick_default(agreement, ttft)
+    assert r["chosen"] == "b"  # c agrees more but costs more than half; b is exactly half
+    assert [(x["label"], x["within"], x["ttft_vs_full"]) for x in r["rows"]] == [
+        ("a", True, 0.3), ("b", True, 0.5), ("c", False, 0.501)]
+    assert pick_default(agreement, ttft, budget=0.2)["chosen"] is None
+    with pytest.raises(ValueError, match="no full-prefill TTFT"):
+        pick_default(agreement, ttft[1:])

@@ -326,3 +326,24 @@ def table(rows: list[dict]) -> list[dict]:
     keys = list(dict.fromkeys((r["k"], r["label"]) for r in rows))
     return [{"k": k, "label": label, **summarise([r for r in rows if r["k"] == k and r["label"] == label])}
             for k, label in keys]
+
+
+def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: float = 0.5) -> dict:
+    """#34's rule, applied: among the configurations whose mean TTFT at k is at most `budget` of
+    full prefill's (both from `ttft`, one run), the one with the highest same-answer agreement
+    (from `agreement`; both are `table` rows, possibly from different runs). Returns the merged
+    rows (agreement, TTFT, its ratio to full prefill's, whether it is within the budget) and
+    the chosen label."""
+    times = {r["label"]: r["ttft_ms"] for r in ttft if r["k"] == k}
+    if "full" not in times:
+        raise ValueError(f"no full-prefill TTFT at k={k}")
+    rows = []
+    for r in agreement:
+        if r["k"] != k or r["label"] == "full" or r["label"] not in times:
+            continue
+        ratio = times[r["label"]] / times["full"]
+        rows.append({**r, "ttft_ms": times[r["label"]], "ttft_vs_full": round(ratio, 3), "within": ratio <= budget})
+    eligible = [r for r in rows if r["within"]]
+    chosen = max(eligible, key=lambda r: (r["same_answer"], r["token_agreement"]))["label"] if eligible else None
+    return {"k": k, "budget": budget, "full_ttft_ms": times["full"], "chosen": chosen, "rows": rows}
+

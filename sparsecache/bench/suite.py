@@ -599,8 +599,9 @@ TTFT_QUESTION = "Summarise what these sections say about special method names."
 
 
 def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu", cold: bool = True,
-               busy: bool = False) -> dict:
-    """TTFT breakdown of every method for k chunks of 480–512 tokens, in one run.
+               busy: bool = False, min_tokens: int = 480) -> dict:
+    """TTFT breakdown of every method for k chunks of >= `min_tokens` tokens (a `bench
+    store` store's are 480–512), in one run.
 
     Chunks come from a store built by `bench store`; raw KV files are made on first use
     (not timed). Each figure is the median of `repeats` queries after one warm-up (full
@@ -609,8 +610,8 @@ def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu",
     `busy`, another CPU-heavy process (`COMPETING_LOAD`) runs throughout.
     """
     with competing_load() if busy else contextlib.nullcontext():
-        result = _bench_ttft(store_path, ks, repeats, device, cold)
-    return {**result, "competing_load": COMPETING_LOAD if busy else None}
+        result = _bench_ttft(store_path, ks, repeats, device, cold, min_tokens)
+    return {**result, "competing_load": COMPETING_LOAD if busy else None, "min_chunk_tokens": min_tokens}
 
 
 # Another job on the same cores: torch matrix products on as many threads as there are cores,
@@ -633,17 +634,17 @@ def competing_load():
         child.wait(timeout=30)
 
 
-def _bench_ttft(store_path, ks, repeats: int, device, cold: bool) -> dict:
+def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: int) -> dict:
     from ..model import load_model
     from ..session import STEPS, Session
 
     model = load_model(device=device)
     session = Session(store_path, model, device)
-    full_chunks = sorted((c for c in session.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
+    full_chunks = sorted((c for c in session.store.chunks() if c.token_length >= min_tokens), key=lambda c: c.id)
     rows = []
     for k in ks:
         if k > len(full_chunks):
-            raise StoreError(f"the store has only {len(full_chunks)} chunks of >= 480 tokens")
+            raise StoreError(f"the store has only {len(full_chunks)} chunks of >= {min_tokens} tokens")
         ids = [c.id for c in full_chunks[:k]]
         for method, ratio in TTFT_METHODS:
             runs = 1 if (method == "full" and k == max(ks)) else repeats
@@ -695,7 +696,7 @@ def plot_ttft(result: dict, out) -> None:
         a.plot(*zip(*pts), "o-", label=m)
     a.set_xscale("log", base=2)
     a.set_yscale("log")
-    a.set_xlabel("chunks (480–512 tokens each)")
+    a.set_xlabel(f"chunks (>= {result.get('min_chunk_tokens', 480)} tokens each)")
     a.set_ylabel("TTFT (ms, log)")
     a.set_title(f"TTFT vs retrieved chunks ({result['device']})")
     a.grid(alpha=0.3)

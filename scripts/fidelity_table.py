@@ -1,0 +1,44 @@
+"""BENCHMARKS.md's fidelity decomposition from two `bench fidelity` results files: agreement
+from a run over the whole suite (any device: answers are the same on a CPU and a GPU), TTFT
+from a run on the CPU the rule is about (`--limit`), and #34's rule applied to them.
+
+    python scripts/fidelity_table.py AGREEMENT.json TTFT.json [--out decomposition.json]
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from sparsecache.bench.fidelity import pick_default, table
+
+
+def _rows(path: str) -> list[dict]:
+    return table(json.load(open(path))["rows"])
+
+
+def _ci(r: dict) -> str:
+    lo, hi = r["same_answer_ci95"]
+    return f"[{lo:.2f}, {hi:.2f}]"
+
+
+@click.command()
+@click.argument("agreement", type=click.Path(exists=True, dir_okay=False))
+@click.argument("ttft", type=click.Path(exists=True, dir_okay=False))
+@click.option("--k", default=8, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the merged rows as JSON.")
+def main(agreement, ttft, k, out):
+    r = pick_default(_rows(agreement), _rows(ttft), k)
+    print(f"full prefill: {r['full_ttft_ms'] / 1000:.2f} s; chosen by the rule: {r['chosen']}\n")
+    print("| configuration | questions | same answer as full prefill [95%] | tokens | correct | TTFT (CPU) | × full | within half |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for x in sorted(r["rows"], key=lambda x: x["ttft_vs_full"]):
+        print(f"| {x['label']} | {x['questions']} | {x['same_answer']:.2f} {_ci(x)} | {x['token_agreement']:.3f} | "
+              f"{x['correct']:.2f} | {x['ttft_ms'] / 1000:.2f} s | {x['ttft_vs_full']:.2f} | {'yes' if x['within'] else 'no'} |")
+    if out:
+        json.dump(r, open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
