@@ -12,7 +12,8 @@ from sparsecache.errors import SparseCacheError
 
 def model_option(f):
     return click.option("--model", "model_path", default="default", show_default=True,
-                        help="'default' (SmolLM2-135M-Instruct, packaged) or a local HuggingFace model directory.")(f)
+                        help="'default' (SmolLM2-135M-Instruct, packaged), a local HuggingFace model directory, or a "
+                             ".gguf file (or a directory holding one), converted once into the user cache.")(f)
 
 
 def device_option(f):

@@ -24,7 +24,7 @@ import torch
 
 from .durable import write_atomic
 from .errors import ModelError
-from .model import KVModel, cache_root, default_prefix_ids, extract_kv
+from .model import KVModel, cache_root, default_prefix_ids, extract_kv, layer_windows
 
 TOLERANCE = 1e-4  # relative: fp32 through a different order of the same operations stays ~1e-6
 QUESTION = "What is this passage about?"
@@ -57,6 +57,10 @@ class ModelCheck:
                 "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
 
 
+WINDOW_OVERHANG = 64  # sample tokens beyond the shortest sliding window
+MAX_SAMPLE = 2048  # longer windows are not cut by the check (it would cost more than the rest)
+
+
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
 
@@ -71,10 +75,15 @@ def _sample_ids(model: KVModel, tokens: int) -> list[int]:
 
 @torch.inference_mode()
 def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
-    """Run checks (a) to (c) on `model` (see the module docstring)."""
+    """Run checks (a) to (c) on `model` (see the module docstring). Where the model has
+    sliding-window layers, the sample is longer than the shortest window (up to
+    `MAX_SAMPLE` tokens), so the windows really cut the assembled context."""
     from .blend import assemble, question_ids, recompute
     from .generate import full_prefill, prefill
 
+    windows = [w for w in layer_windows(model.config) if w]
+    if windows and min(windows) + WINDOW_OVERHANG <= MAX_SAMPLE:
+        tokens = max(tokens, min(windows) + WINDOW_OVERHANG)
     ids = _sample_ids(model, tokens)
     prefix = default_prefix_ids(model)
     q = question_ids(model, QUESTION)

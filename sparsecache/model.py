@@ -61,6 +61,44 @@ def default_model_dir() -> Path:
     return convert_gguf(Path(spec.origin).parent / _GGUF_FILE, out, DEFAULT_NAME)
 
 
+def model_dir(name_or_path: str | Path = DEFAULT) -> Path:
+    """The HuggingFace directory to load for `--model`: the default model's; a local HF
+    directory as given; or a GGUF file (or a directory holding one and no config.json),
+    dequantised once into the user cache like the default model, keyed by the file's content."""
+    if str(name_or_path) == DEFAULT:
+        return default_model_dir()
+    path = Path(name_or_path)
+    gguf = _gguf_file(path)
+    if gguf is None:
+        return path
+    out = cache_root() / "models" / f"{gguf.stem}-{_content_key(gguf)}"
+    return out if _is_standard_dir(out) else convert_gguf(gguf, out, gguf.stem)
+
+
+def _gguf_file(path: Path) -> Path | None:
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(f"{path}: a model is a HuggingFace directory or a .gguf file")
+        return path
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        raise ModelError(f"{path} holds {len(found)} GGUF files; pass one of them: "
+                         + ", ".join(f.name for f in found))
+    return found[0] if found else None
+
+
+def _content_key(path: Path, sample: int = 1 << 20) -> str:
+    """A short key for a large file's content: its size and its first and last MiB."""
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with path.open("rb") as f:
+        h.update(f.read(sample))
+        f.seek(max(0, path.stat().st_size - sample))
+        h.update(f.read(sample))
+    return h.hexdigest()[:12]
+
+
 def _is_standard_dir(path: Path) -> bool:
     """A converted directory other engines can load: weights and a config naming its class.
     (Conversions before vLLM support lacked `architectures` and saved only the tied lm_head.)"""
@@ -194,12 +232,13 @@ def same_model(fingerprint: dict, recorded: dict) -> bool:
 
 def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> KVModel:
-    """Load the default model or a local HuggingFace causal-LM directory, in eval mode."""
+    """Load the default model, a local HuggingFace causal-LM directory or a GGUF file
+    (`model_dir`), in eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ours report progress; a 0.1 s bar per load is noise
-    path = default_model_dir() if name_or_path == DEFAULT else Path(name_or_path)
+    path = model_dir(name_or_path)
     if not path.is_dir():
         raise ModelError(f"model directory not found: {path}")
     if not (path / "config.json").exists():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .blend import question_ids
 from .errors import ConfigError
-from .model import DEFAULT, DEFAULT_NAME, config_fingerprint, default_model_dir
+from .model import DEFAULT, DEFAULT_NAME, config_fingerprint, model_dir
 from .query_config import ORDERS, QueryConfig
 from .store import Store
 
@@ -57,7 +57,7 @@ class RagPrompts:
         from transformers import AutoConfig, AutoTokenizer
 
         self.store = store if isinstance(store, Store) else Store.open(store)
-        path = default_model_dir() if model == DEFAULT else Path(model)
+        path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
         self.tokenizer = AutoTokenizer.from_pretrained(path)

@@ -155,3 +155,17 @@ def test_encode_corpus_refuses_a_model_that_fails_the_check(corpus_dir, tmp_path
                                  "--model", str(tiny_model_dir), "--dict", str(tiny_dictionary_dir)])
     assert r.exit_code == 1 and "fails sparsecache's model check: single-chunk" in r.output
     assert not (tmp_path / "store" / "manifests").exists() or not any((tmp_path / "store" / "manifests").iterdir())
+
+
+def test_the_sample_is_longer_than_the_shortest_sliding_window(tmp_path, monkeypatch):
+    """A real model's windows (Gemma 3: 512) are longer than the default 96-token sample, and
+    a window that never cuts checks nothing about it: the sample then outgrows the window."""
+    import sparsecache.check as check
+
+    asked = []
+    real = check._sample_ids
+    monkeypatch.setattr(check, "_sample_ids", lambda model, tokens: asked.append(tokens) or real(model, tokens))
+    gemma3 = load_model(str(tiny("Gemma3", tmp_path / "gemma3", **{**GEMMA3, "sliding_window": 200})))
+    assert check_model(gemma3).passed and asked == [200 + check.WINDOW_OVERHANG]
+    llama = load_model(str(tiny("Llama", tmp_path / "llama")))
+    assert check_model(llama).passed and asked[-1] == 96  # no window: the default sample

@@ -89,3 +89,20 @@ def test_a_conversion_without_architectures_is_redone(tmp_path):
     assert not _is_standard_dir(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
     assert _is_standard_dir(tmp_path)
+
+
+def test_a_gguf_file_or_a_directory_holding_one_is_a_model(tiny_gguf, tmp_path):
+    from sparsecache.model import cache_root, model_dir
+
+    converted = model_dir(tiny_gguf)
+    assert converted.parent == cache_root() / "models" and converted.name.startswith("tiny-")
+    assert (converted / "config.json").exists() and (converted / "model.safetensors").exists()
+    assert model_dir(str(tiny_gguf)) == converted and model_dir(tiny_gguf.parent) == converted  # converted once
+    assert load_model(str(tiny_gguf)).name == converted.name
+    (tmp_path / "a.gguf").write_bytes(b"a")
+    (tmp_path / "b.gguf").write_bytes(b"b")
+    with pytest.raises(ModelError, match="holds 2 GGUF files; pass one of them: a.gguf, b.gguf"):
+        model_dir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ModelError, match="a HuggingFace directory or a .gguf file"):
+        model_dir(tmp_path / "notes.txt")
