@@ -1,6 +1,6 @@
 """SparsecacheConnector: vLLM serves RAG prompts with chunk KV decoded from a sparsecache store.
 
-Load it out of tree (`pip install "sparsecache[vllm]"`):
+Load it out of tree (vLLM is not in the default install: `bash scripts/setup.sh vllm` adds it):
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "SparsecacheConnector",
         "kv_connector_module_path": "sparsecache.vllm", "kv_role": "kv_consumer",
