@@ -85,12 +85,13 @@ class TestS3Backend(BackendTests):
         told it did), and of two racing for it exactly one wins."""
         from sparsecache.store import Lease
 
-        dead = Lease(backend, ttl=0.5).acquire()
+        ttl = 2.0  # room for the next acquire's requests on a loaded machine, before the expiry
+        dead = Lease(backend, ttl=ttl).acquire()
         dead._stop.set()  # dies: no more renewals, no release
         dead._thread.join()
         with pytest.raises(StoreLocked, match="lease expires"):
-            Lease(backend, ttl=0.5).acquire()
-        time.sleep(0.6)
+            Lease(backend, ttl=ttl).acquire()
+        time.sleep(ttl + 0.2)
         raw, etag = backend.get_versioned("lease.json")
         first, second = Lease(backend, ttl=30), Lease(backend, ttl=30)
         first.acquire()
