@@ -81,9 +81,9 @@ def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
     from .blend import assemble, question_ids, recompute
     from .generate import full_prefill, prefill
 
-    windows = [w for w in layer_windows(model.config) if w]
-    if windows and min(windows) + WINDOW_OVERHANG <= MAX_SAMPLE:
-        tokens = max(tokens, min(windows) + WINDOW_OVERHANG)
+    shortest = min((w for w in layer_windows(model.config) if w), default=None)
+    if shortest is not None and shortest + WINDOW_OVERHANG <= MAX_SAMPLE:
+        tokens = max(tokens, shortest + WINDOW_OVERHANG)
     ids = _sample_ids(model, tokens)
     prefix = default_prefix_ids(model)
     q = question_ids(model, QUESTION)

@@ -91,10 +91,11 @@ def _gguf_file(path: Path) -> Path | None:
 
 def _content_key(path: Path, sample: int = 1 << 20) -> str:
     """A short key for a large file's content: its size and its first and last MiB."""
-    h = hashlib.sha256(str(path.stat().st_size).encode())
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
     with path.open("rb") as f:
         h.update(f.read(sample))
-        f.seek(max(0, path.stat().st_size - sample))
+        f.seek(max(0, size - sample))
         h.update(f.read(sample))
     return h.hexdigest()[:12]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,11 +78,10 @@ def test_every_method_answers_through_our_own_loop(store):
 # Runs in its own process: vLLM keeps one KV connector per process (its first engine's).
 VLLM_SCRIPT = r"""
 import json, os, sys
-os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+sys.path.insert(0, sys.argv[4])  # the tests directory: test_vllm's engine and request helpers
+from test_vllm import ENGINE_ENV, generate, start_engine, with_source
+os.environ.update(ENGINE_ENV)
 import torch
-from vllm import LLM, SamplingParams
-from vllm.config import KVTransferConfig
 from sparsecache.model import model_dir
 from sparsecache.serving import RagPrompts
 from sparsecache.session import Session
@@ -89,42 +89,21 @@ from sparsecache.session import Session
 gguf, store, question = sys.argv[1:4]
 session = Session(store, gguf)
 rag = RagPrompts(session.store, gguf)
-config = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
-          "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
-          "kv_connector_extra_config": {"store": store, "version_check_s": 0}}
-# vLLM 0.32's start-up scan crashes on llvmlite's C-function proxy (see test_vllm.py)
-hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in ("llvmlite", "numba")}
-llm = LLM(str(model_dir(gguf)), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-          enable_prefix_caching=False, max_model_len=2048, disable_log_stats=False,
-          kv_transfer_config=KVTransferConfig(**config))
-for k, v in hidden.items():
-    sys.modules.setdefault(k, v)
-
-def generate(req, source):
-    params = None
-    if source:
-        params = json.loads(json.dumps(req.kv_transfer_params))
-        params["sparsecache"]["source"] = source
-    out = llm.generate([req.vllm_prompt()], SamplingParams(max_tokens=8, temperature=0, logprobs=5,
-                       extra_args=params and {"kv_transfer_params": params}), use_tqdm=False)[0].outputs[0]
-    return list(out.token_ids), {t: lp.logprob for t, lp in out.logprobs[0].items()}
-
+llm = start_engine(model_dir(gguf), store, max_model_len=2048)
 ids = [c.id for c in session.store.chunks()]
-result = {}
 one = rag.request(question, chunks=ids[:1])
-tokens, first = generate(one, "raw")
-full_tokens, full_first = generate(one, None)
-result["one_chunk"] = {"same_tokens": tokens == full_tokens,
-                       "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
+tokens, first, _ = generate(llm, one, with_source(one, "raw"), max_tokens=8)
+full_tokens, full_first, _ = generate(llm, one, None, max_tokens=8)
+result = {"one_chunk": {"same_tokens": tokens == full_tokens,
+                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}}
 req = rag.request(question, chunks=ids)
 for source, method in (("raw", "raw"), ("codes", "none")):
-    tokens, first = generate(req, source)
+    tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=8)
     ours = session.query(question, chunks=ids, method=method, max_new_tokens=8)
     logprobs = torch.log_softmax(ours.logits, -1)
-    result[source] = {"context_tokens": req.context_tokens,
+    result[source] = {"context_tokens": req.context_tokens, "delta": delta,
                       "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
                       "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
-result["counters"] = {m.name.removeprefix("vllm:sparsecache_"): m.value for m in llm.get_metrics() if "sparsecache" in m.name}
 print("RESULT " + json.dumps(result))
 """
 
@@ -132,7 +111,8 @@ print("RESULT " + json.dumps(result))
 def test_the_connector_fills_every_kv_cache_group_in_vllm(gemma, store):
     pytest.importorskip("vllm")
     path, _ = gemma
-    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, path, str(store.store.root), QUESTION],
+    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, path, str(store.store.root), QUESTION,
+                           str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=900)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, proc.stderr[-3000:]
@@ -142,4 +122,4 @@ def test_the_connector_fills_every_kv_cache_group_in_vllm(gemma, store):
     for source in ("raw", "codes"):  # past the window: every group's blocks hold the right KV
         assert r[source]["context_tokens"] > 512 and r[source]["same_answer"], r
         assert r[source]["max_logprob_diff"] < 2e-3, r
-    assert r["counters"]["fallbacks"] == 0 and r["counters"]["load_errors"] == 0, r
+        assert r[source]["delta"]["fallbacks"] == 0 and r[source]["delta"]["load_errors"] == 0, r

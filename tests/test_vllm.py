@@ -56,28 +56,32 @@ def connector_config(store_path, **extra) -> dict:
             "kv_connector_extra_config": {"store": str(store_path), "version_check_s": 0, **extra}}
 
 
-@pytest.fixture(scope="module")
-def llm(store):
+def start_engine(model_path, store_path, max_model_len: int = 4096):
+    """An in-process fp32 engine with the connector on `store_path` (ENGINE_ENV already set)."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    from sparsecache.model import default_model_dir
-
-    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
-    os.environ.update(ENGINE_ENV)
     # vLLM 0.32's start-up scan of every module (register_triton_kernel_overrides) crashes on
     # llvmlite's `ffi.lib`, whose __dict__ is a C-function proxy; encoding (numba) imported it
     # into this test process. Hide it while the engine starts; a serving process never has it.
     hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in ("llvmlite", "numba")}
     try:
-        engine = LLM(str(default_model_dir()), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-                     enable_prefix_caching=False, max_model_len=4096, disable_log_stats=False,
-                     kv_transfer_config=KVTransferConfig(**connector_config(store.store.root)))
+        return LLM(str(model_path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+                   enable_prefix_caching=False, max_model_len=max_model_len, disable_log_stats=False,
+                   kv_transfer_config=KVTransferConfig(**connector_config(store_path)))
     finally:
         for k, v in hidden.items():
             sys.modules.setdefault(k, v)
+
+
+@pytest.fixture(scope="module")
+def llm(store):
+    from sparsecache.model import default_model_dir
+
+    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
+    os.environ.update(ENGINE_ENV)
     try:
-        yield engine
+        yield start_engine(default_model_dir(), store.store.root)
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)

@@ -346,4 +346,3 @@ def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: fl
     eligible = [r for r in rows if r["within"]]
     chosen = max(eligible, key=lambda r: (r["same_answer"], r["token_agreement"]))["label"] if eligible else None
     return {"k": k, "budget": budget, "full_ttft_ms": times["full"], "chosen": chosen, "rows": rows}
-
