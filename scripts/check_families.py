@@ -15,7 +15,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from test_check_model import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
 
-import sparsecache.blend as blend  # noqa: E402
+import sparsecache.stack as stack  # noqa: E402
 from sparsecache.check import check_model  # noqa: E402
 from sparsecache.errors import ModelError  # noqa: E402
 from sparsecache.model import KVModel, load_model  # noqa: E402
@@ -31,7 +31,7 @@ FAMILIES = [("Llama", {}, "Llama"), ("Llama", LLAMA3, "Llama 3.x"), ("Qwen2", {}
 
 
 def no_windows():
-    return mock.patch.object(blend, "layer_windows", lambda config: [None] * config.num_hidden_layers)
+    return mock.patch.object(stack, "layer_windows", lambda config: [None] * config.num_hidden_layers)
 
 
 def one_rope_table():

@@ -23,15 +23,15 @@ cached ones layer by layer (A³ Eqs. 4-5). With r = 1 that is exactly a full pre
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from .query_config import QueryConfig
-from .model import KVModel, kv_cache, layer_windows, qkv_states
+from .model import KVModel, kv_cache
 from .generate import prefill
+from .stack import Pass, Probe, Stack, as_stack, attention_probs
 from .stopwatch import Stopwatch
 
 QUESTION_MARKER = "\u2063Q\u2063"
@@ -56,8 +56,9 @@ class Context:
 
 
 def assemble(prefix_ids: list[int], prefix_kv: tuple[torch.Tensor, torch.Tensor], chunk_ids: list[list[int]],
-             chunk_kv: list[tuple[torch.Tensor, torch.Tensor]], model: KVModel) -> Context:
-    """A Context from pre-RoPE K/V [n_layers, T, m] of the prefix and each chunk, in that order."""
+             chunk_kv: list[tuple[torch.Tensor, torch.Tensor]], model: "KVModel | Stack") -> Context:
+    """A Context from pre-RoPE K/V [n_layers, T, m] of the prefix and each chunk, in that order
+    (on the device and in the cache dtype of `model`, a KVModel or an engine's Stack)."""
     dev = model.device
     keys = torch.cat([prefix_kv[0].to(dev)] + [k.to(dev) for k, _ in chunk_kv], dim=1)  # (L, S, m)
     values = torch.cat([prefix_kv[1].to(dev)] + [v.to(dev) for _, v in chunk_kv], dim=1)
@@ -103,8 +104,13 @@ class DecodedChunks:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     nbytes: int
 
-    def assemble(self, model: KVModel) -> Context:
+    def assemble(self, model: "KVModel | Stack") -> Context:
         return assemble(self.prefix_ids, self.prefix_kv, self.tokens, self.kv, model)
+
+    def to(self, device) -> "DecodedChunks":
+        """The chunks' K/V as float32 on `device`."""
+        kv = [(k.to(device).float(), v.to(device).float()) for k, v in self.kv]
+        return dataclasses.replace(self, kv=kv)
 
     def reordered(self, order: list[int]) -> "DecodedChunks":
         return DecodedChunks(self.prefix_ids, self.prefix_kv, [self.ids[i] for i in order],
@@ -155,110 +161,55 @@ def question_ids(model, question: str, answer_prefix: str = "") -> list[int]:
 # ---------------------------------------------------------------- scoring
 
 
-def _rope_fn(model: KVModel):
-    """The model family's own apply_rotary_pos_emb (every supported family shares its signature)."""
-    return sys.modules[type(model.hf.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
-
-
-def _mask(q_pos: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
-    """bool [1, 1, Q, kv_len]: a query at position p sees keys at positions j <= p (and
-    j > p - window in a sliding-window layer), wherever they sit in the cache."""
-    kv = torch.arange(kv_len, device=q_pos.device)[None, :]
-    seen = kv <= q_pos[:, None]
-    if window is not None:
-        seen &= kv > q_pos[:, None] - window
-    return seen[None, None]
-
-
-def layer_masks(model: KVModel, q_pos: torch.Tensor, kv_len: int) -> list[torch.Tensor]:
-    """Each layer's attention mask for queries at `q_pos` over cache positions 0..kv_len-1,
-    in the form the model's attention takes (boolean for SDPA, additive for eager)."""
-    windows = layer_windows(model.config)
-    masks = {w: _attention_form(model, _mask(q_pos, kv_len, w)) for w in set(windows)}
-    return [masks[w] for w in windows]
-
-
-def _attention_form(model: KVModel, mask: torch.Tensor) -> torch.Tensor:
-    if model.config._attn_implementation != "eager":
-        return mask
-    dtype = model.hf.dtype  # eager adds the mask to the attention logits
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-
-
-def model_mask(model: KVModel, q_pos: torch.Tensor, kv_len: int):
-    """What the model's forward takes as `attention_mask` for those queries: one mask per
-    layer type where the family has layer types (it then skips building its own), else one."""
-    masks = layer_masks(model, q_pos, kv_len)
-    types = getattr(model.config, "layer_types", None)
-    if types is None:
-        return masks[0]  # one window (or none) for every layer
-    return {t: masks[i] for i, t in enumerate(types[: model.n_layers])}
-
-
 @torch.inference_mode()
-def attention_scores(ctx: Context, q_ids: list[int], model: KVModel, layer: int) -> torch.Tensor:
+def attention_scores(ctx: Context, q_ids: list[int], model: "KVModel | Stack", layer: int) -> torch.Tensor:
     """float32 [S]: attention mass the question's tokens give each context position at `layer`,
-    summed over question tokens and heads (A³ Eq. 3 at an early layer, InfoFlow Eq. 7 later)."""
-    hf, S = model.hf.model, ctx.length
-    ids = torch.tensor([q_ids], device=model.device)
-    pos = torch.arange(S, S + len(q_ids), device=model.device)
+    summed over question tokens and heads (A³ Eq. 3 at an early layer, InfoFlow Eq. 7 later).
+    The question runs through the layers up to `layer` after the context, as its prefill would."""
+    stack, S = as_stack(model), ctx.length
+    pos = torch.arange(S, S + len(q_ids), device=stack.device)
     try:
-        h, pe = _first_layers(model, ids, pos, layer, ctx.cache)  # the question's K/V join layers < `layer`
-        attn = hf.layers[layer].self_attn
-        x = hf.layers[layer].input_layernorm(h)
-        q, kq, _ = (t.transpose(1, 2) for t in qkv_states(attn, x))  # (1, nh, Q, D), (1, H, Q, D)
-        q, kq = _rope_fn(model)(q, kq, *pe[layer])
-        keys = torch.cat([ctx.cache.layers[layer].keys[:, :, :S], kq], dim=2)  # (1, H, S+Q, D)
-        keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # GQA: (1, nh, S+Q, D)
-        logits = (q @ keys.transpose(-1, -2)) * attn.scaling  # (1, nh, Q, S+Q)
-        cap = getattr(attn, "attn_logit_softcapping", None)  # Gemma 2
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        seen = _mask(pos, S + len(q_ids), layer_windows(model.config)[layer])
-        probs = logits.masked_fill(~seen, float("-inf")).softmax(-1)
-        return probs[0, :, :, :S].sum((0, 1)).float()
+        probe = _probe(stack, ctx.cache, _ids(q_ids, stack), pos, layer)
+        keys = ctx.cache.layers[layer].keys[:, :, : S + len(q_ids)]
+        probs = attention_probs(probe.q, keys, pos, probe.scale, probe.window, probe.softcap)  # (1, nh, Q, S+Q)
+        return probs[0, :, :, :S].sum((0, 1))
     finally:
-        truncate(ctx.cache, S)
+        truncate(ctx.cache, S)  # the question's K/V do not stay behind
+
+
+def _probe(stack: Stack, cache, ids: torch.Tensor, pos: torch.Tensor, layer: int) -> Probe:
+    """What tokens `ids` at `pos` look like at `layer`'s attention, run through layers 0..layer."""
+    attend = Pass(cache, pos, probe=layer)
+    stack.run(ids, pos, attend, n_layers=layer + 1)
+    return attend.probed
+
+
+def _ids(ids: list[int] | torch.Tensor, stack: Stack) -> torch.Tensor:
+    return torch.as_tensor(ids, dtype=torch.long).to(stack.device)
 
 
 @torch.inference_mode()
-def selector_scores(ctx: Context, q_ids: list[int], selector: KVModel, n_layers: int) -> torch.Tensor:
+def selector_scores(ctx: Context, q_ids: list[int], selector: "KVModel | Stack", n_layers: int) -> torch.Tensor:
     """float32 [S]: CacheClip's selection signal. A full-context prefill of the context's tokens
     through the selector's first `n_layers` layers, then the question's attention mass on each
     context token at the last of them: exact cross-chunk attention, at a fraction of the cost."""
-    hf = selector.hf.model
-    n = min(n_layers, selector.n_layers)
-    ids = ctx.token_ids.to(selector.device)[None]
-    pos = torch.arange(ids.shape[1], device=selector.device)
-    cache = DynamicCache()
-    h, pe = _first_layers(selector, ids, pos, n - 1, cache)
-    attn = hf.layers[n - 1].self_attn  # the last layer's K/V for the context, then its attention
-    x = hf.layers[n - 1].input_layernorm(h)
-    _, k, v = (t.transpose(1, 2) for t in qkv_states(attn, x))
-    k = _rope_fn(selector)(k, k, *pe[n - 1])[1]
-    cache.update(k, v, n - 1)
-    full = Context(cache, ctx.token_ids, ctx.prefix_len, ctx.spans)
-    return attention_scores(full, q_ids, selector, n - 1).to(ctx.token_ids.device)
+    stack = as_stack(selector)
+    n = min(n_layers, stack.n_layers)
+    full = Context(_context_pass(ctx, stack, n), ctx.token_ids, ctx.prefix_len, ctx.spans)
+    return attention_scores(full, q_ids, stack, n - 1).to(ctx.token_ids.device)
 
 
-def _first_layers(model: KVModel, ids: torch.Tensor, pos: torch.Tensor, n: int,
-                  cache: DynamicCache | None = None) -> tuple[torch.Tensor, list]:
-    """Hidden states of tokens `ids` [1, T] at positions `pos` [T] after the first `n` decoder
-    layers, each with its own window mask over the cache (the tokens' K/V join `cache` when
-    given, after what it holds) and rotary table; with the position embeddings of layers
-    0..n, layer n's for the caller's own attention there."""
-    hf = model.hf.model
-    h = hf.embed_tokens(ids)
-    pe = model.rope.embeddings(h, pos[None], n + 1)
-    masks = layer_masks(model, pos, (cache.get_seq_length() if cache is not None else 0) + len(pos))
-    for i, block in enumerate(hf.layers[:n]):
-        h = block(h, attention_mask=masks[i], position_ids=pos[None], past_key_values=cache,
-                  use_cache=cache is not None, position_embeddings=pe[i])
-    return h, pe
+def _context_pass(ctx: Context, stack: Stack, n_layers: int, probe: int | None = None):
+    """A fresh cache holding the context's own K/V through the first `n_layers` layers (a full
+    prefill of them), and the pass's probe at `probe`."""
+    cache = stack.empty_cache(ctx.length)
+    attend = Pass(cache, torch.arange(ctx.length, device=stack.device), probe)
+    stack.run(ctx.token_ids.to(stack.device), attend.positions, attend, n_layers=n_layers)
+    return cache if probe is None else attend.probed
 
 
 def truncate(cache: DynamicCache, length: int) -> None:
-    """Drop every position from `length` on, in every layer (what a forward appended)."""
+    """Drop every position from `length` on, in every layer (what a pass appended)."""
     for layer in cache.layers:
         if layer.keys is not None and layer.keys.shape[-2] > length:
             layer.keys = layer.keys[:, :, :length]
@@ -266,15 +217,12 @@ def truncate(cache: DynamicCache, length: int) -> None:
 
 
 @torch.inference_mode()
-def value_deviation(ctx: Context, model: KVModel, layer: int = 1) -> torch.Tensor:
+def value_deviation(ctx: Context, model: "KVModel | Stack", layer: int = 1) -> torch.Tensor:
     """float32 [S]: ‖V_full − V_cached‖ per token at `layer`, V_full from a full-context
     prefill of the layers below it (CacheBlend's selection signal)."""
-    hf = model.hf.model
-    pos = torch.arange(ctx.length, device=model.device)
-    h, _ = _first_layers(model, ctx.token_ids[None], pos, layer)
-    attn = hf.layers[layer].self_attn
-    v_full = qkv_states(attn, hf.layers[layer].input_layernorm(h))[2][0].flatten(-2)  # (S, m)
-    v_cached = ctx.cache.layers[layer].values[0].transpose(0, 1).flatten(1)  # (S, m)
+    stack = as_stack(model)
+    v_full = _context_pass(ctx, stack, layer + 1, probe=layer).v[0].transpose(0, 1).flatten(1)  # (S, m)
+    v_cached = ctx.cache.layers[layer].values[0, :, : ctx.length].transpose(0, 1).flatten(1)  # (S, m)
     return (v_full.float() - v_cached.float()).norm(dim=-1)
 
 
@@ -312,25 +260,8 @@ def select(scores: torch.Tensor, ctx: Context, ratio: float, window: int = 1, mi
 # ---------------------------------------------------------------- recomputation
 
 
-class _ScatterCache(DynamicCache):
-    """A view of a cache in which a forward pass's K/V overwrite `slots` instead of appending;
-    attention then sees the first `limit` positions only."""
-
-    def __init__(self, cache: DynamicCache, slots: torch.Tensor, limit: int):
-        super().__init__()
-        self.layers = cache.layers
-        self.slots = slots
-        self.limit = limit
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        layer = self.layers[layer_idx]
-        layer.keys[:, :, self.slots] = key_states.to(layer.keys.dtype)
-        layer.values[:, :, self.slots] = value_states.to(layer.values.dtype)
-        return layer.keys[:, :, : self.limit], layer.values[:, :, : self.limit]
-
-
 @torch.inference_mode()
-def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int = 1,
+def recompute(ctx: Context, positions: torch.Tensor, model: "KVModel | Stack", blocks: int = 1,
               q_ids: list[int] | None = None) -> torch.Tensor | None:
     """Recompute K/V of the tokens at `positions` (sorted) in every layer, in place.
 
@@ -346,30 +277,35 @@ def recompute(ctx: Context, positions: torch.Tensor, model: KVModel, blocks: int
     after a separate recomputation, and the question costs no pass of its own (on a busy CPU
     every pass is thousands of small operations, each paying for the scheduler).
     """
-    dev = model.device
-    pos, ids = positions.to(dev), ctx.token_ids
+    stack = as_stack(model)
+    pos, ids = positions.to(stack.device), ctx.token_ids.to(stack.device)
     if q_ids:
         S = ctx.length
-        pos = torch.cat([pos, torch.arange(S, S + len(q_ids), device=dev)])
-        ids = torch.cat([ids, torch.tensor(q_ids, dtype=ids.dtype, device=dev)])
-        _grow(ctx.cache, len(q_ids))
+        pos = torch.cat([pos, torch.arange(S, S + len(q_ids), device=stack.device)])
+        ids = torch.cat([ids, _ids(q_ids, stack)])
     logits = None
     for part in pos.tensor_split(min(blocks, max(1, pos.numel()))):
-        if part.numel() == 0:
-            continue
-        limit = int(part[-1]) + 1
-        out = model.hf(input_ids=ids[part][None], position_ids=part[None],
-                       attention_mask=model_mask(model, part, limit),
-                       past_key_values=_ScatterCache(ctx.cache, part, limit), use_cache=True, logits_to_keep=1)
-        logits = out.logits[0, -1]
-    return logits.float() if q_ids else None
+        if part.numel():
+            logits = stack.run(ids[part], part, Pass(ctx.cache, part), logits=bool(q_ids))
+    return logits if q_ids else None
 
 
-def _grow(cache: DynamicCache, n: int) -> None:
-    """Append `n` empty positions to every layer (the question's slots, filled by its pass)."""
-    for layer in cache.layers:
-        layer.keys, layer.values = (torch.cat([x, x.new_zeros(*x.shape[:-2], n, x.shape[-1])], dim=-2)
-                                    for x in (layer.keys, layer.values))
+def choose(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: "KVModel | Stack",
+           selector: "KVModel | Stack | None" = None) -> torch.Tensor:
+    """Sorted int64 positions `cfg`'s scorer selects among the chunk tokens for the question
+    `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the
+    model itself) over its first `cfg.selector_layers` layers (default: a quarter of them)."""
+    stack = as_stack(model)
+    layer = cfg.layer(stack.n_layers)
+    if cfg.method == "cacheblend":
+        scores = value_deviation(ctx, stack, layer)
+    elif cfg.method == "cacheclip":  # all of an auxiliary model's layers, a quarter of the main one's
+        sel = as_stack(selector) if selector is not None else None
+        n = cfg.selector_layers or (sel.n_layers if sel else max(1, stack.n_layers // 4))
+        scores = selector_scores(ctx, q_ids, sel or stack, n)
+    else:
+        scores = attention_scores(ctx, q_ids, stack, layer)
+    return select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
 
 
 def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
@@ -382,15 +318,7 @@ def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
     positions = torch.zeros(0, dtype=torch.long)
     if cfg.recomputes:
         with watch.step("select"):
-            layer = cfg.layer(model.n_layers)
-            if cfg.method == "cacheblend":
-                scores = value_deviation(ctx, model, layer)
-            elif cfg.method == "cacheclip":  # all of an auxiliary model's layers, a quarter of the main one's
-                n = cfg.selector_layers or (selector.n_layers if selector else max(1, model.n_layers // 4))
-                scores = selector_scores(ctx, q_ids, selector or model, n)
-            else:
-                scores = attention_scores(ctx, q_ids, model, layer)
-            positions = select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
+            positions = choose(ctx, q_ids, cfg, model, selector)
         with watch.step("recompute"):  # the question's prefill rides in the same pass
             return recompute(ctx, positions, model, q_ids=q_ids), positions
     with watch.step("prefill"):

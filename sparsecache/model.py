@@ -186,6 +186,10 @@ class KVModel:
         return next(self.hf.parameters()).device
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.hf.dtype
+
+    @property
     def n_layers(self) -> int:
         return self.config.num_hidden_layers
 
@@ -479,13 +483,15 @@ def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, model: KVModel) -> 
 
 def cache_heads(x: torch.Tensor, model: KVModel) -> torch.Tensor:
     """One layer's [T, m] as the cache's (1, H, T, D) in its dtype and device: a view where no
-    cast or move is needed (callers that keep it make it contiguous, or concatenate it)."""
-    x = x.to(model.device, model.hf.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim))
+    cast or move is needed (callers that keep it make it contiguous, or concatenate it).
+    `model` is a KVModel or anything with its device, dtype, n_kv_heads and head_dim (a Stack)."""
+    x = x.to(model.device, model.dtype).unflatten(-1, (model.n_kv_heads, model.head_dim))
     return x.transpose(0, 1)[None]
 
 
 def kv_cache(keys: torch.Tensor, values: torch.Tensor, model: KVModel):
-    """A transformers DynamicCache (batch 1) from post-RoPE keys and values [n_layers, T, m]."""
+    """A transformers DynamicCache (batch 1) from post-RoPE keys and values [n_layers, T, m]
+    (`model` as in `cache_heads`)."""
     from transformers import DynamicCache
 
     def heads(x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import OPENMP_SPINS
-from .blend import Context, assemble, attention_order, decode_chunks, fuse, question_ids, truncate
+from .blend import Context, DecodedChunks, attention_order, decode_chunks, fuse, question_ids, truncate
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
@@ -236,16 +236,14 @@ class Session:
     def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
         """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
         on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
-        prefix, pk, pv = self.store.prefix()
-        tokens = self.store.tokens(ids)
         files = self.raw_files(ids)
         with watch.step("read"):
-            raw, nbytes = read_raw(files)
+            chunks = raw_chunks(self.store, ids, files)
         with watch.step("transfer"):
-            kv = [(k.to(self.device).float(), v.to(self.device).float()) for k, v in raw]
+            chunks = chunks.to(self.device)
         with watch.step("reconstruct"):
-            ctx = assemble(prefix, (pk, pv), tokens, kv, self.model)
-        ctx.timings_ms = {"bytes_read": nbytes}
+            ctx = chunks.assemble(self.model)
+        ctx.timings_ms = {"bytes_read": chunks.nbytes}
         return ctx
 
 
@@ -260,6 +258,13 @@ def read_raw(files: list[Path]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]]
 
     blobs = [f.read_bytes() for f in files]
     return [(r["keys"], r["values"]) for r in map(load, blobs)], sum(map(len, blobs))
+
+
+def raw_chunks(store: Store, ids: list[str], files: list[Path]) -> DecodedChunks:
+    """The prefix and chunks `ids` with their exact fp16 K/V (on the host) from raw-KV `files`."""
+    prefix, pk, pv = store.prefix()
+    raw, nbytes = read_raw(files)
+    return DecodedChunks(prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
 
 
 def retrieve(store: Store, embedder, question: str, top_k: int) -> list[dict]:

@@ -86,6 +86,17 @@ from sparsecache.model import model_dir
 from sparsecache.serving import RagPrompts
 from sparsecache.session import Session
 
+import sparsecache.blend as blend
+import sparsecache.vllm.connector as connector
+chosen = {"vllm": [], "query": []}
+def recording(where, choose):
+    def wrapped(*args, **kwargs):
+        positions = choose(*args, **kwargs)
+        chosen[where].append(positions.tolist())
+        return positions
+    return wrapped
+connector.choose, blend.choose = recording("vllm", blend.choose), recording("query", blend.choose)
+
 gguf, store, question = sys.argv[1:4]
 session = Session(store, gguf)
 rag = RagPrompts(session.store, gguf)
@@ -104,11 +115,22 @@ for source, method in (("raw", "raw"), ("codes", "none")):
     result[source] = {"context_tokens": req.context_tokens, "delta": delta,
                       "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
                       "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow", recompute_ratio=1.0), max_tokens=8)
+full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
+result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
+                       "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow"), max_tokens=8)
+ours = session.query(question, chunks=ids, max_new_tokens=8)
+logprobs = torch.log_softmax(ours.logits, -1)
+result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
+                   "same_positions": chosen["vllm"][-1] == chosen["query"][-1],
+                   "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
+                   "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
 print("RESULT " + json.dumps(result))
 """
 
 
-def test_the_connector_fills_every_kv_cache_group_in_vllm(gemma, store):
+def test_the_connector_fills_every_kv_cache_group_and_blends_in_vllm(gemma, store):
     pytest.importorskip("vllm")
     path, _ = gemma
     proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, path, str(store.store.root), QUESTION,
@@ -123,3 +145,9 @@ def test_the_connector_fills_every_kv_cache_group_in_vllm(gemma, store):
         assert r[source]["context_tokens"] > 512 and r[source]["same_answer"], r
         assert r[source]["max_logprob_diff"] < 2e-3, r
         assert r[source]["delta"]["fallbacks"] == 0 and r[source]["delta"]["load_errors"] == 0, r
+    # blending on vLLM's Gemma layers (sliding windows included): ratio 1.0 is vLLM's own prefill,
+    # and the default selects what `query` selects and answers alike
+    assert r["blend-all"]["same_tokens"] and r["blend-all"]["max_logprob_diff"] < 2e-3, r
+    assert r["blend-all"]["delta"]["recomputed"] > 0 and r["blend-all"]["delta"]["load_errors"] == 0, r
+    assert r["blend"]["same_positions"] and r["blend"]["same_answer"] and r["blend"]["max_logprob_diff"] < 2e-3, r
+    assert r["blend"]["delta"]["recomputed"] == r["blend"]["ours_recomputed"] > 0, r

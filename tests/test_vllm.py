@@ -105,8 +105,10 @@ def generate(llm, req, params: dict | None, max_tokens: int = 16):
 
 
 def with_source(req, source: str, **more) -> dict:
+    """The request's kv_transfer_params with `source` and any other per-request options;
+    method `none` (the KV as stored, no blending) unless `more` names one."""
     p = json.loads(json.dumps(req.kv_transfer_params))
-    p["sparsecache"].update(source=source, **more)
+    p["sparsecache"].update(source=source, **{"method": "none", **more})
     return p
 
 
@@ -155,6 +157,107 @@ def test_layerwise_loading_writes_the_same_kv(store, rag, llm):
     assert all(abs(first[t] - sync_first[t]) < 1e-4 for t in sync_first)
 
 
+# ------------------------------------------------------------------ blending in the connector
+
+
+def test_recomputing_every_chunk_token_is_vllms_own_prefill(llm, store, rag):
+    """Ratio 1.0: the connector runs every chunk token through vLLM's own layers at its global
+    position over the whole context: that is vLLM's full prefill, token for token."""
+    ids = [c.id for c in store.store.chunks()]
+    for chunks in (ids, ids[1:3], ids[::-1]):
+        for q in QUESTIONS:
+            req = rag.request(q, chunks=chunks)
+            tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow", recompute_ratio=1.0))
+            full, lp_full, _ = generate(llm, req, None)
+            chunk_tokens = req.context_tokens - len(store.store.prefix()[0])
+            assert delta["recomputed"] == chunk_tokens and delta["fallbacks"] == delta["load_errors"] == 0
+            assert tokens == full, (chunks, q)
+            for t in lp_full:  # only the prefix's KV comes from the store (computed by transformers)
+                assert abs(first[t] - lp_full[t]) < 1e-3, (t, first[t], lp_full[t])
+
+
+@pytest.fixture
+def chosen(monkeypatch):
+    """Positions each engine's blending selected, in call order: {"vllm": [...], "query": [...]}."""
+    import sparsecache.blend as blend
+    import sparsecache.vllm.connector as connector
+
+    seen = {"vllm": [], "query": []}
+
+    def recording(where, choose):
+        def wrapped(*args, **kwargs):
+            positions = choose(*args, **kwargs)
+            seen[where].append(positions.tolist())
+            return positions
+        return wrapped
+
+    monkeypatch.setattr(connector, "choose", recording("vllm", blend.choose))
+    monkeypatch.setattr(blend, "choose", recording("query", blend.choose))
+    return seen
+
+
+@pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend", "cacheclip"])
+def test_each_method_selects_what_query_selects(llm, store, rag, chosen, method):
+    """One implementation: the connector's blend on vLLM's layers and `query`'s on transformers'
+    select the same tokens for the same chunks and question, and answer alike."""
+    ids = [c.id for c in store.store.chunks()]
+    for q in QUESTIONS:
+        ours = store.query(q, chunks=ids, method=method, recompute_ratio=0.15, max_new_tokens=12)
+        req = rag.request(q, chunks=ids)
+        tokens, first, delta = generate(llm, req, with_source(req, "codes", method=method, recompute_ratio=0.15),
+                                        max_tokens=12)
+        assert chosen["vllm"][-1] == chosen["query"][-1] and delta["recomputed"] == ours.recomputed_tokens > 0
+        logprobs = torch.log_softmax(ours.logits, -1)
+        for t, lp in first.items():
+            assert abs(lp - float(logprobs[t])) < 2e-3, (t, lp, float(logprobs[t]))
+        assert store.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer
+
+
+def test_a_blend_that_fails_after_the_claim_is_recomputed_by_vllm(llm, store, rag, monkeypatch):
+    import sparsecache.vllm.connector as connector
+
+    req = rag.request(QUESTIONS[0], chunks=[c.id for c in store.store.chunks()][:3])
+    full, _, _ = generate(llm, req, None)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure in the recomputation")
+
+    monkeypatch.setattr(connector, "recompute", broken)
+    tokens, _, delta = generate(llm, req, with_source(req, "codes", method="infoflow"))
+    assert delta["load_errors"] > 0 and delta["tokens"] == 0 and tokens == full
+
+
+def test_concurrent_requests_in_one_step_each_get_their_own_blend(llm, store, rag):
+    """Continuous batching: requests with different chunks and methods share engine steps;
+    each answers as it does alone."""
+    from vllm import SamplingParams
+
+    ids = [c.id for c in store.store.chunks()]
+    cases = [(QUESTIONS[0], ids, "infoflow"), (QUESTIONS[1], ids[:2], "a3"), (QUESTIONS[0], ids[2:], "none"),
+             (QUESTIONS[1], ids[::-1], "cacheblend")]
+    reqs = [rag.request(q, chunks=c) for q, c, _ in cases]
+    params = [with_source(r, "codes", method=m) for r, (_, _, m) in zip(reqs, cases)]
+    alone = [generate(llm, r, p) for r, p in zip(reqs, params)]
+    before = counters(llm)
+    outs = llm.generate([r.vllm_prompt() for r in reqs],
+                        [SamplingParams(max_tokens=16, temperature=0, logprobs=5, extra_args={"kv_transfer_params": p})
+                         for p in params], use_tqdm=False)
+    after = counters(llm)
+    assert after["requests"] - before["requests"] == len(cases) and after["fallbacks"] == before.get("fallbacks", 0)
+    for out, (tokens, first, _) in zip(outs, alone):
+        got = out.outputs[0]
+        assert list(got.token_ids) == tokens
+        assert all(abs(got.logprobs[0][t].logprob - first[t]) < 1e-4 for t in first if t in got.logprobs[0])
+
+
+def test_blending_options_are_checked_per_request(llm, store, rag):
+    req = rag.request(QUESTIONS[0], chunks=[c.id for c in store.store.chunks()][:2])
+    full, _, _ = generate(llm, req, None)
+    for bad in ({"method": "cake"}, {"method": "infoflow", "recompute_ratio": 2}, {"method": "nope"}):
+        tokens, _, delta = generate(llm, req, with_source(req, "codes", **bad))
+        assert delta["fallbacks"] == 1 and delta["tokens"] == 0 and tokens == full, bad
+
+
 def test_a_mismatched_or_broken_request_is_prefilled_and_answered_correctly(llm, store, rag):
     ids = [c.id for c in store.store.chunks()]
     req = rag.request(QUESTIONS[0], chunks=ids[:2])
@@ -184,12 +287,13 @@ def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
     try:
         for f in files:
             f.write_bytes(b"garbage" + saved[f][7:])
-        tokens, _, delta = generate(llm, req, with_source(req, "codes"))
+        damaged = [generate(llm, req, with_source(req, "codes", method=m)) for m in ("none", "infoflow")]
     finally:
         for f, data in saved.items():
             f.write_bytes(data)
-    assert delta["load_errors"] > 0 and delta["tokens"] == 0
-    assert tokens == full
+    for tokens, _, delta in damaged:  # loaded as stored, and blended
+        assert delta["load_errors"] > 0 and delta["tokens"] == 0
+        assert tokens == full
     assert generate(llm, req, with_source(req, "codes"))[2]["tokens"] == req.context_tokens  # repaired: served again
 
 
@@ -277,6 +381,9 @@ def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, 
         tokens = [float(line.split()[-1]) for line in metrics.splitlines()
                   if line.startswith("vllm:sparsecache_tokens_total")]
         assert tokens and sum(tokens) == req.context_tokens, metrics[-2000:]
+        recomputed = [float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("vllm:sparsecache_recomputed_total")]
+        assert sum(recomputed) > 0, "the server's default (infoflow) blended the context"  # the plugin found the model
     finally:
         server.terminate()
         try:

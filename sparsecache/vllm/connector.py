@@ -14,32 +14,51 @@ question); `sparsecache.serving.RagPrompts` builds both.
 Scheduler side: the prompt's leading tokens are checked token for token against the store
 (prefix + the named chunks' token ids, at the store's latest version). Only an exact match
 is claimed as externally computed; any mismatch, unknown chunk, unreadable store or
-malformed parameter claims nothing, so vLLM prefills as usual, and logs one line. With
-`recompute_tail` the last N claimed tokens are left to vLLM, so they (and the question)
-attend to every chunk before them, which no chunk's stored KV could.
+malformed parameter claims nothing, so vLLM prefills as usual, and logs one line.
 
-Worker side: the chunks' codes are read once per request, decoded on vLLM's device (all
-chunks of a request in one batched gather per layer group), keys rotated to the global
-positions where they land, and K/V written into vLLM's paged cache through the attention
-backend's own cache-update op and the request's slots, so the layout is always the
-backend's (CPU, FlashAttention, Triton alike). A load that fails after the scheduler
-claimed it is reported through `get_block_ids_with_load_errors`, and with
-`kv_load_failure_policy: "recompute"` vLLM recomputes those blocks: wrong KV is never used.
+Worker side, blending (the default, `sparsecache query`'s `infoflow` at its ratio): inside
+`start_load_kv`, before the step's forward, the chunks are decoded and placed at their
+global positions, the question (the prompt's tokens after the context) runs through vLLM's
+own layers to score them, the selected tokens are recomputed through every layer attending
+to the whole context, and the blended K/V of every context token are written into vLLM's
+paged cache; vLLM then prefills the question. Scoring, selection and recomputation are
+`sparsecache.blend`'s, run on vLLM's loaded layers and weights (`stack.py`; the model comes
+from this package's vLLM plugin, `plugin.py`). Where the model cannot be driven (no plugin,
+pipeline or tensor parallelism), the worker says so once at start-up and serves `none`.
 
-`kv_connector_extra_config`:
+Worker side, `method: none`: the chunks' codes are read once per request, decoded on vLLM's
+device (all chunks of a request in one batched gather per layer group), keys rotated to
+the global positions where they land, and written as they are. With `recompute_tail` the
+last N claimed tokens are left to vLLM, so they (and the question) attend to every chunk
+before them, which no chunk's stored KV could.
+
+Both write through the attention backend's own cache-update op and the request's slots, so
+the layout is always the backend's (CPU, FlashAttention, Triton alike). A load or blend that
+fails after the scheduler claimed it is reported through `get_block_ids_with_load_errors`,
+and with `kv_load_failure_policy: "recompute"` vLLM recomputes those blocks: wrong KV is
+never used.
+
+`kv_connector_extra_config` (a request may override every field but store, raw_dir,
+layerwise and device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
+    method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
+    recompute_ratio  fraction of chunk tokens recomputed (default: QueryConfig's, 0.25)
+    group_window, group_min, score_layer, selector_layers
+                     as `sparsecache query`'s options of those names (QueryConfig's defaults;
+                     cacheclip's selector is vLLM's model truncated to selector_layers)
     source           "codes" (default) or "raw": exact fp16 KV files per chunk (the TurboRAG-
                      style baseline that `sparsecache query --method raw` makes), for testing
-                     and comparison; a request may override it, and recompute_tail
+                     and comparison
     raw_dir          where the raw files are (default: beside the store, as `query` puts them)
-    recompute_tail   0 (default), N tokens, "chunk" (the last chunk), or "auto" (the closed-form
-                     split below, from decode_tokens_per_s and prefill_tokens_per_s)
-    layerwise        true: decode layer group g+1 on a thread while vLLM computes layer g
+    recompute_tail   with method none: 0 (default), N tokens, "chunk" (the last chunk), or
+                     "auto" (the closed-form split, from decode_tokens_per_s and prefill_tokens_per_s)
+    layerwise        with method none: decode layer group g+1 on a thread while vLLM computes layer g
     device           decode device (default: vLLM's)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -54,12 +73,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
-from .errors import SparseCacheError
-from .model import Rope, config_fingerprint
-from .overlap import tail_split
-from .serving import PARAMS_KEY
-from .session import _raw_dir, raw_file, read_raw
-from .store import LatestVersion, Store, open_backend
+from ..blend import choose, decode_chunks, recompute
+from ..errors import ConfigError, SparseCacheError
+from ..model import Rope, config_fingerprint
+from ..overlap import tail_split
+from ..query_config import SCORERS, QueryConfig
+from ..serving import PARAMS_KEY
+from ..session import _raw_dir, raw_chunks, raw_file, read_raw
+from ..stopwatch import Stopwatch
+from ..store import LatestVersion, Store, open_backend
+from .plugin import loaded_model
+from .stack import UnsupportedModel, VLLMStack
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -70,8 +94,21 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
-COUNTERS = ("requests", "chunks", "tokens", "fallbacks", "load_errors")
+COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "load_errors")
+METHODS = ("none", *SCORERS)  # what a connector can do with a claimed context (QueryConfig's names)
+BLEND_FIELDS = ("method", "recompute_ratio", "group_window", "group_min", "score_layer", "selector_layers")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
+
+
+def blend_config(base: QueryConfig, given: dict, where: str) -> QueryConfig:
+    """`base` with the blending fields `given` sets (QueryConfig's names and checks); the
+    connector can do `none` and the scorers (`full`, `raw`, `cake` and reordering are
+    `sparsecache query`'s: `source: raw` is the connector's exact-KV option)."""
+    fields = {k: given[k] for k in BLEND_FIELDS if k in given}
+    cfg = dataclasses.replace(base, **fields)
+    if cfg.method not in METHODS:
+        raise ConfigError(f"{where}: method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
+    return cfg
 
 
 @dataclass
@@ -84,6 +121,8 @@ class LoadSpec:
     source: str  # "codes" or "raw"
     start: int  # tokens vLLM already holds (its own prefix cache)
     end: int  # tokens claimed
+    blend: QueryConfig = field(default_factory=QueryConfig)
+    question: list[int] = field(default_factory=list)  # the prompt's tokens after the context
     block_ids: list[int] = field(default_factory=list)
 
 
@@ -94,11 +133,12 @@ class SparsecacheMetadata(KVConnectorMetadata):
 
 @dataclass
 class SparsecacheStats(KVConnectorStats):
-    """Counters since the last report: requests served, chunks, tokens injected, decode time,
-    fallbacks (requests prefilled as usual) and load errors (blocks vLLM had to recompute)."""
+    """Counters since the last report: requests served, chunks, tokens injected, tokens
+    recomputed by blending, decode and blend time, fallbacks (requests prefilled as usual)
+    and load errors (blocks vLLM had to recompute)."""
 
     def __post_init__(self):
-        for k in (*COUNTERS, "decode_ms"):
+        for k in (*COUNTERS, "decode_ms", "blend_ms"):
             self.data.setdefault(k, 0)
 
     def reset(self):
@@ -126,9 +166,11 @@ class SparsecachePromMetrics(KVConnectorPromMetrics):
         for name, doc in (("requests", "requests served from the store"),
                           ("chunks", "chunks whose KV was injected"),
                           ("tokens", "prompt tokens whose KV was injected"),
+                          ("recomputed", "injected tokens recomputed by blending"),
                           ("fallbacks", "requests naming chunks that were prefilled instead"),
                           ("load_errors", "blocks whose load failed and were recomputed"),
-                          ("decode_ms", "milliseconds spent reading, decoding and writing KV")):
+                          ("decode_ms", "milliseconds spent reading, decoding, blending and writing KV"),
+                          ("blend_ms", "milliseconds of those spent scoring and recomputing")):
             metric = self._counter_cls(name=f"vllm:sparsecache_{name}", documentation=doc, labelnames=labelnames)
             self._counters[name] = {e: metric.labels(*v) for e, v in per_engine_labelvalues.items()}
 
@@ -158,6 +200,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s '
                              "(scripts/bench_vllm.py measures them)")
         self.layerwise = bool(extra.get("layerwise", False))
+        self.blend = blend_config(QueryConfig(), extra, "kv_connector_extra_config")
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self._stores: dict[int, Store] = {}
@@ -181,6 +224,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             self._failed_blocks: set[int] = set()
             self._ready: list[threading.Event] = []
             self._thread: threading.Thread | None = None
+            self.stack = self._stack(vllm_config)
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -231,9 +275,13 @@ class SparsecacheConnector(KVConnectorBase_V1):
             missing = [c for c in chunks if not raw_file(self._raw_dir(store), c).exists()]
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
+        blend = blend_config(self.blend, params, "kv_transfer_params")
+        if blend.recomputes:  # the whole context is blended; vLLM prefills the question
+            return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
+                            prompt[len(expected):])
         tail = self._tail_tokens(params.get("recompute_tail", self.tail), store, chunks, len(expected),
                                  len(prompt) - len(expected))
-        return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected) - tail)
+        return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected) - tail, blend)
 
     def _tail_tokens(self, tail, store: Store, chunks: list[str], context: int, question: int) -> int:
         """Claimed context tokens left for vLLM to prefill (a request may override the config's)."""
@@ -288,24 +336,46 @@ class SparsecacheConnector(KVConnectorBase_V1):
         if self.device is None:
             self.device = next(iter(kv_caches.values())).device
 
+    def _stack(self, vllm_config) -> VLLMStack | None:
+        """vLLM's loaded model as blending's stack, or None (then blending requests are served
+        as `none`, said once here)."""
+        model = loaded_model(vllm_config.model_config)
+        try:
+            if model is None:
+                raise UnsupportedModel("sparsecache's vllm.general_plugins entry point did not see the model load "
+                                       "(reinstall sparsecache; if VLLM_PLUGINS is set, it must name sparsecache)")
+            return VLLMStack(model, vllm_config)
+        except UnsupportedModel as e:
+            logger.warning("sparsecache: blending is off, requests are served with method none (%s)", e)
+            return None
+
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, SparsecacheMetadata)
         if not meta.loads:
             return
         layers = [forward_context.no_compile_layers[n] for n in self._layer_names]
-        n = len(layers)
-        self._ready = [threading.Event() for _ in range(n)]
-        work = lambda: self._load_all(meta.loads, layers)  # noqa: E731
-        if self.layerwise:
+        self._ready = [threading.Event() for _ in layers]
+        # blending runs vLLM's own layers, so it finishes before the step's forward starts
+        blended = [s for s in meta.loads if s.blend.recomputes and self.stack is not None]
+        plain = [s for s in meta.loads if s not in blended]
+        self._timed(lambda: [self._blend(spec, layers) for spec in blended])
+        work = lambda: self._timed(lambda: self._load_plain(plain, layers))  # noqa: E731
+        if self.layerwise and plain:
             self._thread = threading.Thread(target=work, name="sparsecache-load", daemon=True)
             self._thread.start()
         else:
             work()
 
-    def _load_all(self, loads: list[LoadSpec], layers: list) -> None:
-        """Read, decode and write every request's KV, group by group, marking layers ready."""
+    def _timed(self, fn) -> None:
         t0 = time.perf_counter()
+        try:
+            fn()
+        finally:
+            self._stats.data["decode_ms"] += 1e3 * (time.perf_counter() - t0)
+
+    def _load_plain(self, loads: list[LoadSpec], layers: list) -> None:
+        """Read, decode and write every request's KV as stored, group by group, marking layers ready."""
         try:
             plans = []
             for spec in loads:
@@ -317,20 +387,52 @@ class SparsecacheConnector(KVConnectorBase_V1):
                 for spec, groups in plans:
                     if spec.block_ids and not self._failed(spec):
                         try:
-                            self._write(spec, groups(lo, hi), layers[lo:hi], lo)
+                            k, v = groups(lo, hi)
+                            k = self.rope.rotate_(k.float().contiguous(), torch.arange(k.shape[1], device=k.device), lo)
+                            self._write(spec, self._heads(k), self._heads(v), layers[lo:hi])
                         except (SparseCacheError, ValueError, OSError, RuntimeError) as e:
                             self._fail(spec, e)
                 for i in range(lo, hi):
                     self._ready[i].set()
             for spec, _ in plans:
                 if not self._failed(spec):
-                    self._stats.data["requests"] += 1
-                    self._stats.data["chunks"] += len(spec.chunks)
-                    self._stats.data["tokens"] += spec.end - spec.start
+                    self._served(spec)
         finally:
             for e in self._ready:
                 e.set()
-            self._stats.data["decode_ms"] += 1e3 * (time.perf_counter() - t0)
+
+    def _served(self, spec: LoadSpec, recomputed: int = 0) -> None:
+        self._stats.data["requests"] += 1
+        self._stats.data["chunks"] += len(spec.chunks)
+        self._stats.data["tokens"] += spec.end - spec.start
+        self._stats.data["recomputed"] += recomputed
+
+    def _blend(self, spec: LoadSpec, layers: list) -> None:
+        """`sparsecache query`'s fusion of one request, on vLLM's layers: decode the chunks, place
+        them at their positions, let the question's attention choose tokens, recompute them
+        through every layer, then write the whole context. Any failure falls back as a failed
+        load does: nothing has been written yet, the blocks are reported, vLLM recomputes them."""
+        try:
+            store = self._store(spec.version)
+            if spec.source == "raw":
+                files = [raw_file(self._raw_dir(store), c) for c in spec.chunks]
+                chunks = raw_chunks(store, spec.chunks, files).to(self.device)
+            else:
+                chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device))
+            ctx = chunks.assemble(self.stack)
+            if ctx.length != spec.end:
+                raise ValueError(f"{ctx.length} context tokens decoded, {spec.end} claimed")
+            t0 = time.perf_counter()
+            positions = choose(ctx, spec.question, spec.blend, self.stack)
+            recompute(ctx, positions, self.stack)
+            self._stats.data["blend_ms"] += 1e3 * (time.perf_counter() - t0)
+            cache = ctx.cache.layers  # post-RoPE (1, H, S, D) per layer
+            self._write(spec, [c.keys[0].transpose(0, 1) for c in cache], [c.values[0].transpose(0, 1) for c in cache],
+                        layers)
+        except Exception as e:  # noqa: BLE001 -- whatever failed, wrong KV must not reach the model
+            self._fail(spec, e)
+        else:
+            self._served(spec, int(positions.numel()))
 
     def _source(self, spec: LoadSpec):
         """A function (lo, hi) → pre-RoPE (keys, values) [hi-lo, end, m] of the request's tokens
@@ -357,18 +459,18 @@ class SparsecacheConnector(KVConnectorBase_V1):
 
         return group
 
+    def _heads(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[n, T, m] → n tensors [T, H, D]."""
+        return list(x.unflatten(-1, (self.rope.n_kv_heads, self.rope.head_dim)))
+
     @torch.inference_mode()
-    def _write(self, spec: LoadSpec, kv: tuple[torch.Tensor, torch.Tensor], layers: list, first_layer: int) -> None:
-        """Rotate keys to positions [0, end) and write tokens [start, end) of each layer through
-        the backend's own cache update (its layout, whatever it is)."""
-        keys, values = kv
-        keys = self.rope.rotate_(keys.float().contiguous(), torch.arange(keys.shape[1], device=keys.device),
-                                 first_layer)
-        slots = self._slots(spec, keys.device)
-        shape = (-1, self.rope.n_kv_heads, self.rope.head_dim)
-        for i, layer in enumerate(layers):
-            k = keys[i, spec.start: spec.end].to(self.dtype).reshape(shape)
-            v = values[i, spec.start: spec.end].to(self.dtype).reshape(shape)
+    def _write(self, spec: LoadSpec, keys: list[torch.Tensor], values: list[torch.Tensor], layers: list) -> None:
+        """Write tokens [start, end) of each layer's post-RoPE keys and values [≥ end, H, D]
+        through the backend's own cache update (its layout, whatever it is)."""
+        slots = self._slots(spec, keys[0].device)
+        for k, v, layer in zip(keys, values, layers):
+            k = k[spec.start: spec.end].to(self.dtype).contiguous()
+            v = v[spec.start: spec.end].to(self.dtype).contiguous()
             layer.impl.do_kv_cache_update(layer, k, v, layer.kv_cache, slots)
 
     def _slots(self, spec: LoadSpec, device) -> torch.Tensor:

@@ -1,0 +1,192 @@
+"""The model as selective recomputation sees it: a stack of decoder layers whose attention it owns.
+
+Blending (`blend.py`) runs some tokens through the model's layers against a context cache:
+the question through the first layers to score the context, the selected tokens through
+every layer to recompute them, or the whole context through a few layers (CacheBlend's and
+CacheClip's signals). Every engine does the same thing around the attention (embeddings,
+norms, projections, the family's rotary module, MLPs), and only the attention must differ
+from the engine's own: it reads a contiguous cache in which the tokens being run sit at
+their global positions, among tokens that are not being run.
+
+So an engine gives blending a `Stack`: its own layers, run one by one, with each layer's
+inner attention routed to a `Pass` (below). Two engines provide one:
+- `HFStack` here, over a transformers model (`sparsecache query`);
+- `sparsecache.vllm.stack.VLLMStack`, over the model vLLM loaded (the connector).
+Scoring, selection and recomputation are then one implementation for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from .model import KVModel, Rope, layer_windows
+
+
+@dataclass
+class Probe:
+    """What a pass saw at one layer: the tokens' post-RoPE queries and their values, and the
+    layer's attention parameters."""
+
+    q: torch.Tensor  # (1, nh, T, D)
+    v: torch.Tensor  # (1, H, T, D)
+    scale: float
+    window: int | None
+    softcap: float | None
+
+
+class Pass:
+    """One pass of tokens at `positions` (int64 [T], increasing) through a model's layers.
+
+    Each layer's attention writes the tokens' K/V into `cache` at their positions (growing
+    a layer that is too short) and attends over the cache up to the last of them, a query at
+    position p seeing positions <= p (and > p - W in a layer with window W): the tokens
+    between them are whatever the cache holds. With `probe`, that layer's queries and values
+    are kept (the attention scores and value deviations blending selects by)."""
+
+    def __init__(self, cache: DynamicCache, positions: torch.Tensor, probe: int | None = None):
+        self.cache = cache
+        self.positions = positions
+        self.limit = int(positions[-1]) + 1
+        self.probe = probe
+        self.probed: Probe | None = None
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        """q (1, nh, T, D), k and v (1, H, T, D), post-RoPE → attention output (1, nh, T, D)."""
+        c = self.cache.layers[layer]
+        if c.keys.shape[-2] < self.limit:
+            c.keys, c.values = (_grown(x, self.limit) for x in (c.keys, c.values))
+        c.keys[:, :, self.positions] = k.to(c.keys.dtype)
+        c.values[:, :, self.positions] = v.to(c.values.dtype)
+        keys, values = c.keys[:, :, : self.limit], c.values[:, :, : self.limit]
+        if layer == self.probe:
+            self.probed = Probe(q, v, scale, window, softcap)
+        return attention(q.to(keys.dtype), keys, values, self.positions, scale, window, softcap).to(q.dtype)
+
+
+def _grown(x: torch.Tensor, length: int) -> torch.Tensor:
+    """x (1, H, N, D) with zero positions appended up to `length`."""
+    return torch.cat([x, x.new_zeros(*x.shape[:-2], length - x.shape[-2], x.shape[-1])], dim=-2)
+
+
+def causal_mask(q_pos: torch.Tensor, kv_len: int, window: int | None = None) -> torch.Tensor:
+    """bool [1, 1, Q, kv_len]: a query at position p sees keys at positions j <= p (and
+    j > p - window in a sliding-window layer), wherever they sit in the cache."""
+    kv = torch.arange(kv_len, device=q_pos.device)[None, :]
+    seen = kv <= q_pos[:, None]
+    if window is not None:
+        seen &= kv > q_pos[:, None] - window
+    return seen[None, None]
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor, scale: float,
+              window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Attention of queries q (1, nh, Q, D) at positions `q_pos` over a cache's keys and
+    values (1, H, N, D) at positions 0..N-1 (GQA: nh a multiple of H) → (1, nh, Q, D)."""
+    mask = causal_mask(q_pos, keys.shape[-2], window)
+    if not softcap:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    probs = attention_probs(q, keys, q_pos, scale, window, softcap)
+    return probs.to(values.dtype) @ values.repeat_interleave(q.shape[1] // values.shape[1], dim=1)
+
+
+def attention_probs(q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """float32 (1, nh, Q, N): the attention weights `attention` applies (Gemma 2's soft cap
+    on the logits included)."""
+    keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # GQA: (1, nh, N, D)
+    logits = (q.float() @ keys.float().transpose(-1, -2)) * scale  # (1, nh, Q, N)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits.masked_fill(~causal_mask(q_pos, keys.shape[-2], window), float("-inf")).softmax(-1)
+
+
+class Stack:
+    """What blending needs from an engine's model (see the module docstring)."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    rope: Rope
+    device: torch.device
+    dtype: torch.dtype  # of the model's cache
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, attend: Pass, n_layers: int | None = None,
+            logits: bool = False) -> torch.Tensor | None:
+        """Run tokens `ids` [T] at `positions` [T] through the first `n_layers` layers (all by
+        default), attention routed to `attend`; with `logits`, the float32 next-token logits
+        [vocab] after the last token."""
+        raise NotImplementedError
+
+    def empty_cache(self, length: int) -> DynamicCache:
+        """A cache of `length` zero positions in every layer, for a pass that fills it."""
+        shape = (1, self.n_kv_heads, length, self.head_dim)
+        zeros = lambda: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+        return DynamicCache(ddp_cache_data=[(zeros(), zeros()) for _ in range(self.n_layers)])
+
+
+def as_stack(model: "KVModel | Stack") -> Stack:
+    return model if isinstance(model, Stack) else HFStack(model)
+
+
+# ---------------------------------------------------------------- transformers
+
+
+_ROUTED = "sparsecache"  # the attention implementation a pass routes transformers' layers to
+
+
+def _routed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                      sparsecache=None, **_):
+    """transformers' attention-function signature: (output (B, T, nh, D), weights)."""
+    stack, attend = sparsecache
+    i = module.layer_idx
+    cap = softcap if softcap is not None else getattr(module, "attn_logit_softcapping", None)
+    out = attend(i, query, key, value, scaling if scaling is not None else module.scaling, stack.windows[i], cap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+class HFStack(Stack):
+    """A transformers causal LM's layers, each attention module calling a pass through
+    transformers' attention-function registry (its own projections, norms and rotary)."""
+
+    def __init__(self, model: KVModel):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(_ROUTED, _routed_attention)
+        self.model = model
+        self.n_layers, self.n_kv_heads, self.head_dim = model.n_layers, model.n_kv_heads, model.head_dim
+        self.rope, self.device, self.dtype = model.rope, model.device, model.hf.dtype
+        self.windows = layer_windows(model.config)
+
+    @torch.inference_mode()
+    def run(self, ids, positions, attend, n_layers=None, logits=False):
+        hf = self.model.hf.model
+        n = self.n_layers if n_layers is None else n_layers
+        h = hf.embed_tokens(ids[None])  # (1, T, d)
+        pe = self.model.rope.embeddings(h, positions[None], n)
+        with self._routed():
+            for i, block in enumerate(hf.layers[:n]):
+                h = block(h, attention_mask=None, position_ids=positions[None], position_embeddings=pe[i],
+                          sparsecache=(self, attend))
+        if not logits:
+            return None
+        out = self.model.hf.lm_head(hf.norm(h[:, -1:]))[0, -1].float()
+        cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2/3
+        return torch.tanh(out / cap) * cap if cap else out
+
+    @contextlib.contextmanager
+    def _routed(self):
+        """The model's attention modules look up their function by the config's name on every
+        call: name ours while the pass runs (the model serves nothing else meanwhile)."""
+        config = self.model.config
+        saved = config._attn_implementation_internal
+        config._attn_implementation_internal = _ROUTED
+        try:
+            yield
+        finally:
+            config._attn_implementation_internal = saved
