@@ -1,12 +1,18 @@
 """`check-model`'s three checks on a tiny random model of each family (BENCHMARKS.md, "Model families"),
 then the same checks with one family-specific step left out, to show that the gate sees it.
+With --vllm, each family instead goes through vLLM with the connector (tests/test_vllm.py's
+engine agreement, one process per family): a store coded with random unit atoms, one chunk of
+exact KV against vLLM's prefill, several chunks against our own loop, and blending (ratio 1.0
+against vLLM's prefill, the default's selected positions against `query`'s).
 
-    python scripts/check_families.py
+    python scripts/check_families.py [--vllm [--out docs/benchmarks/families-vllm.json]]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -48,7 +54,67 @@ def report(model) -> str:
     return ", ".join(f"{c.name} {c.error:.1e}{'' if c.passed else ' FAIL'}" for c in check_model(model).checks)
 
 
+# vLLM's CPU attention takes head sizes of 32 and up
+VLLM_SIZES = dict(hidden_size=128, head_dim=32)
+VLLM_QUESTION = "What does the pass statement do?"
+
+
+def vllm_store(model, root: Path) -> Path:
+    from pydoc_data.topics import topics
+
+    from conftest import unit_atoms
+    from sparsecache.dictionary import DictConfig, Dictionary
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.session import Session
+
+    (root / "corpus").mkdir(parents=True)
+    for t in ("assert", "break", "continue", "pass"):
+        (root / "corpus" / f"{t}.txt").write_text(topics[t][:1500])
+    d = Dictionary(unit_atoms(model.m, 256, 1), unit_atoms(model.m, 256, 2), DictConfig(256, 8, 1), model.fingerprint())
+    encode_corpus([str(root / "corpus")], root / "store", d, model, progress=False)
+    session = Session(root / "store", model)
+    session.raw_files([c.id for c in session.store.chunks()])
+    return root / "store"
+
+
+def check_vllm(out: Path | None) -> None:
+    from test_vllm import engine_agreement
+
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        for family, extra, label in FAMILIES:
+            where = Path(d) / label.replace(" ", "_")
+            path = tiny(family, where / "model", **{**extra, **VLLM_SIZES})
+            try:
+                model = load_model(str(path))
+            except ModelError as e:
+                print(f"{label:<16} refused: {str(e).split(': ', 1)[-1]}", flush=True)
+                continue
+            try:
+                r = engine_agreement(str(path), vllm_store(model, where), VLLM_QUESTION)
+            except AssertionError as e:  # the engine did not start or the script failed
+                r = {"error": str(e)[-600:]}
+            results[label] = r
+            if "error" in r:
+                print(f"{label:<16} vLLM: {r['error'].strip().splitlines()[-1]}", flush=True)
+                continue
+            print(f"{label:<16} one chunk {'=' if r['one_chunk']['same_tokens'] else '!='} vLLM prefill; "
+                  f"raw/codes same answer as ours {r['raw']['same_answer']}/{r['codes']['same_answer']}; "
+                  f"ratio 1.0 {'=' if r['blend-all']['same_tokens'] else '!='} vLLM prefill "
+                  f"({r['blend-all']['max_logprob_diff']:.1e}); default blend same positions "
+                  f"{r['blend']['same_positions']}, same answer {r['blend']['same_answer']} "
+                  f"({r['blend']['max_logprob_diff']:.1e})", flush=True)
+    if out is not None:
+        out.write_text(json.dumps(results, indent=1))
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vllm", action="store_true", help="through vLLM with the connector instead")
+    ap.add_argument("--out", type=Path, help="with --vllm: every family's result as JSON")
+    args = ap.parse_args()
+    if args.vllm:
+        return check_vllm(args.out)
     models = {}
     with tempfile.TemporaryDirectory() as d:
         for family, extra, label in FAMILIES:

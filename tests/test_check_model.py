@@ -39,14 +39,15 @@ CONFIG_CLASS = {"Gemma3": "Gemma3TextConfig"}  # Gemma 3's text-only model (1B, 
 
 
 def tiny(family: str, out: Path, **extra) -> Path:
-    """A random 2-layer model of `family` saved with the default model's tokenizer."""
+    """A random 2-layer model of `family` saved with the default model's tokenizer (`extra`
+    overrides SMALL's sizes too)."""
     import transformers
 
     tok = _tokenizer()
     config_cls = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))
     model_cls = getattr(transformers, f"{family}ForCausalLM")
     torch.manual_seed(0)
-    model_cls(config_cls(vocab_size=len(tok), **SMALL, **extra)).save_pretrained(out)
+    model_cls(config_cls(vocab_size=len(tok), **{**SMALL, **extra})).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 

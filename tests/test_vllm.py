@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,6 +103,73 @@ def generate(llm, req, params: dict | None, max_tokens: int = 16):
     after = counters(llm)
     first = {t: lp.logprob for t, lp in out.logprobs[0].items()}
     return list(out.token_ids), first, {k: after[k] - before.get(k, 0) for k in after}
+
+
+# One model's engine agreement, in its own process: vLLM keeps one KV connector per process
+# (its first engine's). Argument 1 is a model (HF directory or GGUF), 2 a store encoded with it.
+AGREEMENT_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[4])  # the tests directory: test_vllm's engine and request helpers
+from test_vllm import ENGINE_ENV, generate, start_engine, with_source
+os.environ.update(ENGINE_ENV)
+import torch
+from sparsecache.model import model_dir
+from sparsecache.serving import RagPrompts
+from sparsecache.session import Session
+
+import sparsecache.blend as blend
+import sparsecache.vllm.connector as connector
+chosen = {"vllm": [], "query": []}
+def recording(where, choose):
+    def wrapped(*args, **kwargs):
+        positions = choose(*args, **kwargs)
+        chosen[where].append(positions.tolist())
+        return positions
+    return wrapped
+connector.choose, blend.choose = recording("vllm", blend.choose), recording("query", blend.choose)
+
+model, store, question = sys.argv[1:4]
+session = Session(store, model)
+rag = RagPrompts(session.store, model)
+llm = start_engine(model_dir(model), store, max_model_len=2048)
+ids = [c.id for c in session.store.chunks()]
+one = rag.request(question, chunks=ids[:1])
+tokens, first, _ = generate(llm, one, with_source(one, "raw"), max_tokens=8)
+full_tokens, full_first, _ = generate(llm, one, None, max_tokens=8)
+result = {"one_chunk": {"same_tokens": tokens == full_tokens,
+                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}}
+req = rag.request(question, chunks=ids)
+for source, method in (("raw", "raw"), ("codes", "none")):
+    tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=8)
+    ours = session.query(question, chunks=ids, method=method, max_new_tokens=8)
+    logprobs = torch.log_softmax(ours.logits, -1)
+    result[source] = {"context_tokens": req.context_tokens, "delta": delta,
+                      "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
+                      "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow", recompute_ratio=1.0), max_tokens=8)
+full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
+result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
+                       "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow"), max_tokens=8)
+ours = session.query(question, chunks=ids, max_new_tokens=8)
+logprobs = torch.log_softmax(ours.logits, -1)
+result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
+                   "same_positions": chosen["vllm"][-1] == chosen["query"][-1],
+                   "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
+                   "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
+print("RESULT " + json.dumps(result))
+"""
+
+
+def engine_agreement(model: str, store_root, question: str, timeout: int = 900) -> dict:
+    """AGREEMENT_SCRIPT's result for `model` over the store at `store_root`: one chunk of exact
+    KV against vLLM's prefill, several chunks (raw, codes) against our own loop, ratio 1.0
+    against vLLM's prefill, and the default blend against `query`'s."""
+    proc = subprocess.run([sys.executable, "-c", AGREEMENT_SCRIPT, str(model), str(store_root), question,
+                           str(Path(__file__).parent)], capture_output=True, text=True, timeout=timeout)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, proc.stderr[-3000:]
+    return json.loads(line.removeprefix("RESULT "))
 
 
 def with_source(req, source: str, **more) -> dict:
