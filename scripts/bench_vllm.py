@@ -1,22 +1,27 @@
 """vLLM + SparsecacheConnector against what a vLLM user has without it, in one engine and one run.
 
-1. Time to first token for k retrieved chunks of ~500 tokens (a store built by encode-corpus):
+1. Time to first token for k retrieved chunks of ~500 tokens (a store built by encode-corpus),
+   median of --repeats single-request `generate(max_tokens=1)` calls after one warm-up:
    - `full`: vLLM prefills the whole prompt (prefix cache emptied first);
    - `prefix-warm`: the same prompt a second time with vLLM's prefix cache warm: the best a
      user gets today without us, and only for a context seen before in the same order;
    - `raw`: the connector injects exact fp16 KV per chunk (TurboRAG/LMCache-style files);
-   - `none`: the connector decodes the store's codes (sync, then layerwise);
-   - `tail-chunk` / `tail-auto`: the connector leaves the last chunk, or the closed-form
-     split's N tokens (from the decode and prefill rates measured here at k = 8), to vLLM.
-2. Needle accuracy (the `bench passkey` task: a 6-digit number for a key in one of k = 8
-   chunks) of every configuration on the same trials.
+   - `none`: the connector injects the store's decoded codes as they are;
+   - `METHOD:R`: the connector blends: the question's attention (or CacheBlend's value
+     deviation) selects R of the chunk tokens, recomputed through vLLM's own layers.
+2. The RULER-style needle suite (`bench ruler`'s tasks, --trials each, k = 8) for the
+   configurations in NEEDLE_CONFIGS, each cell's trials submitted as one batch (each request
+   with its own prefix-cache salt, so none reuses another's KV).
+3. Throughput: --concurrent RAG requests at k = 8 (different chunk sets) submitted at once:
+   requests/s and the mean of vLLM's own first-token latency per request.
 
-    OMP_NUM_THREADS=2 python scripts/bench_vllm.py --store W/store --corpus W/corpus --passkey W/passkey \
+    OMP_NUM_THREADS=2 python scripts/bench_vllm.py --store W/store --corpus W/corpus --ruler W/ruler \
         --out docs/benchmarks/vllm-cpu.json --plot docs/vllm.png
 
 (W/corpus: `python -c "from sparsecache.bench.suite import bench_corpus; bench_corpus('W/corpus')"`.)
-The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess. Each TTFT is
-the median of --repeats single-request `generate(max_tokens=1)` calls after one warm-up.
+The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess (the
+corpus and the suite's documents in one store: the engine's connector serves one). Every
+finished section is saved to --out at once; a rerun with the same --out skips what is there.
 """
 
 from __future__ import annotations
@@ -34,27 +39,30 @@ from sparsecache.bench.suite import cpu_model
 
 # k = 32 chunks of ~500 tokens exceed the default model's 8,192 positions: TTFT is a matter of
 # compute, so vLLM is allowed the longer length (answers there are not judged; needles use k = 8).
-ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
 TTFT_QUESTION = "Summarise what these passages say about the subject they share."
+BLENDS = ("infoflow:0.15", "infoflow:0.25", "a3:0.15", "cacheblend:0.15", "cacheclip:0.15")
+CONFIGS = ("full", "prefix-warm", "raw", "none", *BLENDS)
+NEEDLE_CONFIGS = ("full", "none", *BLENDS)
+THROUGHPUT_CONFIGS = ("full", "none", "infoflow:0.25")
 
 
-def ensure_stores(store: Path, corpus: Path, work: Path, trials: int, k: int) -> None:
-    """One store holds both tasks (the engine's connector serves one store): the long-chunk
-    corpus and the passkey documents. encode-corpus runs in a subprocess, as a nightly job would,
-    and only encodes what is new."""
+def ensure_store(store: Path, corpus: Path, ruler: Path, trials: int) -> None:
+    """The long-chunk corpus and the RULER-style suite's documents in one store. encode-corpus runs
+    in a subprocess, as a nightly job would, and only encodes what is new."""
     from transformers import AutoTokenizer
 
+    from sparsecache.bench.ruler import TASKS, make_suite
     from sparsecache.model import default_model_dir
-    from sparsecache.bench.passkey import make_task
 
-    if not (work / "trials.json").exists():
-        make_task(AutoTokenizer.from_pretrained(default_model_dir()), work, trials, k, 200, 1)
-    subprocess.run(["sparsecache", "encode-corpus", str(corpus), str(work / "corpus.jsonl"), "--store", str(store)],
+    if not (ruler / "trials.json").exists():
+        make_suite(AutoTokenizer.from_pretrained(default_model_dir()), ruler, TASKS, trials, 8, 200)
+    subprocess.run(["sparsecache", "encode-corpus", str(corpus), str(ruler / "corpus.jsonl"), "--store", str(store)],
                    check=True)
     # the exact fp16 KV files of the `raw` configuration, made (once) by the same code as `query --method raw`
     subprocess.run([sys.executable, "-c", "import sys; from sparsecache.session import Session; s = Session(sys.argv[1]); "
-                    "s.raw_files([c.id for c in s.store.chunks()])", str(store)], check=True)
+                    "s.raw_files([c.id for c in s.store.chunks() if c.token_length >= 480])", str(store)], check=True)
 
 
 def make_engine(store: Path):
@@ -75,108 +83,129 @@ def counters(llm) -> dict:
     return {m.name.removeprefix("vllm:sparsecache_"): m.value for m in llm.get_metrics() if "sparsecache" in m.name}
 
 
-def run(llm, req, params, max_tokens: int = 1):
-    """(seconds, generated text, counter deltas) of one request."""
-    from vllm import SamplingParams
-
-    before = counters(llm)
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0,
-                        extra_args=None if params is None else {"kv_transfer_params": params})
-    t = time.perf_counter()
-    out = llm.generate([req.vllm_prompt()], sp, use_tqdm=False)[0]
-    dt = time.perf_counter() - t
-    after = counters(llm)
-    return dt, out.outputs[0].text, {k: after[k] - before.get(k, 0) for k in after}
-
-
-def params_for(req, config: str, tails: dict) -> dict | None:
+def params_for(req, config: str) -> dict | None:
     """kv_transfer_params of one configuration (None: vLLM alone)."""
     if config in ("full", "prefix-warm"):
         return None
-    p = {"chunks": req.kv_transfer_params["sparsecache"]["chunks"], "source": "raw" if config == "raw" else "codes"}
-    if config == "tail-chunk":
-        p["recompute_tail"] = "chunk"
-    if config == "tail-auto":
-        p["recompute_tail"] = tails["auto"]
+    p = {"chunks": req.kv_transfer_params["sparsecache"]["chunks"], "source": "raw" if config == "raw" else "codes",
+         "method": "none"}
+    if ":" in config:
+        p["method"], ratio = config.split(":")
+        p["recompute_ratio"] = float(ratio)
     return {"sparsecache": p}
 
 
-CONFIGS = ("full", "prefix-warm", "raw", "none", "none-layerwise", "tail-chunk", "tail-auto")
+def generate(llm, reqs, params, max_tokens, salt: str):
+    """Outputs and counter deltas of requests submitted together; each request has its own
+    prefix-cache salt (`salt` + its index), so none reuses another's blocks."""
+    from vllm import SamplingParams
+
+    before = counters(llm)
+    prompts = [{**r.vllm_prompt(), "cache_salt": f"{salt}-{i}"} for i, r in enumerate(reqs)]
+    sps = [SamplingParams(max_tokens=m, temperature=0, extra_args=None if p is None else {"kv_transfer_params": p})
+           for p, m in zip(params, max_tokens)]
+    outs = llm.generate(prompts, sps, use_tqdm=False)
+    after = counters(llm)
+    return outs, {k: after[k] - before.get(k, 0) for k in after}
 
 
-def measure(llm, req, config: str, tails: dict, repeats: int) -> dict:
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
+def served(config: str, delta: dict, n: int) -> None:
+    if config not in ("full", "prefix-warm") and (delta.get("fallbacks") or delta.get("requests", 0) < n):
+        raise RuntimeError(f"{config}: the connector did not serve every request ({delta})")
 
-    worker = get_kv_transfer_group()
-    worker.layerwise = config == "none-layerwise"
-    params = params_for(req, "none" if config == "none-layerwise" else config, tails)
+
+def measure(llm, req, config: str, repeats: int, warmup: bool = True) -> dict:
+    params = params_for(req, config)
     times, deltas = [], []
-    for i in range(repeats + 1):
-        llm.reset_prefix_cache()
+    for i in range(repeats + warmup):
+        salt = f"{config}-{time.monotonic_ns()}"
         if config == "prefix-warm":
-            run(llm, req, None)  # the same prompt seen once before
-        dt, _, delta = run(llm, req, params)
-        if i:  # the first is a warm-up
-            times.append(dt)
+            generate(llm, [req], [None], [1], salt)  # the same prompt seen once before
+        t = time.perf_counter()
+        _, delta = generate(llm, [req], [params], [1], salt)
+        if i or not warmup:  # the first is a warm-up
+            times.append(time.perf_counter() - t)
             deltas.append(delta)
-    worker.layerwise = False
+    served(config, deltas[-1], 1)
     d = deltas[-1]
-    if params is not None and (d.get("fallbacks") or not d.get("tokens")):
-        raise RuntimeError(f"{config}: the connector did not serve the request ({d})")
     return {"ttft_ms": 1e3 * statistics.median(times), "injected_tokens": d.get("tokens", 0),
-            "decode_ms": d.get("decode_ms", 0)}
+            "recomputed_tokens": d.get("recomputed", 0), "decode_ms": d.get("decode_ms", 0),
+            "blend_ms": d.get("blend_ms", 0)}
 
 
-def ttft_table(llm, store, ks, repeats) -> tuple[list[dict], dict]:
-    from sparsecache.serving import RagPrompts
-    from sparsecache.overlap import tail_split
+def long_chunks(rag) -> list:
+    return sorted((c for c in rag.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
 
-    rag = RagPrompts(store)
-    chunks = sorted((c for c in rag.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
-    rows, tails = [], {}
+
+def ttft_table(llm, rag, ks, repeats, configs, rows: list[dict], save, warmup_full: bool = True) -> list[dict]:
+    """TTFT rows of every (k, configuration) not in `rows` yet, each saved as it is measured;
+    without `warmup_full`, vLLM's full prefill is timed once cold (minutes at k = 32)."""
+    chunks = long_chunks(rag)
     for k in ks:
         req = rag.request(TTFT_QUESTION, chunks=[c.id for c in chunks[:k]])
         q = len(req.prompt_token_ids) - req.context_tokens
-        base = {c: measure(llm, req, c, {"auto": 0}, repeats) for c in ("full", "none")}
-        # rates of this k: prefill of the whole prompt, and the connector's read + decode + write
-        rp = len(req.prompt_token_ids) / (base["full"]["ttft_ms"] / 1e3)
-        rd = base["none"]["injected_tokens"] / (base["none"]["decode_ms"] / 1e3)
-        tails = {"auto": tail_split(req.context_tokens, q, rd, rp), "rates": {"prefill": rp, "decode": rd}}
-        for config in CONFIGS:
-            r = base.get(config) or measure(llm, req, config, tails, repeats)
+        have = {r["config"]: r for r in rows if r["k"] == k}
+        full = have["full"] if "full" in have else measure(llm, req, "full", repeats, warmup_full)
+        for config in configs:
+            if config in have:
+                continue
+            r = full if config == "full" else measure(llm, req, config, repeats)
             rows.append({"k": k, "config": config, "context_tokens": req.context_tokens, "question_tokens": q,
-                         "tail_auto": tails["auto"], "prefill_tokens_per_s": round(rp), "decode_tokens_per_s": round(rd),
+                         "x_full": round(r["ttft_ms"] / full["ttft_ms"], 3),
                          **{key: round(v, 1) for key, v in r.items()}})
-            print(f"k={k:<3} {config:>15} ttft {r['ttft_ms']:8.0f} ms  injected {r['injected_tokens']}", flush=True)
-    return rows, tails
+            print(f"k={k:<3} {config:>16} ttft {r['ttft_ms']:8.0f} ms  ({rows[-1]['x_full']:.3f}x full)  "
+                  f"recomputed {r['recomputed_tokens']}", flush=True)
+            save(rows)
+    return rows
 
 
-def needle_accuracy(llm, store: Path, work: Path, tails_auto_ratio: float) -> list[dict]:
-    """Every configuration on the same passkey trials; tail-auto leaves the same fraction of the
-    context to vLLM as the closed-form split chose at k = 8."""
-    from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
-    from sparsecache.serving import RagPrompts
+def needle_suite(llm, rag, ruler: Path, configs, done: list[dict], save) -> list[dict]:
+    """Every configuration on every task's trials of the RULER-style suite, as `bench ruler` grades them."""
+    from sparsecache.bench.ruler import load_suite, wilson
 
-    rag = RagPrompts(store)
-    ids = {c.doc_id: c.id for c in rag.store.chunks() if c.doc_id.startswith(("filler-", "needle-"))}
-    trials = load_trials(work)
+    suite = load_suite(ruler)
+    docs = {d for t in suite for d in t.chunk_docs}  # one chunk each (the corpus's documents have many)
+    ids = {c.doc_id: c.id for c in rag.store.chunks() if c.doc_id in docs}
+    by_task: dict[str, list] = {}
+    for t in suite:
+        by_task.setdefault(t.task, []).append(t)
+    rows = list(done)
+    for task, trials in by_task.items():
+        for config in configs:
+            if any(r["task"] == task and r["config"] == config for r in rows):
+                continue
+            reqs = [rag.request(t.question, chunks=[ids[d] for d in t.chunk_docs], answer_prefix=t.answer_prefix)
+                    for t in trials]
+            params = [params_for(r, config) for r in reqs]
+            outs, delta = generate(llm, reqs, params, [t.max_new_tokens for t in trials], f"{task}-{config}")
+            served(config, delta, len(trials))
+            found = [t.found(o.outputs[0].text) for t, o in zip(trials, outs)]
+            correct = sum(all(f) for f in found)
+            n = len(trials)
+            rows.append({"task": task, "config": config, "trials": n, "accuracy": correct / n,
+                         "interval95": wilson(correct, n), "recall": round(sum(sum(f) / len(f) for f in found) / n, 4),
+                         "answers": [o.outputs[0].text for o in outs[:3]]})
+            print(f"{task:>10} {config:>16} accuracy {correct / n:.2f} {rows[-1]['interval95']}", flush=True)
+            save(rows)
+    return rows
+
+
+def throughput(llm, rag, n: int, configs) -> list[dict]:
+    """`n` requests at k = 8, each over its own 8 chunks, submitted together (max_tokens 16)."""
+    chunks = long_chunks(rag)
+    reqs = [rag.request(TTFT_QUESTION, chunks=[chunks[(i + j) % len(chunks)].id for j in range(8)]) for i in range(n)]
     rows = []
-    for config in ("full", "raw", "none", "tail-chunk", "tail-auto"):
-        correct = 0
-        for t in trials:
-            req = rag.request(t.question, chunks=[ids[d] for d in t.chunk_docs],
-                              answer_prefix=ANSWER_PREFIX.format(key=t.key))
-            tails = {"auto": int(round(tails_auto_ratio * req.context_tokens))}
-            llm.reset_prefix_cache()
-            _, text, delta = run(llm, req, params_for(req, config, tails), max_tokens=12)
-            if config != "full" and delta.get("fallbacks"):
-                raise RuntimeError(f"{config}: fell back on a passkey trial")
-            correct += t.value in text
-        n = len(trials)
-        p = correct / n
-        half = 1.96 * (p * (1 - p) / n) ** 0.5
-        rows.append({"config": config, "accuracy": p, "ci95": round(half, 3), "trials": n})
-        print(f"needle {config:>12} accuracy {p:.3f} ± {half:.3f} ({n} trials)", flush=True)
+    for config in configs:
+        params = [params_for(r, config) for r in reqs]
+        generate(llm, reqs[:1], params[:1], [1], f"warm-{config}")
+        t = time.perf_counter()
+        outs, delta = generate(llm, reqs, params, [16] * n, f"tp-{config}-{time.monotonic_ns()}")
+        wall = time.perf_counter() - t
+        served(config, delta, n)
+        ttfts = [o.metrics.first_token_latency for o in outs if o.metrics is not None]
+        rows.append({"config": config, "requests": n, "wall_s": round(wall, 2), "requests_per_s": round(n / wall, 3),
+                     "mean_ttft_ms": round(1e3 * statistics.mean(ttfts), 1) if ttfts else None})
+        print(f"throughput {config:>16} {n / wall:.3f} req/s, mean TTFT {rows[-1]['mean_ttft_ms']} ms", flush=True)
     return rows
 
 
@@ -186,17 +215,18 @@ def plot(rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for config in CONFIGS:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, config in enumerate(dict.fromkeys(r["config"] for r in rows)):
         pts = [(r["k"], r["ttft_ms"]) for r in rows if r["config"] == config]
-        ax.plot(*zip(*pts), marker="o", label=config)
+        ax.plot(*zip(*pts), marker="o", label=config, color=plt.cm.tab20(i),
+                linestyle="--" if config in ("full", "prefix-warm") else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("retrieved chunks k (~500 tokens each)")
     ax.set_ylabel("time to first token (ms)")
     ax.set_title("vLLM (CPU) with and without SparsecacheConnector")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 
@@ -206,27 +236,42 @@ def main() -> None:
     ap.add_argument("--store", type=Path, required=True, help="the store (made or brought up to date)")
     ap.add_argument("--corpus", type=Path, required=True,
                     help="documents giving >= max(ks) chunks of >= 480 tokens (e.g. bench store's corpus)")
-    ap.add_argument("--passkey", type=Path, required=True, help="passkey work directory (made when missing)")
+    ap.add_argument("--ruler", type=Path, required=True, help="RULER-style suite work directory (made when missing)")
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 8, 32])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-warmup-full", action="store_true", help="time vLLM's full prefill once, cold")
     ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--concurrent", type=int, default=8)
+    ap.add_argument("--sections", nargs="+", default=["ttft", "needle", "throughput"])
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), help="TTFT configurations")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
     os.environ.update(ENGINE_ENV)
-    ensure_stores(args.store, args.corpus, args.passkey, args.trials, 8)
+    ensure_store(args.store, args.corpus, args.ruler, args.trials)
+    result = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result.update({"device": "cpu", "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"),
+                   "date": time.strftime("%Y-%m-%d"), "vllm": __import__("vllm").__version__})
+
+    def save(**section):
+        result.update(section)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+    from sparsecache.serving import RagPrompts
+
     llm = make_engine(args.store)
-    rows, tails = ttft_table(llm, args.store, args.ks, args.repeats)
-    k8 = next(r for r in rows if r["k"] == (8 if 8 in args.ks else args.ks[0]))
-    ratio = k8["tail_auto"] / k8["context_tokens"]
-    needles = needle_accuracy(llm, args.store, args.passkey, ratio)
-    result = {"device": "cpu", "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"),
-              "date": time.strftime("%Y-%m-%d"), "vllm": __import__("vllm").__version__, "ttft": rows,
-              "tail_auto_ratio_from_k8": round(ratio, 4), "needle": needles}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    if args.plot:
-        plot(rows, args.plot)
+    rag = RagPrompts(args.store)
+    if "ttft" in args.sections:
+        ttft_table(llm, rag, args.ks, args.repeats, args.configs, result.get("ttft", []),
+                   lambda rows: save(ttft=rows), not args.no_warmup_full)
+    if "needle" in args.sections:
+        save(needle=needle_suite(llm, rag, args.ruler, NEEDLE_CONFIGS, result.get("needle", []),
+                                 lambda rows: save(needle=rows)))
+    if "throughput" in args.sections and "throughput" not in result:
+        save(throughput=throughput(llm, rag, args.concurrent, THROUGHPUT_CONFIGS))
+    if args.plot and result.get("ttft"):
+        plot(result["ttft"], args.plot)
 
 
 if __name__ == "__main__":

@@ -77,17 +77,19 @@ def vllm_store(model, root: Path) -> Path:
     return root / "store"
 
 
-def check_vllm(out: Path | None) -> None:
+def check_vllm(out: Path | None, only: list[str] | None) -> None:
     from test_vllm import engine_agreement
 
-    results = {}
+    results = json.loads(out.read_text()) if out is not None and out.exists() else {}
     with tempfile.TemporaryDirectory() as d:
         for family, extra, label in FAMILIES:
+            if only and label not in only:
+                continue
             where = Path(d) / label.replace(" ", "_")
-            path = tiny(family, where / "model", **{**extra, **VLLM_SIZES})
             try:
+                path = tiny(family, where / "model", **{**extra, **VLLM_SIZES})
                 model = load_model(str(path))
-            except ModelError as e:
+            except Exception as e:  # noqa: BLE001 -- ModelError, or transformers refusing the config at this size
                 print(f"{label:<16} refused: {str(e).split(': ', 1)[-1]}", flush=True)
                 continue
             try:
@@ -95,6 +97,8 @@ def check_vllm(out: Path | None) -> None:
             except AssertionError as e:  # the engine did not start or the script failed
                 r = {"error": str(e)[-600:]}
             results[label] = r
+            if out is not None:
+                out.write_text(json.dumps(results, indent=1))
             if "error" in r:
                 print(f"{label:<16} vLLM: {r['error'].strip().splitlines()[-1]}", flush=True)
                 continue
@@ -104,17 +108,16 @@ def check_vllm(out: Path | None) -> None:
                   f"({r['blend-all']['max_logprob_diff']:.1e}); default blend same positions "
                   f"{r['blend']['same_positions']}, same answer {r['blend']['same_answer']} "
                   f"({r['blend']['max_logprob_diff']:.1e})", flush=True)
-    if out is not None:
-        out.write_text(json.dumps(results, indent=1))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm", action="store_true", help="through vLLM with the connector instead")
-    ap.add_argument("--out", type=Path, help="with --vllm: every family's result as JSON")
+    ap.add_argument("--out", type=Path, help="with --vllm: every family's result as JSON (merged into it)")
+    ap.add_argument("--families", nargs="+", help="with --vllm: only these labels")
     args = ap.parse_args()
     if args.vllm:
-        return check_vllm(args.out)
+        return check_vllm(args.out, args.families)
     models = {}
     with tempfile.TemporaryDirectory() as d:
         for family, extra, label in FAMILIES:

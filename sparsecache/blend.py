@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from .query_config import QueryConfig
 from .model import KVModel, kv_cache
 from .generate import prefill
-from .stack import Pass, Probe, Stack, as_stack, attention_probs
+from .stack import Pass, Stack, as_stack, attention_probs, probe
 from .stopwatch import Stopwatch
 
 QUESTION_MARKER = "\u2063Q\u2063"
@@ -169,19 +169,12 @@ def attention_scores(ctx: Context, q_ids: list[int], model: "KVModel | Stack", l
     stack, S = as_stack(model), ctx.length
     pos = torch.arange(S, S + len(q_ids), device=stack.device)
     try:
-        probe = _probe(stack, ctx.cache, _ids(q_ids, stack), pos, layer)
+        seen = probe(stack, ctx.cache, _ids(q_ids, stack), pos, layer)
         keys = ctx.cache.layers[layer].keys[:, :, : S + len(q_ids)]
-        probs = attention_probs(probe.q, keys, pos, probe.scale, probe.window, probe.softcap)  # (1, nh, Q, S+Q)
+        probs = attention_probs(seen.q, keys, pos, seen.scale, seen.window, seen.softcap)  # (1, nh, Q, S+Q)
         return probs[0, :, :, :S].sum((0, 1))
     finally:
         truncate(ctx.cache, S)  # the question's K/V do not stay behind
-
-
-def _probe(stack: Stack, cache, ids: torch.Tensor, pos: torch.Tensor, layer: int) -> Probe:
-    """What tokens `ids` at `pos` look like at `layer`'s attention, run through layers 0..layer."""
-    attend = Pass(cache, pos, probe=layer)
-    stack.run(ids, pos, attend, n_layers=layer + 1)
-    return attend.probed
 
 
 def _ids(ids: list[int] | torch.Tensor, stack: Stack) -> torch.Tensor:
@@ -199,13 +192,12 @@ def selector_scores(ctx: Context, q_ids: list[int], selector: "KVModel | Stack",
     return attention_scores(full, q_ids, stack, n - 1).to(ctx.token_ids.device)
 
 
-def _context_pass(ctx: Context, stack: Stack, n_layers: int, probe: int | None = None):
+def _context_pass(ctx: Context, stack: Stack, n_layers: int) -> DynamicCache:
     """A fresh cache holding the context's own K/V through the first `n_layers` layers (a full
-    prefill of them), and the pass's probe at `probe`."""
+    prefill of them; the last layer's K/V only)."""
     cache = stack.empty_cache(ctx.length)
-    attend = Pass(cache, torch.arange(ctx.length, device=stack.device), probe)
-    stack.run(ctx.token_ids.to(stack.device), attend.positions, attend, n_layers=n_layers)
-    return cache if probe is None else attend.probed
+    probe(stack, cache, ctx.token_ids.to(stack.device), torch.arange(ctx.length, device=stack.device), n_layers - 1)
+    return cache
 
 
 def truncate(cache: DynamicCache, length: int) -> None:
@@ -221,7 +213,8 @@ def value_deviation(ctx: Context, model: "KVModel | Stack", layer: int = 1) -> t
     """float32 [S]: ‖V_full − V_cached‖ per token at `layer`, V_full from a full-context
     prefill of the layers below it (CacheBlend's selection signal)."""
     stack = as_stack(model)
-    v_full = _context_pass(ctx, stack, layer + 1, probe=layer).v[0].transpose(0, 1).flatten(1)  # (S, m)
+    cache, pos = stack.empty_cache(ctx.length), torch.arange(ctx.length, device=stack.device)
+    v_full = probe(stack, cache, ctx.token_ids.to(stack.device), pos, layer).v[0].transpose(0, 1).flatten(1)  # (S, m)
     v_cached = ctx.cache.layers[layer].values[0, :, : ctx.length].transpose(0, 1).flatten(1)  # (S, m)
     return (v_full.float() - v_cached.float()).norm(dim=-1)
 

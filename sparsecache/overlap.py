@@ -29,20 +29,6 @@ def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_p
     return max(0, min(context_tokens, int(round(context_tokens * rp / (rp + rd)))))
 
 
-def tail_split(context_tokens: int, question_tokens: int, decode_tokens_per_s: float,
-               prefill_tokens_per_s: float) -> int:
-    """Context tokens to leave to the engine when loading overlaps its compute.
-
-    The closed form of "recompute a part, load the rest" (KVPR's program, solved by equating
-    the two times, as the partial-recompute study does), in vLLM's orientation: the store
-    supplies the first S − N tokens while the engine prefills the last N plus the question,
-    so (N + Q) / prefill_rate = (S − N) / decode_rate gives
-    N* = (S·r_p − Q·r_d) / (r_p + r_d), clamped to [0, S]."""
-    rp, rd = prefill_tokens_per_s, decode_tokens_per_s
-    n = (context_tokens * rp - question_tokens * rd) / (rp + rd)
-    return max(0, min(context_tokens, int(round(n))))
-
-
 @dataclass
 class Rates:
     """Decode and prefill speeds (tokens/s) measured by a session's own queries, smoothed:

@@ -39,14 +39,19 @@ class Probe:
     softcap: float | None
 
 
+class Probed(Exception):
+    """Raised by a pass at its probe layer: nothing after that layer's K/V is needed."""
+
+
 class Pass:
     """One pass of tokens at `positions` (int64 [T], increasing) through a model's layers.
 
     Each layer's attention writes the tokens' K/V into `cache` at their positions (growing
     a layer that is too short) and attends over the cache up to the last of them, a query at
     position p seeing positions <= p (and > p - W in a layer with window W): the tokens
-    between them are whatever the cache holds. With `probe`, that layer's queries and values
-    are kept (the attention scores and value deviations blending selects by)."""
+    between them are whatever the cache holds. With `probe`, the pass stops at that layer's
+    attention (raising `Probed`, which `probe` below catches) once it has written the
+    layer's K/V and kept its queries and values (what blending's scorers read)."""
 
     def __init__(self, cache: DynamicCache, positions: torch.Tensor, probe: int | None = None):
         self.cache = cache
@@ -66,6 +71,7 @@ class Pass:
         keys, values = c.keys[:, :, : self.limit], c.values[:, :, : self.limit]
         if layer == self.probe:
             self.probed = Probe(q, v, scale, window, softcap)
+            raise Probed
         return attention(q.to(keys.dtype), keys, values, self.positions, scale, window, softcap).to(q.dtype)
 
 
@@ -128,6 +134,17 @@ class Stack:
         shape = (1, self.n_kv_heads, length, self.head_dim)
         zeros = lambda: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
         return DynamicCache(ddp_cache_data=[(zeros(), zeros()) for _ in range(self.n_layers)])
+
+
+def probe(stack: Stack, cache: DynamicCache, ids: torch.Tensor, positions: torch.Tensor, layer: int) -> Probe:
+    """Run tokens `ids` at `positions` through layers 0..`layer` (their K/V joining `cache`,
+    `layer`'s included) and return what `layer`'s attention received."""
+    attend = Pass(cache, positions, probe=layer)
+    try:
+        stack.run(ids, positions, attend, n_layers=layer + 1)
+    except Probed:
+        return attend.probed
+    raise RuntimeError(f"the pass never reached layer {layer}'s attention")
 
 
 def as_stack(model: "KVModel | Stack") -> Stack:

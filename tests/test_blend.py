@@ -235,12 +235,9 @@ def test_cake_reports_a_failed_load_in_the_callers_thread(session, chunk_ids, mo
         session.query(QUESTION, chunks=chunk_ids, method="cake", cake_split=0, max_new_tokens=1)
 
 
-def test_closed_form_splits_balance_decode_against_prefill():
-    from sparsecache.overlap import cake_split, tail_split
+def test_the_closed_form_cake_split_balances_decode_against_prefill():
+    from sparsecache.overlap import cake_split
 
-    # vLLM's orientation (the engine prefills the tail + question): / r_p = (S - N) / r_d  →  N = (S·r_p − Q·r_d) / (r_p + r_d)
-    assert tail_split(1000, 20, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 82
-    assert tail_split(100, 50, 1e6, 10) == 0 and tail_split(100, 0, 1, 1e9) == 100
     # our loop: compute N while S - N load, so N / r_p = (S - N) / r_d
     assert cake_split(1000, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 100
     assert cake_split(1000, 1e9, 1) == 0 and cake_split(1000, 1, 1e9) == 1000

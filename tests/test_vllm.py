@@ -208,23 +208,6 @@ def test_several_chunks_match_sparsecaches_own_loop(llm, store, rag, source, met
         assert store.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer
 
 
-def test_layerwise_loading_writes_the_same_kv(store, rag, llm):
-    """Decoding layer group g+1 on a thread while vLLM computes layer g gives the synchronous answer."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    worker = get_kv_transfer_group()  # the engine runs in this process
-    ids = [c.id for c in store.store.chunks()]
-    req = rag.request(QUESTIONS[1], chunks=ids)
-    sync_tokens, sync_first, _ = generate(llm, req, with_source(req, "codes"))
-    worker.layerwise = True
-    try:
-        tokens, first, delta = generate(llm, req, with_source(req, "codes"))
-    finally:
-        worker.layerwise = False
-    assert delta["tokens"] == req.context_tokens and tokens == sync_tokens
-    assert all(abs(first[t] - sync_first[t]) < 1e-4 for t in sync_first)
-
-
 # ------------------------------------------------------------------ blending in the connector
 
 
@@ -242,6 +225,31 @@ def test_recomputing_every_chunk_token_is_vllms_own_prefill(llm, store, rag):
             assert tokens == full, (chunks, q)
             for t in lp_full:  # only the prefix's KV comes from the store (computed by transformers)
                 assert abs(first[t] - lp_full[t]) < 1e-3, (t, first[t], lp_full[t])
+
+
+def test_blending_runs_on_the_engines_own_model(llm):
+    """No second copy: the stack the connector blends on is the model vLLM serves with."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    stack = get_kv_transfer_group().stack
+    assert stack is not None and llm.apply_model(id) == [id(stack.model)]
+
+
+def test_a_model_blending_cannot_drive_is_refused_at_start_up_with_one_line(llm, monkeypatch):
+    """No plugin (the model never seen loading) or a model without the decoder-stack shape:
+    the worker says why once and serves `none` (the scheduler's claims stay valid)."""
+    import types
+
+    import sparsecache.vllm.connector as connector
+
+    said = []
+    monkeypatch.setattr(connector.logger, "warning", lambda msg, *a: said.append(msg % a))
+    config = types.SimpleNamespace(model_config=object())
+    monkeypatch.setattr(connector, "loaded_model", lambda model_config: None)
+    assert connector.SparsecacheConnector._stack(None, config) is None
+    monkeypatch.setattr(connector, "loaded_model", lambda model_config: torch.nn.Linear(2, 2))
+    assert connector.SparsecacheConnector._stack(None, config) is None
+    assert len(said) == 2 and "entry point" in said[0] and "decoder stack" in said[1], said
 
 
 @pytest.fixture
@@ -333,8 +341,7 @@ def test_a_mismatched_or_broken_request_is_prefilled_and_answered_correctly(llm,
     wrong_order = {"sparsecache": {"chunks": req.kv_transfer_params["sparsecache"]["chunks"][::-1]}}
     unknown = {"sparsecache": {"chunks": ids[:1] + ["no-such-chunk"]}}
     malformed = {"sparsecache": {"chunks": "not a list"}}
-    bad_tail = {"sparsecache": {"chunks": ids[:2], "recompute_tail": -3}}
-    for params in (wrong_order, unknown, malformed, bad_tail):
+    for params in (wrong_order, unknown, malformed):
         tokens, _, delta = generate(llm, req, params)
         assert delta["fallbacks"] == 1 and delta["tokens"] == 0, params
         assert tokens == full, params
@@ -363,19 +370,6 @@ def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
         assert delta["load_errors"] > 0 and delta["tokens"] == 0
         assert tokens == full
     assert generate(llm, req, with_source(req, "codes"))[2]["tokens"] == req.context_tokens  # repaired: served again
-
-
-def test_recompute_tail_leaves_the_last_chunk_to_vllm(llm, store, rag):
-    ids = [c.id for c in store.store.chunks()]
-    req = rag.request(QUESTIONS[0], chunks=ids)
-    last = store.store.chunk(req.kv_transfer_params["sparsecache"]["chunks"][-1]).token_length  # in prompt order
-    _, _, delta = generate(llm, req, with_source(req, "codes", recompute_tail="chunk"))
-    assert delta["tokens"] == req.context_tokens - last
-    _, _, delta = generate(llm, req, with_source(req, "codes", recompute_tail=7))
-    assert delta["tokens"] == req.context_tokens - 7
-    one = rag.request(QUESTIONS[0], chunks=ids[:1])  # tail = the only chunk: vLLM computes all but the prefix
-    tokens, _, _ = generate(llm, one, with_source(one, "codes", recompute_tail="chunk"))
-    assert tokens == generate(llm, one, None)[0]
 
 
 def test_rag_prompts_lay_out_prefix_chunks_question(store, rag):

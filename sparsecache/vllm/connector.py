@@ -28,9 +28,7 @@ pipeline or tensor parallelism), the worker says so once at start-up and serves 
 
 Worker side, `method: none`: the chunks' codes are read once per request, decoded on vLLM's
 device (all chunks of a request in one batched gather per layer group), keys rotated to
-the global positions where they land, and written as they are. With `recompute_tail` the
-last N claimed tokens are left to vLLM, so they (and the question) attend to every chunk
-before them, which no chunk's stored KV could.
+the global positions where they land, and written as they are.
 
 Both write through the attention backend's own cache-update op and the request's slots, so
 the layout is always the backend's (CPU, FlashAttention, Triton alike). A load or blend that
@@ -38,8 +36,8 @@ fails after the scheduler claimed it is reported through `get_block_ids_with_loa
 and with `kv_load_failure_policy: "recompute"` vLLM recomputes those blocks: wrong KV is
 never used.
 
-`kv_connector_extra_config` (a request may override every field but store, raw_dir,
-layerwise and device in its `kv_transfer_params["sparsecache"]`):
+`kv_connector_extra_config` (a request may override every field but store, raw_dir and
+device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
     recompute_ratio  fraction of chunk tokens recomputed (default: QueryConfig's, 0.25)
@@ -50,9 +48,6 @@ layerwise and device in its `kv_transfer_params["sparsecache"]`):
                      style baseline that `sparsecache query --method raw` makes), for testing
                      and comparison
     raw_dir          where the raw files are (default: beside the store, as `query` puts them)
-    recompute_tail   with method none: 0 (default), N tokens, "chunk" (the last chunk), or
-                     "auto" (the closed-form split, from decode_tokens_per_s and prefill_tokens_per_s)
-    layerwise        with method none: decode layer group g+1 on a thread while vLLM computes layer g
     device           decode device (default: vLLM's)
 """
 
@@ -60,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +70,6 @@ from vllm.model_executor.models.utils import extract_layer_index
 from ..blend import choose, decode_chunks, recompute
 from ..errors import ConfigError, SparseCacheError
 from ..model import Rope, config_fingerprint
-from ..overlap import tail_split
 from ..query_config import SCORERS, QueryConfig
 from ..serving import PARAMS_KEY
 from ..session import _raw_dir, raw_chunks, raw_file, read_raw
@@ -192,14 +185,10 @@ class SparsecacheConnector(KVConnectorBase_V1):
         if self.source not in ("codes", "raw"):
             raise ValueError(f'SparsecacheConnector: source must be "codes" or "raw", got {self.source!r}')
         self.raw_dir = extra.get("raw_dir")
-        self.tail = extra.get("recompute_tail", 0)
-        if not (self.tail in ("chunk", "auto") or (isinstance(self.tail, int) and self.tail >= 0)):
-            raise ValueError(f'recompute_tail must be "chunk", "auto" or tokens >= 0, got {self.tail!r}')
-        self.rates = (float(extra.get("decode_tokens_per_s", 0) or 0), float(extra.get("prefill_tokens_per_s", 0) or 0))
-        if self.tail == "auto" and not all(self.rates):
-            raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s '
-                             "(scripts/bench_vllm.py measures them)")
-        self.layerwise = bool(extra.get("layerwise", False))
+        for gone in ("recompute_tail", "layerwise"):  # removed: blending does their job (BENCHMARKS.md)
+            if gone in extra:
+                raise ValueError(f"SparsecacheConnector: {gone} was removed; blending (method, recompute_ratio) "
+                                 "recomputes the tokens the question needs instead")
         self.blend = blend_config(QueryConfig(), extra, "kv_connector_extra_config")
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
@@ -222,8 +211,6 @@ class SparsecacheConnector(KVConnectorBase_V1):
             self.device = torch.device(extra["device"]) if extra.get("device") else None
             self._layer_names: list[str] = []
             self._failed_blocks: set[int] = set()
-            self._ready: list[threading.Event] = []
-            self._thread: threading.Thread | None = None
             self.stack = self._stack(vllm_config)
 
     # ------------------------------------------------------------------ scheduler side
@@ -276,24 +263,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
         blend = blend_config(self.blend, params, "kv_transfer_params")
-        if blend.recomputes:  # the whole context is blended; vLLM prefills the question
-            return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
-                            prompt[len(expected):])
-        tail = self._tail_tokens(params.get("recompute_tail", self.tail), store, chunks, len(expected),
-                                 len(prompt) - len(expected))
-        return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected) - tail, blend)
-
-    def _tail_tokens(self, tail, store: Store, chunks: list[str], context: int, question: int) -> int:
-        """Claimed context tokens left for vLLM to prefill (a request may override the config's)."""
-        if tail == "chunk":
-            return store.chunk(chunks[-1]).token_length
-        if tail == "auto":
-            if not all(self.rates):
-                raise ValueError('recompute_tail "auto" needs decode_tokens_per_s and prefill_tokens_per_s')
-            return tail_split(context, question, *self.rates)
-        if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
-            raise ValueError(f'"recompute_tail" must be "chunk", "auto" or tokens >= 0, got {tail!r}')
-        return min(tail, context)
+        # the whole context is claimed, blended or as stored; vLLM prefills the question
+        return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
+                        prompt[len(expected):] if blend.recomputes else [])
 
     def _raw_dir(self, store: Store) -> Path:
         return Path(self.raw_dir) if self.raw_dir else _raw_dir(store)
@@ -355,17 +327,11 @@ class SparsecacheConnector(KVConnectorBase_V1):
         if not meta.loads:
             return
         layers = [forward_context.no_compile_layers[n] for n in self._layer_names]
-        self._ready = [threading.Event() for _ in layers]
-        # blending runs vLLM's own layers, so it finishes before the step's forward starts
+        # everything is written before the step's forward starts (blending runs vLLM's own layers)
         blended = [s for s in meta.loads if s.blend.recomputes and self.stack is not None]
         plain = [s for s in meta.loads if s not in blended]
         self._timed(lambda: [self._blend(spec, layers) for spec in blended])
-        work = lambda: self._timed(lambda: self._load_plain(plain, layers))  # noqa: E731
-        if self.layerwise and plain:
-            self._thread = threading.Thread(target=work, name="sparsecache-load", daemon=True)
-            self._thread.start()
-        else:
-            work()
+        self._timed(lambda: self._load_plain(plain, layers))
 
     def _timed(self, fn) -> None:
         t0 = time.perf_counter()
@@ -375,31 +341,25 @@ class SparsecacheConnector(KVConnectorBase_V1):
             self._stats.data["decode_ms"] += 1e3 * (time.perf_counter() - t0)
 
     def _load_plain(self, loads: list[LoadSpec], layers: list) -> None:
-        """Read, decode and write every request's KV as stored, group by group, marking layers ready."""
-        try:
-            plans = []
-            for spec in loads:
-                try:
-                    plans.append((spec, self._source(spec)))
-                except (SparseCacheError, KeyError, ValueError, OSError, RuntimeError) as e:
-                    self._fail(spec, e)
-            for lo, hi in self._layer_groups:
-                for spec, groups in plans:
-                    if spec.block_ids and not self._failed(spec):
-                        try:
-                            k, v = groups(lo, hi)
-                            k = self.rope.rotate_(k.float().contiguous(), torch.arange(k.shape[1], device=k.device), lo)
-                            self._write(spec, self._heads(k), self._heads(v), layers[lo:hi])
-                        except (SparseCacheError, ValueError, OSError, RuntimeError) as e:
-                            self._fail(spec, e)
-                for i in range(lo, hi):
-                    self._ready[i].set()
-            for spec, _ in plans:
-                if not self._failed(spec):
-                    self._served(spec)
-        finally:
-            for e in self._ready:
-                e.set()
+        """Read, decode and write every request's KV as stored, layer group by layer group."""
+        plans = []
+        for spec in loads:
+            try:
+                plans.append((spec, self._source(spec)))
+            except (SparseCacheError, KeyError, ValueError, OSError, RuntimeError) as e:
+                self._fail(spec, e)
+        for lo, hi in self._layer_groups:
+            for spec, groups in plans:
+                if spec.block_ids and not self._failed(spec):
+                    try:
+                        k, v = groups(lo, hi)
+                        k = self.rope.rotate_(k.float().contiguous(), torch.arange(k.shape[1], device=k.device), lo)
+                        self._write(spec, self._heads(k), self._heads(v), layers[lo:hi])
+                    except (SparseCacheError, ValueError, OSError, RuntimeError) as e:
+                        self._fail(spec, e)
+        for spec, _ in plans:
+            if not self._failed(spec):
+                self._served(spec)
 
     def _served(self, spec: LoadSpec, recomputed: int = 0) -> None:
         self._stats.data["requests"] += 1
@@ -493,16 +453,13 @@ class SparsecacheConnector(KVConnectorBase_V1):
         return not spec.block_ids
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if self._thread is not None and self._ready:
-            self._ready[extract_layer_index(layer_name)].wait()
+        return  # everything was written in start_load_kv
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
         return  # a consumer: the store is written by `sparsecache encode-corpus`, never by serving
 
     def wait_for_save(self):
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        return
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()

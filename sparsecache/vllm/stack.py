@@ -36,11 +36,11 @@ class VLLMStack(Stack):
     def __init__(self, model: torch.nn.Module, vllm_config):
         inner = getattr(model, "model", None)
         layers = list(getattr(inner, "layers", []) or [])
+        if not layers or not hasattr(model, "compute_logits"):
+            raise UnsupportedModel(f"{type(model).__name__} is not a decoder stack (model.model.layers)")
         for need in ("embed_input_ids", "norm"):
             if not hasattr(inner, need):
                 raise UnsupportedModel(f"{type(model).__name__} has no model.{need}")
-        if not layers or not hasattr(model, "compute_logits"):
-            raise UnsupportedModel(f"{type(model).__name__} is not a decoder stack (model.model.layers)")
         if (getattr(inner, "start_layer", 0), getattr(inner, "end_layer", len(layers))) != (0, len(layers)):
             raise UnsupportedModel("pipeline parallelism splits the layers over processes")
         attn = [_attention_modules(layer) for layer in layers]
