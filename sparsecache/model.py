@@ -10,6 +10,7 @@ embeddings saved once as `model.embed_tokens.weight`), which transformers, vLLM 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -209,6 +210,13 @@ class KVModel:
     @property
     def rope(self) -> "Rope":
         return Rope.of(self.hf.model.rotary_emb, self.config)
+
+    @functools.cached_property
+    def stack(self):
+        """This model as blending's engine-neutral Stack (sparsecache.stack), built once."""
+        from .stack import HFStack
+
+        return HFStack(self)
 
     def fingerprint(self) -> dict:
         """What a dictionary or store records to refuse being used with another model."""

@@ -148,7 +148,7 @@ def probe(stack: Stack, cache: DynamicCache, ids: torch.Tensor, positions: torch
 
 
 def as_stack(model: "KVModel | Stack") -> Stack:
-    return model if isinstance(model, Stack) else HFStack(model)
+    return model if isinstance(model, Stack) else model.stack
 
 
 # ---------------------------------------------------------------- transformers
