@@ -133,7 +133,17 @@ def load_index_bytes(data: bytes):
     return faiss.deserialize_index(np.frombuffer(data, np.uint8))
 
 
-def search(index, query: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The k best (id, score) for one query embedding [dim], best first."""
-    scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k)
+def search(index, query: np.ndarray, k: int, within: np.ndarray | None = None) -> list[tuple[int, float]]:
+    """The k best (id, score) for one query embedding [dim], best first; with `within`, only
+    among those ids (FAISS's selector: the search itself is restricted, so k are still found)."""
+    import faiss
+
+    params = None
+    if within is not None:
+        sel = faiss.IDSelectorBatch(np.ascontiguousarray(within, dtype=np.int64))
+        inner = faiss.downcast_index(index.index)
+        # HNSW takes its own parameter type; its search breadth is carried over, not reset
+        params = (faiss.SearchParametersHNSW(sel=sel, efSearch=inner.hnsw.efSearch)
+                  if isinstance(inner, faiss.IndexHNSWFlat) else faiss.SearchParameters(sel=sel))
+    scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k, params=params)
     return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]

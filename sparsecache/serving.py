@@ -15,6 +15,8 @@ No engine is imported here: the same request goes to `vllm serve` through the Op
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from .blend import question_ids
 from .errors import ConfigError
 from .model import DEFAULT, DEFAULT_NAME, config_fingerprint, model_dir
 from .query_config import ORDERS, QueryConfig
-from .store import Store
+from .store import LatestVersion, Store
 
 PARAMS_KEY = "sparsecache"  # kv_transfer_params[PARAMS_KEY] = {"chunks": [...], "version": N}
 
@@ -34,9 +36,22 @@ class RagRequest:
     chunks: list[dict]  # id, doc_id, ordinal, score of each retrieved chunk, in prompt order
     context_tokens: int  # prefix + chunk tokens: what the connector can supply
 
+    @property
+    def cache_salt(self) -> str:
+        """vLLM's prefix cache keys KV blocks by their tokens and a salt, not by how the KV was
+        made: without a salt, a blended context would be reused by a request asking for another
+        method, or for full prefill, of the same tokens. Blended KV depends on the question and
+        the blend settings, decoded KV (`method: none`) on neither; the salt says exactly that,
+        so cached blocks are reused only where they are the same KV."""
+        p = self.kv_transfer_params[PARAMS_KEY]
+        settings = {k: v for k, v in p.items() if k not in ("chunks", "version")}  # chunks: in the tokens already
+        question = self.prompt_token_ids[self.context_tokens:] if p.get("method") != "none" else []
+        material = json.dumps([settings, question], sort_keys=True)
+        return f"{PARAMS_KEY}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
+
     def vllm_prompt(self) -> dict:
-        """The prompt for `vllm.LLM.generate` (a TokensPrompt)."""
-        return {"prompt_token_ids": self.prompt_token_ids}
+        """The prompt for `vllm.LLM.generate` (a TokensPrompt, with the cache salt)."""
+        return {"prompt_token_ids": self.prompt_token_ids, "cache_salt": self.cache_salt}
 
     def extra_args(self) -> dict:
         """`SamplingParams(extra_args=...)`: how vLLM's offline API carries kv_transfer_params."""
@@ -44,16 +59,20 @@ class RagRequest:
 
     def openai_kwargs(self) -> dict:
         """Keyword arguments of `openai.OpenAI().completions.create` against `vllm serve`."""
-        return {"prompt": self.prompt_token_ids, "extra_body": {"kv_transfer_params": self.kv_transfer_params}}
+        return {"prompt": self.prompt_token_ids,
+                "extra_body": {"kv_transfer_params": self.kv_transfer_params, "cache_salt": self.cache_salt}}
 
 
 class RagPrompts:
     """Retrieves chunks from a store and lays out prompts the connector can serve.
 
-    Needs the model's tokenizer and config only (no weights) plus the store's embedder.
+    Needs the model's tokenizer and config only (no weights) plus the store's embedder. With
+    `follow_s`, it follows the store's newest published version, checked at most once every
+    `follow_s` seconds (a server under a nightly re-index); each request is made from one version.
     """
 
-    def __init__(self, store: str | Path | Store, model: str = DEFAULT, device: str = "cpu"):
+    def __init__(self, store: str | Path | Store, model: str = DEFAULT, device: str = "cpu",
+                 follow_s: float | None = None):
         from transformers import AutoConfig, AutoTokenizer
 
         self.store = store if isinstance(store, Store) else Store.open(store)
@@ -63,28 +82,49 @@ class RagPrompts:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.device = device
         self._embedder = None
+        self._latest = None if follow_s is None else LatestVersion(self.store.backend, follow_s)
 
-    def retrieve(self, question: str, top_k: int) -> list[dict]:
+    def current(self) -> Store:
+        """The store requests are made from: the newest published version when following."""
+        if self._latest is not None and self._latest() != self.store.version:
+            self.store = self.store.latest()
+        return self.store
+
+    def retrieve(self, question: str, top_k: int, documents: list[str] | None = None,
+                 store: Store | None = None) -> list[dict]:
         from .session import retrieve
 
         if self._embedder is None:
             from .index import Embedder
 
             self._embedder = Embedder(self.store.config.embedder, self.device)
-        return retrieve(self.store, self._embedder, question, top_k)
+        return retrieve(store or self.current(), self._embedder, question, top_k, documents)
 
     def request(self, question: str, top_k: int = 4, chunks: list[str] | None = None,
-                answer_prefix: str = "", order: str = QueryConfig.order) -> RagRequest:
-        """The prompt for `question` over the top_k retrieved chunks (or the given chunk ids),
-        laid out as `query` lays them out: `order` "reverse" puts the first chunk next to the question."""
+                answer_prefix: str = "", order: str = QueryConfig.order,
+                documents: list[str] | None = None) -> RagRequest:
+        """The prompt for `question` over the top_k retrieved chunks (among `documents`' when
+        given), or the given chunk ids, laid out as `query` lays them out: `order` "reverse"
+        puts the first chunk next to the question."""
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        hits = self.retrieve(question, top_k) if chunks is None else [{"id": c} for c in chunks]
+        if not question.strip():
+            raise ConfigError("the question is empty")
+        store = self.current()
+        if chunks is None:
+            hits = self.retrieve(question, top_k, documents, store)
+        else:
+            if not chunks:
+                raise ConfigError("chunks is empty")
+            hits = [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": None}
+                    for c in map(store.chunk, chunks)]
+        if not hits:
+            raise ConfigError("nothing to answer from: the store returned no chunks")
         if order == "reverse":
             hits = hits[::-1]
         ids = [h["id"] for h in hits]
-        prefix = self.store.prefix()[0]
-        context = prefix + [t for toks in self.store.tokens(ids) for t in toks]
+        prefix = store.prefix()[0]
+        context = prefix + [t for toks in store.tokens(ids) for t in toks]
         prompt = context + question_ids(self.tokenizer, question, answer_prefix)
-        params = {PARAMS_KEY: {"chunks": ids, "version": self.store.version}}
+        params = {PARAMS_KEY: {"chunks": ids, "version": store.version}}
         return RagRequest(prompt, params, hits, len(context))

@@ -267,11 +267,12 @@ def raw_chunks(store: Store, ids: list[str], files: list[Path]) -> DecodedChunks
     return DecodedChunks(prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
 
 
-def retrieve(store: Store, embedder, question: str, top_k: int) -> list[dict]:
-    """The top_k chunks for `question` (id, doc_id, ordinal, score), best first."""
+def retrieve(store: Store, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
+    """The top_k chunks for `question` (id, doc_id, ordinal, score), best first; with
+    `documents`, only among those documents' chunks."""
     q = embedder.embed([question])[0]
     return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
-            for c, s in store.search(q, top_k)]
+            for c, s in store.search(q, top_k, documents)]
 
 
 def _raw_dir(store: Store) -> Path:

@@ -218,3 +218,29 @@ def s3_url(moto_endpoint, request):
     bucket = re.sub(r"[^a-z0-9-]", "-", f"t{id(request)}-{request.node.name.lower()}")[:60].strip("-")
     boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
     return f"s3://{bucket}/stores/one"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (servers in tests bind there only)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc, log: Path, timeout_s: float = 300) -> None:
+    """Poll `url` until it answers 200, for at most timeout_s; fails with the log's tail if the
+    server process exits first or the time runs out."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"{url} not healthy in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}"
+        try:
+            if urllib.request.urlopen(url, timeout=2).status == 200:
+                return
+        except OSError:
+            time.sleep(1)

@@ -505,3 +505,16 @@ def test_format_2_stores_still_read_and_append(build, store, corpus_dir, tmp_pat
     m = compact(store, keep=1)  # compaction moves it to the current layout
     assert not Store.open(store).legacy_strings and verify(store)["ok"]
     assert m.generation == "g000002"
+
+
+def test_search_within_documents_finds_k_among_them(store, embedder):
+    s = Store.open(store)
+    q = embedder.embed(["assertions and debugging"])[0]
+    docs = sorted({c.doc_id for c in s.chunks()})
+    some = [d for d in docs if d != s.search(q, 1)[0][0].doc_id][:2]
+    hits = s.search(q, 50, documents=some)
+    assert {c.doc_id for c, _ in hits} == set(some)
+    assert len(hits) == sum(c.doc_id in some for c in s.chunks())  # the restriction is in the search, not after it
+    assert [c.id for c, _ in s.search(q, 2, documents=some)] == [c.id for c, _ in hits[:2]]
+    with pytest.raises(StoreError, match="no document 'missing.txt'"):
+        s.search(q, 2, documents=["missing.txt"])

