@@ -4,7 +4,7 @@ import warnings
 
 import click
 
-from cli import bench, dictionary, query, store
+from cli import bench, dictionary, query, serve, store
 from sparsecache import __version__
 
 
@@ -15,7 +15,8 @@ def cli():
 
     Learn global K/V dictionaries for a model (learn-dict) and measure them (eval-dict,
     bench omp); encode a corpus into a versioned store (encode-corpus), inspect it
-    (info, verify, search, compact) and answer questions from it (query).
+    (info, verify, search, compact), answer questions from it (query) and serve it over an
+    OpenAI-compatible HTTP API (serve).
     """
     warnings.showwarning = _warning_line
 
@@ -30,7 +31,7 @@ cli.add_command(dictionary.learn_dict_cmd)
 cli.add_command(dictionary.eval_dict_cmd)
 cli.add_command(bench.bench)
 for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd,
-                query.query_cmd):
+                query.query_cmd, serve.serve_cmd):
     cli.add_command(command)
 
 

@@ -1,0 +1,50 @@
+"""`serve`: answer RAG questions over HTTP (OpenAI-compatible), retrieval and KV injection in the server."""
+
+from __future__ import annotations
+
+import click
+
+from cli.options import library_errors, model_option
+from sparsecache.query_config import SCORERS, QueryConfig
+from sparsecache.vllm.server import MAX_TOP_K, ServeConfig
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True})
+@click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
+@model_option
+@click.option("--host", default=ServeConfig.host, show_default=True,
+              help="Address to bind; anything but 127.0.0.1 exposes the server to the network.")
+@click.option("--port", default=ServeConfig.port, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--top-k", default=ServeConfig.top_k, show_default=True, type=click.IntRange(1, MAX_TOP_K),
+              help="Chunks retrieved per request (a request may set its own).")
+@click.option("--method", type=click.Choice(("none", *SCORERS)),
+              default=QueryConfig.method, show_default=True,
+              help="What the connector does with the chunks' KV: none injects it as decoded; the others "
+                   "recompute the --recompute-ratio tokens the question needs (as `sparsecache query`).")
+@click.option("--recompute-ratio", default=QueryConfig.recompute_ratio, show_default=True,
+              type=click.FloatRange(0, 1), help="Fraction of chunk tokens to recompute.")
+@click.option("--api-key", default=None, envvar="SPARSECACHE_API_KEY", show_envvar=True,
+              help="Require this bearer token on /v1 requests (401 without it).")
+@click.option("--dtype", default=ServeConfig.dtype, show_default=True,
+              help="vLLM's --dtype; auto is float32 on a CPU and vLLM's choice on a GPU.")
+@click.option("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (default: the model's).")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM OPTIONS]")
+@library_errors
+def serve_cmd(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len, vllm_args):
+    """Serve STORE over HTTP: an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
+    /v1/models, /health, /metrics) whose answers come from the store's chunks.
+
+    Each request's last user message is the question: the server retrieves --top-k chunks, lays
+    them out as `sparsecache query` does and vLLM's engine answers with their KV injected by
+    SparsecacheConnector. The response's `sparsecache` field lists the chunks used. Options
+    after `--` go to vLLM's server as they are (e.g. `-- --max-num-seqs 16`). Needs vLLM:
+    `bash scripts/setup.sh vllm`.
+    """
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise click.ClickException("vLLM is not installed: `bash scripts/setup.sh vllm` adds it") from None
+    from sparsecache.vllm.server import serve
+
+    serve(ServeConfig(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len,
+                      vllm_args=tuple(a for a in vllm_args if a != "--")))

@@ -1,0 +1,309 @@
+"""`sparsecache serve STORE`: vLLM's OpenAI-compatible server, with retrieval and KV injection inside.
+
+A client sends an ordinary chat (or completion) request; the server takes the last user
+message as the question, retrieves the top-k chunks from the store (its FAISS index and
+embedder), lays the prompt out exactly as `sparsecache query` does (the store's prefix, the
+chunks, the question in the chat template) and names the chunks to `SparsecacheConnector`,
+which injects their KV (blended with the question, by default) instead of prefilling them.
+The answer carries the chunks it used in an extra `sparsecache` field (in the first event of
+a stream).
+
+Everything else is vLLM's own server, reused as it is: the engine (AsyncLLM), the FastAPI app
+with its routes (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics), the
+protocol models and their validation, streaming, the error shape, the bearer-token middleware
+(`--api-key`) and the Prometheus metrics. Two things are swapped in after vLLM builds the app:
+the chat and completion handlers are wrapped (retrieval before, sources after), and the chat
+handler renders our token ids instead of templating the messages.
+
+Per-request options go in the body's `sparsecache` object (OpenAI clients: `extra_body`):
+`top_k`, `chunks` (ids instead of retrieval), `documents` (retrieve only among these document
+ids), `method`, `recompute_ratio`. They are namespaced because the body's own `top_k` is
+vLLM's sampling parameter.
+
+Versions: a nightly `encode-corpus` publishes a new version; the next request retrieves from
+it (checked at most once a second), and the connector serves each request's chunks from the
+one version the request was laid out for (or prefills them if it is gone), so no answer
+mixes two versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, SparseCacheError
+from ..query_config import QueryConfig
+
+if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
+    from ..serving import RagRequest
+
+MAX_TOP_K = 64
+FIELD = "sparsecache"  # the request's options and the response's sources, in the body
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `sparsecache serve` runs with (the CLI's defaults come from here)."""
+
+    store: str
+    model: str = "default"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    top_k: int = 8  # as `sparsecache query`
+    method: str = QueryConfig.method
+    recompute_ratio: float = QueryConfig.recompute_ratio
+    api_key: str | None = None
+    dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
+    max_model_len: int | None = None
+    follow_s: float = 1.0  # how often a new store version is looked for
+    served_model_name: str | None = None
+    vllm_args: tuple[str, ...] = ()
+
+
+OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio")
+_PROMPT: contextvars.ContextVar[RagRequest | None] = contextvars.ContextVar("sparsecache_prompt", default=None)
+
+
+class BadRequest(ValueError):
+    """A request the server answers with 400 (one line, OpenAI's error shape)."""
+
+
+class Rag:
+    """Retrieval and layout for the server: one RagPrompts following the store's versions, the
+    per-request options checked, and the server's own Prometheus metrics."""
+
+    def __init__(self, cfg: ServeConfig):
+        from prometheus_client import Counter, Histogram
+
+        from ..serving import RagPrompts
+        from .connector import blend_config
+
+        self.cfg = cfg
+        self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.follow_s)
+        self.base = QueryConfig(method=cfg.method, recompute_ratio=cfg.recompute_ratio)
+        blend_config(self.base, {}, "--method/--recompute-ratio")  # refuse a bad default at start-up
+        self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
+        self.prompts.retrieve("warm-up", 1)  # the embedder loads now, not in the first request
+        self.requests = Counter("sparsecache_server_requests", "RAG requests by endpoint and outcome",
+                                ["endpoint", "outcome"])
+        self.retrieval = Histogram("sparsecache_server_retrieval_seconds", "retrieval and layout time per request",
+                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        self.chunks = Histogram("sparsecache_server_chunks_per_request", "chunks laid out per request",
+                                buckets=(1, 2, 4, 8, 16, 32, 64))
+
+    def options(self, body: dict | None) -> dict:
+        """The request's `sparsecache` options, checked."""
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise BadRequest('"sparsecache" must be an object')
+        unknown = sorted(set(body) - set(OPTIONS))
+        if unknown:
+            raise BadRequest(f'unknown "sparsecache" option(s) {", ".join(unknown)}; known: {", ".join(OPTIONS)}')
+        top_k = body.get("top_k", self.cfg.top_k)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+            raise BadRequest(f"top_k must be a whole number from 1 to {MAX_TOP_K}, got {top_k!r}")
+        for key in ("chunks", "documents"):
+            v = body.get(key)
+            if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
+                raise BadRequest(f"{key} must be a non-empty list of strings")
+        blend = {k: body[k] for k in ("method", "recompute_ratio") if k in body}
+        if blend:
+            from .connector import METHODS, blend_config
+
+            if blend.get("method", self.base.method) not in METHODS:
+                raise BadRequest(f"method must be one of {', '.join(METHODS)}, got {blend['method']!r}")
+            try:
+                blend_config(self.base, blend, "sparsecache")
+            except (ConfigError, ValueError, TypeError) as e:
+                raise BadRequest(str(e)) from None
+        return {"top_k": top_k, "chunks": body.get("chunks"), "documents": body.get("documents"), "blend": blend}
+
+    def request(self, question: str, opts: dict, endpoint: str) -> RagRequest:
+        t = time.perf_counter()
+        with self._lock:
+            try:
+                req = self.prompts.request(question, opts.get("top_k", self.cfg.top_k), chunks=opts.get("chunks"),
+                                           documents=opts.get("documents"))
+            except SparseCacheError as e:
+                raise BadRequest(str(e)) from None
+        self.retrieval.observe(time.perf_counter() - t)
+        self.chunks.observe(len(req.chunks))
+        params = next(iter(req.kv_transfer_params.values()))  # the connector's entry (serving.PARAMS_KEY)
+        params.update({"method": self.base.method, "recompute_ratio": self.base.recompute_ratio, **opts.get("blend", {})})
+        return req
+
+    def sources(self, req: RagRequest) -> dict:
+        """What a response says it used: the chunks in retrieval order (best first) and the version."""
+        hits = req.chunks[::-1] if QueryConfig.order == "reverse" else req.chunks
+        return {"chunks": [{"id": h["id"], "doc_id": h["doc_id"], "score": h["score"]} for h in hits],
+                "version": next(iter(req.kv_transfer_params.values()))["version"]}
+
+
+def question_of(messages: list) -> str:
+    """The last user message's text (string content, or the text parts of a list)."""
+    for m in reversed(messages):
+        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+        if role != "user":
+            continue
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(content, str) or not content.strip():
+            raise BadRequest("the last user message has no text: it is the question")
+        return content
+    raise BadRequest("no user message: the last user message is the question")
+
+
+class RagHandler:
+    """vLLM's chat or completion handler, with retrieval before it and the sources after it;
+    everything else (attributes the app reads) is the wrapped handler's."""
+
+    def __init__(self, inner, rag: Rag, endpoint: str):
+        self._inner, self._rag, self._endpoint = inner, rag, endpoint
+        if endpoint == "chat":
+            original = inner.render_chat_request
+
+            async def render_chat_request(request):
+                """vLLM's checks and templating of the messages, then our prompt in its place."""
+                result = await original(request)
+                req = _PROMPT.get()
+                if req is None or not isinstance(result, tuple):
+                    return result
+                conversation, _ = result
+                inputs = await inner.online_renderer.preprocess_completion(
+                    request, prompt_input=req.prompt_token_ids, prompt_embeds=None)
+                return conversation, inputs
+
+            inner.render_chat_request = render_chat_request
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def create_chat_completion(self, request, raw_request=None):
+        return await self._serve(request, raw_request, self._inner.create_chat_completion)
+
+    async def create_completion(self, request, raw_request=None):
+        return await self._serve(request, raw_request, self._inner.create_completion)
+
+    async def _serve(self, request, raw_request, call):
+        from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+        rag, endpoint = self._rag, self._endpoint
+        try:
+            opts = rag.options((request.model_extra or {}).pop(FIELD, None))
+            if endpoint == "chat":
+                question = question_of(request.messages)
+            elif isinstance(request.prompt, str):
+                question = request.prompt
+            else:
+                raise BadRequest("prompt must be one string: the question")
+            req = await asyncio.to_thread(rag.request, question, opts, endpoint)
+        except BadRequest as e:
+            rag.requests.labels(endpoint, "bad_request").inc()
+            return create_error_response(str(e))
+        request.kv_transfer_params = req.kv_transfer_params  # the server's, never the client's
+        # prefix-cache blocks are reused only where they hold the same KV (RagRequest.cache_salt)
+        request.cache_salt = req.cache_salt if not request.cache_salt else f"{request.cache_salt}|{req.cache_salt}"
+        if endpoint == "completion":
+            request.prompt = req.prompt_token_ids
+        token = _PROMPT.set(req)
+        try:
+            result = await call(request, raw_request)
+        finally:
+            _PROMPT.reset(token)
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        if isinstance(result, ErrorResponse):
+            rag.requests.labels(endpoint, "error").inc()
+            return result
+        rag.requests.labels(endpoint, "ok").inc()
+        sources = rag.sources(req)
+        if hasattr(result, "__aiter__"):
+            return _with_sources(result, sources)
+        setattr(result, FIELD, sources)  # the protocol models keep extra fields
+        return result
+
+
+async def _with_sources(stream, sources: dict):
+    """A stream of server-sent events whose first data event also carries the sources."""
+    first = True
+    async for event in stream:
+        if first and event.startswith("data: {"):
+            body = json.loads(event[len("data: "):])
+            body[FIELD] = sources
+            event = f"data: {json.dumps(body)}\n\n"
+            first = False
+        yield event
+
+
+def vllm_args(cfg: ServeConfig):
+    """vLLM's own server arguments for `cfg` (parsed by vLLM's parser, so every vLLM option in
+    `cfg.vllm_args` works and its defaults stay vLLM's)."""
+    import torch
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from ..model import model_dir
+    from ..store import Store
+
+    store = Store.open(cfg.store)
+    connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
+                 "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
+                 "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.follow_s,
+                                               "method": cfg.method, "recompute_ratio": cfg.recompute_ratio}}
+    dtype = cfg.dtype
+    if dtype == "auto" and not torch.cuda.is_available():
+        dtype = "float32"
+    name = cfg.served_model_name or store.attrs["model"].get("name") or "default"
+    argv = ["--model", str(model_dir(cfg.model)), "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,
+            "--served-model-name", name, "--kv-transfer-config", json.dumps(connector)]
+    if cfg.api_key:
+        argv += ["--api-key", cfg.api_key]
+    if cfg.max_model_len:
+        argv += ["--max-model-len", str(cfg.max_model_len)]
+    args = make_arg_parser(FlexibleArgumentParser(prog="sparsecache serve")).parse_args(argv + list(cfg.vllm_args))
+    validate_parsed_serve_args(args)
+    return args
+
+
+async def _run(cfg: ServeConfig, rag: Rag, args) -> None:
+    """vLLM's run_server, with our handlers installed between building the app and serving it."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+
+    listen_address, sock = setup_server(args, reuse_port=False)
+    try:
+        async with build_async_engine_client(args) as engine:
+            tasks = await engine.get_supported_tasks()
+            app = build_app(args, tasks, engine.model_config)
+            await init_app_state(engine, app.state, args, tasks)
+            state = app.state
+            if getattr(state, "openai_serving_chat", None) is None or getattr(state, "openai_serving_completion",
+                                                                                None) is None:
+                raise ConfigError(f"{args.model}: vLLM serves no chat or completion API for this model")
+            state.openai_serving_chat = RagHandler(state.openai_serving_chat, rag, "chat")
+            state.openai_serving_completion = RagHandler(state.openai_serving_completion, rag, "completion")
+            print(f"sparsecache serve: {cfg.store} (version {rag.prompts.store.version}) on {listen_address}, "
+                  f"model {args.served_model_name[0]}", flush=True)
+            shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
+                                        access_log=False)
+        await shutdown
+    finally:
+        sock.close()
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Start the server and block until it is stopped (SIGINT/SIGTERM)."""
+    import uvloop
+
+    rag = Rag(cfg)  # the store opens and matches the model before anything heavy starts
+    args = vllm_args(cfg)
+    uvloop.run(_run(cfg, rag, args))

@@ -1,0 +1,260 @@
+"""`sparsecache serve` end to end: one real server (vLLM's CPU build, the default model) on a free
+127.0.0.1 port, started and stopped here, asked through the `openai` client and plain HTTP.
+
+The store holds four short documents about made-up things, one fact per question, so an answer
+can only come from its chunk. Every wait and request is bounded.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import free_port, wait_healthy
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+DOCS = {
+    "velmora.txt": "Velmora is a small town in the hills of the Dresul valley. It was founded in 1788 by salt traders. "
+                   "The mayor of Velmora is Ilse Barkri. The market in Velmora is held every Thursday, and most houses "
+                   "in the town have red roofs. Visitors often remark on how quiet Velmora is in the early morning.",
+    "tharbar.txt": "The Tharbar is a wooden sailing ship that carries barrels along the coast. It was launched in 1902. "
+                   "The captain of the Tharbar is Oskar Lindqvist, and the hull of the Tharbar is painted green. The "
+                   "home port of the Tharbar is Ostfen, and it has a crew of eleven sailors.",
+    "quenmir.txt": "Quenmir Lanterns is a family business that makes lanterns. It opened its first workshop in 1921. "
+                   "Quenmir Lanterns employs 42 people, and its headquarters are in Belrov. The company is closed every "
+                   "Monday. It was founded by Greta Quenmir.",
+    "kelmont.txt": "Kelmont Observatory stands on a ridge above the village of Zanmir. Its main telescope has a mirror "
+                   "of 61 centimetres. The observatory was built in 1894 and is run by Pavel Ostrander. Public evenings "
+                   "are held on the first Friday of each month.",
+}
+QUESTIONS = ("What colour is the hull of the Tharbar?", "Who is the mayor of Velmora?",
+             "How many people does Quenmir Lanterns employ?", "Who runs Kelmont Observatory?",
+             "When was the Tharbar launched?", "On which day is the market held in Velmora?",
+             "Where are the headquarters of Quenmir Lanterns?", "How large is the mirror of the Kelmont telescope?")
+KEY = "test-key"
+MODEL = "SmolLM2-135M-Instruct"  # the served name: the store's model
+
+
+@dataclass
+class Server:
+    base: str
+    root: Path
+    proc: subprocess.Popen
+    client: "openai.OpenAI"
+
+    def chat(self, question: str, max_tokens: int = 16, **options):
+        return self.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=max_tokens, temperature=0,
+            extra_body={"sparsecache": options} if options else None)
+
+    def post(self, path: str, body, key: str | None = KEY) -> tuple[int, dict]:
+        """Raw HTTP (bodies the openai client would refuse to send): status and JSON."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        req = urllib.request.Request(self.base + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def metrics(self) -> str:
+        return urllib.request.urlopen(self.base + "/metrics", timeout=10).read().decode()
+
+
+def encode(corpus: Path, store: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "encode-corpus", str(corpus), "--store", str(store)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    (root / "corpus").mkdir()
+    for name, text in DOCS.items():
+        (root / "corpus" / name).write_text(text + "\n")
+    out, _ = encode(root / "corpus", root / "store").communicate(timeout=600)
+    assert "published version" in out, out
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    log = root / "serve.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", str(root / "store"), "--port", str(port),
+                                 "--top-k", "2", "--api-key", KEY, "--", "--max-model-len", "4096", "--enforce-eager"],
+                                stdout=f, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base + "/health", proc, log, 420)
+        yield Server(base, root, proc, openai.OpenAI(base_url=base + "/v1", api_key=KEY, timeout=180, max_retries=0))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_chat_answers_from_the_chunk_that_holds_the_fact(server):
+    r = server.chat(QUESTIONS[0], max_tokens=24)
+    answer = r.choices[0].message.content
+    sources = r.model_extra["sparsecache"]
+    assert "green" in answer.lower(), answer
+    assert sources["chunks"][0]["doc_id"] == "tharbar.txt" and len(sources["chunks"]) == 2
+    assert sources["chunks"][0]["score"] > sources["chunks"][1]["score"]
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_a_stream_yields_the_same_text_with_the_sources_first(server):
+    whole = server.chat(QUESTIONS[1], max_tokens=24)
+    stream = server.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTIONS[1]}], max_tokens=24, temperature=0, stream=True)
+    events = list(stream)
+    assert events[0].model_extra["sparsecache"] == whole.model_extra["sparsecache"]
+    assert all("sparsecache" not in (e.model_extra or {}) for e in events[1:])
+    assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == whole.choices[0].message.content
+
+
+def test_options_choose_the_chunks_and_the_method(server):
+    """`documents` restricts retrieval, `chunks` skips it, and recompute_ratio 1.0 is full prefill:
+    the same server's answer over the same chunks without the connector (a plain completion of
+    the prompt the server laid out gives no such control, so the method is compared by effect:
+    r = 1 and r = 0 must be able to differ, and r = 1 must name the mayor, as full prefill does)."""
+    only = server.chat(QUESTIONS[1], documents=["kelmont.txt", "quenmir.txt"], top_k=3)
+    assert {c["doc_id"] for c in only.model_extra["sparsecache"]["chunks"]} == {"kelmont.txt", "quenmir.txt"}
+    velmora = server.chat(QUESTIONS[1], top_k=1).model_extra["sparsecache"]["chunks"][0]
+    given = server.chat(QUESTIONS[1], chunks=[velmora["id"]], recompute_ratio=1.0, max_tokens=24)
+    assert [c["id"] for c in given.model_extra["sparsecache"]["chunks"]] == [velmora["id"]]
+    assert given.model_extra["sparsecache"]["chunks"][0]["score"] is None
+    assert "Barkri" in given.choices[0].message.content
+
+
+def test_concurrent_requests_each_answer_as_when_served_alone(server):
+    alone = [server.chat(q).choices[0].message.content for q in QUESTIONS]
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        together = list(pool.map(lambda q: server.chat(q).choices[0].message.content, QUESTIONS))
+    assert together == alone
+
+
+def test_completions_take_the_question_as_prompt(server):
+    r = server.client.completions.create(model=MODEL, prompt=QUESTIONS[0], max_tokens=16, temperature=0)
+    assert r.choices[0].text and r.model_extra["sparsecache"]["chunks"][0]["doc_id"] == "tharbar.txt"
+    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": [QUESTIONS[0], QUESTIONS[1]]})
+    assert status == 400 and "one string" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"messages": [{"role": "user", "content": "   "}]}, "no text"),
+    ({"messages": [{"role": "system", "content": "Be brief."}]}, "no user message"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"top_k": 0}}, "top_k"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"top_k": 1000}}, "top_k"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"chunks": ["nope"]}}, "no live chunk 'nope'"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"documents": ["nope.txt"]}}, "no document"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"method": "full"}}, "method must be one of"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"recompute_ratio": 2}}, "recompute-ratio"),
+    ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"colour": "red"}}, "unknown"),
+    ({"messages": [{"role": "user", "content": "word " * 5000}]}, "maximum context length"),
+    (b'{"model": "x", "messages": [', "JSON"),
+])
+def test_a_bad_request_gets_400_and_the_next_is_served(server, body, message):
+    status, reply = server.post("/v1/chat/completions", body if isinstance(body, bytes) else {"model": MODEL, **body})
+    assert status == 400, reply
+    assert message in reply["error"]["message"] and reply["error"]["code"] == 400
+    assert server.chat(QUESTIONS[0], max_tokens=2).choices[0].message.content
+
+
+def test_the_api_key_guards_the_api_but_not_health(server):
+    status, reply = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                                key=None)
+    assert status == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.base + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert urllib.request.urlopen(server.base + "/health", timeout=10).status == 200
+
+
+def test_metrics_count_requests_retrieval_and_injection(server):
+    def value(text, name, **labels):
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(name) and want in line and not line.startswith("#"))
+
+    before = server.metrics()
+    server.chat(QUESTIONS[2], max_tokens=2)
+    server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]})
+    after = server.metrics()
+    assert value(after, "sparsecache_server_requests_total", endpoint="chat", outcome="ok") == \
+        value(before, "sparsecache_server_requests_total", endpoint="chat", outcome="ok") + 1
+    assert value(after, "sparsecache_server_requests_total", endpoint="chat", outcome="bad_request") == \
+        value(before, "sparsecache_server_requests_total", endpoint="chat", outcome="bad_request") + 1
+    assert value(after, "sparsecache_server_retrieval_seconds_count") == \
+        value(before, "sparsecache_server_retrieval_seconds_count") + 1
+    assert value(after, "vllm:sparsecache_requests_total") == value(before, "vllm:sparsecache_requests_total") + 1
+    assert value(after, "vllm:sparsecache_recomputed_total") > value(before, "vllm:sparsecache_recomputed_total")
+
+
+def test_a_new_version_is_served_without_restart_and_requests_in_flight_finish_on_theirs(server, tmp_path):
+    """Runs last (it changes the store). An encode of an edited corpus is paused just before it
+    publishes; a long streaming request starts on the current version; the encode publishes
+    while that request is still generating (its events keep arriving after the new version
+    exists). The stream ends with the same text as before the publish and names the old
+    version; the next request retrieves from the new one."""
+    import threading
+
+    from sparsecache.store import versions
+
+    long = dict(model=MODEL, messages=[{"role": "user", "content": QUESTIONS[1]}], max_tokens=200, temperature=0,
+                extra_body={"ignore_eos": True})
+    before = server.client.chat.completions.create(**long)
+    old = before.model_extra["sparsecache"]
+    doc = server.root / "corpus" / "velmora.txt"
+    doc.write_text(doc.read_text().replace("Ilse Barkri", "Tomas Velkor"))
+    paused = tmp_path / "paused"
+    writer = encode(server.root / "corpus", server.root / "store",
+                    {**os.environ, "SPARSECACHE_PAUSE_AT": "index:1", "SPARSECACHE_PAUSE_FILE": str(paused)})
+    events: list = []  # (arrival time, event), read as they come
+    try:
+        deadline = time.monotonic() + 300
+        while not paused.exists():
+            assert writer.poll() is None, writer.stdout.read()
+            assert time.monotonic() < deadline, "the encode did not reach its publish in 300 s"
+            time.sleep(0.5)
+        stream = server.client.chat.completions.create(**long, stream=True)
+        reader = threading.Thread(target=lambda: events.extend((time.monotonic(), e) for e in stream), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while not events:  # the request is in the engine, its chunks' KV read
+            assert time.monotonic() < deadline and reader.is_alive(), "no first event in 120 s"
+            time.sleep(0.05)
+        os.kill(writer.pid, signal.SIGCONT)
+        while versions(server.root / "store")[-1] == old["version"]:
+            assert time.monotonic() < deadline, "the encode did not publish"
+            time.sleep(0.05)
+        published = time.monotonic()
+        assert writer.wait(timeout=120) == 0, writer.stdout.read()
+        reader.join(timeout=300)
+        assert not reader.is_alive(), "the stream did not end in 300 s"
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert events[-1][0] > published, "the request was still generating when the new version was published"
+    assert events[0][1].model_extra["sparsecache"] == old
+    text = "".join(e.choices[0].delta.content or "" for _, e in events if e.choices)
+    assert text == before.choices[0].message.content
+    time.sleep(1.5)  # the server looks for a new version at most once a second
+    after = server.chat(QUESTIONS[1], top_k=1, max_tokens=4)
+    new = after.model_extra["sparsecache"]
+    assert new["version"] == old["version"] + 1
+    assert new["chunks"][0]["doc_id"] == "velmora.txt" and new["chunks"][0]["id"] not in {c["id"] for c in old["chunks"]}
+    assert server.proc.poll() is None
