@@ -66,3 +66,24 @@ def test_a_following_rag_sees_each_new_version(built, tiny_model_dir, corpus_dir
     req = rag.request("zebras on the savannah", top_k=1)
     assert req.kv_transfer_params[PARAMS_KEY]["version"] == first + 1 and req.chunks[0]["doc_id"].endswith("new.txt")
     assert pinned.request("zebras", top_k=1).kv_transfer_params[PARAMS_KEY]["version"] == first
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's, on importing vLLM (hidden outside pytest)
+def test_serve_stops_at_start_up_with_one_line(built, tmp_path, monkeypatch):
+    """No vLLM: how to install it. With vLLM: a store that cannot be opened, or one of another
+    model than the one to serve, ends the command before any engine starts."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+        r = CliRunner().invoke(cli, ["serve", str(tmp_path / "none.store")])
+    assert r.exit_code == 1 and "bash scripts/setup.sh vllm" in r.output and len(r.output.splitlines()) == 1
+    pytest.importorskip("vllm")
+    r = CliRunner().invoke(cli, ["serve", str(tmp_path / "none.store")])
+    assert r.exit_code == 1 and "no sparsecache store at" in r.output and len(r.output.splitlines()) == 1, r.output
+    r = CliRunner().invoke(cli, ["serve", str(built())])  # the tiny model's store, the default model to serve
+    assert r.exit_code == 1 and "encoded with model" in r.output and len(r.output.splitlines()) == 1, r.output
