@@ -244,3 +244,15 @@ def wait_healthy(url: str, proc, log: Path, timeout_s: float = 300) -> None:
                 return
         except OSError:
             time.sleep(1)
+
+
+def stop_server(proc, timeout_s: float = 60) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within timeout_s."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import free_port, wait_healthy
+from conftest import free_port, stop_server, wait_healthy
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
@@ -98,12 +98,7 @@ def server(tmp_path_factory):
         wait_healthy(base + "/health", proc, log, 420)
         yield Server(base, root, proc, openai.OpenAI(base_url=base + "/v1", api_key=KEY, timeout=180, max_retries=0))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_server(proc)
 
 
 def test_chat_answers_from_the_chunk_that_holds_the_fact(server):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import free_port, wait_healthy
+from conftest import free_port, stop_server, wait_healthy
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
@@ -433,11 +433,7 @@ def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, 
                       if line.startswith("vllm:sparsecache_recomputed_total")]
         assert sum(recomputed) > 0, "the server's default (infoflow) blended the context"  # the plugin found the model
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         log.close()
 
 
