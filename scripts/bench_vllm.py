@@ -14,9 +14,16 @@
    with its own prefix-cache salt, so none reuses another's KV).
 3. Throughput: --concurrent RAG requests at k = 8 (different chunk sets) submitted at once:
    requests/s and the mean of vLLM's own first-token latency per request.
+4. Fidelity (`--fidelity W`, alone: the engine's connector serves W/store): `bench fidelity`'s
+   ordinary questions at k = 8, answered greedily by vLLM's own full prefill and by the
+   connector (`default`: the connector's default blend, no method named; `none`); agreement is
+   the same first-sentence comparison `bench fidelity` makes, against vLLM's full prefill,
+   and against our loop's answer of the same configuration (from --loop-results) beside it.
 
     OMP_NUM_THREADS=2 python scripts/bench_vllm.py --store W/store --corpus W/corpus --ruler W/ruler \
         --out docs/benchmarks/vllm-cpu.json --plot docs/vllm.png
+
+    OMP_NUM_THREADS=2 python scripts/bench_vllm.py --fidelity W --out docs/benchmarks/vllm-fidelity-cpu.json
 
 (W/corpus: `python -c "from sparsecache.bench.suite import bench_corpus; bench_corpus('W/corpus')"`.)
 The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess (the
@@ -46,6 +53,9 @@ BLENDS = ("infoflow:0.15", "infoflow:0.25", "a3:0.15", "cacheblend:0.15", "cache
 CONFIGS = ("full", "prefix-warm", "raw", "none", *BLENDS)
 NEEDLE_CONFIGS = ("full", "none", *BLENDS)
 THROUGHPUT_CONFIGS = ("full", "none", "infoflow:0.25")
+FIDELITY_CONFIGS = ("full", "default", "none")
+# our loop's label for a configuration's answers (`bench fidelity`'s rows)
+LOOP_LABELS = {"full": "full", "default": "infoflow:0.25", "none": "none"}
 
 
 def ensure_store(store: Path, corpus: Path, ruler: Path, trials: int) -> None:
@@ -87,8 +97,9 @@ def params_for(req, config: str) -> dict | None:
     """kv_transfer_params of one configuration (None: vLLM alone)."""
     if config in ("full", "prefix-warm"):
         return None
-    p = {"chunks": req.kv_transfer_params["sparsecache"]["chunks"], "source": "raw" if config == "raw" else "codes",
-         "method": "none"}
+    p = {"chunks": req.kv_transfer_params["sparsecache"]["chunks"], "source": "raw" if config == "raw" else "codes"}
+    if config != "default":  # the connector's own default blend names no method
+        p["method"] = "none"
     if ":" in config:
         p["method"], ratio = config.split(":")
         p["recompute_ratio"] = float(ratio)
@@ -112,6 +123,8 @@ def generate(llm, reqs, params, max_tokens, salt: str):
 def served(config: str, delta: dict, n: int) -> None:
     if config not in ("full", "prefix-warm") and (delta.get("fallbacks") or delta.get("requests", 0) < n):
         raise RuntimeError(f"{config}: the connector did not serve every request ({delta})")
+    if (config == "default" or ":" in config) and not delta.get("recomputed"):
+        raise RuntimeError(f"{config}: the connector served without blending ({delta})")
 
 
 def measure(llm, req, config: str, repeats: int, warmup: bool = True) -> dict:
@@ -209,6 +222,79 @@ def throughput(llm, rag, n: int, configs) -> list[dict]:
     return rows
 
 
+def fidelity(llm, rag, workdir: Path, k: int, configs, loop: list[dict], done: list[dict], save,
+             batch: int = 20, max_new_tokens: int = 24) -> list[dict]:
+    """`bench fidelity`'s k-chunk questions through vLLM, `batch` requests submitted together
+    (each with its own prefix-cache salt) and saved as they finish: a rerun resumes."""
+    from sparsecache.bench.fidelity import answer_span, contains, load_suite
+    from sparsecache.bench.passkey import chunk_ids_by_doc
+
+    questions = load_suite(workdir)[k]
+    ids = chunk_ids_by_doc(rag.store)
+    theirs = {(r["label"], r["question"]): r["answer"] for r in loop if r["k"] == k}
+    rows = list(done)
+    have = {(r["config"], r["question"]) for r in rows}
+    for config in configs:
+        todo = [q for q in questions if (config, q.id) not in have]
+        for start in range(0, len(todo), batch):
+            part = todo[start:start + batch]
+            reqs = [rag.request(q.question, chunks=[ids[d] for d in q.chunk_docs]) for q in part]
+            outs, delta = generate(llm, reqs, [params_for(r, config) for r in reqs], [max_new_tokens] * len(part),
+                                   f"fid-{config}-{time.monotonic_ns()}")
+            served(config, delta, len(part))
+            ref = {r["question"]: r["answer"] for r in rows if r["config"] == "full"}
+            for q, o in zip(part, outs):
+                answer = o.outputs[0].text
+                loop_answer = theirs.get((LOOP_LABELS[config], q.id))
+                row = {"config": config, "question": q.id, "hops": q.hops, "answer": answer,
+                       "correct": contains(answer, q.truth),
+                       "same_as_loop": None if loop_answer is None else answer_span(answer) == answer_span(loop_answer)}
+                if config != "full":
+                    row["same_answer"] = answer_span(answer) == answer_span(ref[q.id])
+                rows.append(row)
+            save(rows)
+            print(f"fidelity {config:>9} {len([r for r in rows if r['config'] == config])}/{len(questions)}", flush=True)
+    return rows
+
+
+def fidelity_summary(rows: list[dict]) -> list[dict]:
+    """Per configuration: agreement with vLLM's full prefill and with our loop's answer of the
+    same configuration (Wilson 95% intervals), accuracy against the truth."""
+    from sparsecache.bench.ruler import wilson
+
+    out = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        part = [r for r in rows if r["config"] == config]
+        n = len(part)
+        s = {"config": config, "questions": n, "correct": round(sum(r["correct"] for r in part) / n, 4)}
+        for key in ("same_answer", "same_as_loop"):
+            vals = [r[key] for r in part if r.get(key) is not None]
+            if vals:
+                s[key] = round(sum(vals) / len(vals), 4)
+                s[f"{key}_ci95"] = wilson(sum(vals), len(vals))
+                s[f"{key}_n"] = len(vals)
+        out.append(s)
+        print(json.dumps(s), flush=True)
+    return out
+
+
+def fidelity_ttft(llm, rag, workdir: Path, k: int, n: int, configs, repeats: int) -> list[dict]:
+    """Single-request TTFT (as the ttft section measures it) of the first n questions."""
+    from sparsecache.bench.fidelity import load_suite
+    from sparsecache.bench.passkey import chunk_ids_by_doc
+
+    ids = chunk_ids_by_doc(rag.store)
+    rows = []
+    for q in load_suite(workdir)[k][:n]:
+        req = rag.request(q.question, chunks=[ids[d] for d in q.chunk_docs])
+        for config in configs:
+            r = measure(llm, req, config, repeats)
+            rows.append({"question": q.id, "config": config, "context_tokens": req.context_tokens,
+                         **{key: round(v, 1) for key, v in r.items()}})
+            print(f"fidelity ttft {q.id} {config:>9} {r['ttft_ms']:8.0f} ms", flush=True)
+    return rows
+
+
 def plot(rows: list[dict], out: Path) -> None:
     import matplotlib
 
@@ -233,10 +319,16 @@ def plot(rows: list[dict], out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", type=Path, required=True, help="the store (made or brought up to date)")
-    ap.add_argument("--corpus", type=Path, required=True,
+    ap.add_argument("--store", type=Path, help="the store (made or brought up to date)")
+    ap.add_argument("--corpus", type=Path,
                     help="documents giving >= max(ks) chunks of >= 480 tokens (e.g. bench store's corpus)")
-    ap.add_argument("--ruler", type=Path, required=True, help="RULER-style suite work directory (made when missing)")
+    ap.add_argument("--ruler", type=Path, help="RULER-style suite work directory (made when missing)")
+    ap.add_argument("--fidelity", type=Path, metavar="W",
+                    help="run the fidelity section alone on `sparsecache bench fidelity --workdir W`'s suite and store")
+    ap.add_argument("--fidelity-k", type=int, default=8)
+    ap.add_argument("--loop-results", type=Path, default=Path("docs/benchmarks/fidelity-k8-agreement.json"),
+                    help="bench fidelity's rows, to compare answers with our loop's")
+    ap.add_argument("--ttft-questions", type=int, default=5, help="fidelity questions timed one by one")
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 8, 32])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-warmup-full", action="store_true", help="time vLLM's full prefill once, cold")
@@ -247,8 +339,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
+    if args.fidelity is None and None in (args.store, args.corpus, args.ruler):
+        ap.error("--store, --corpus and --ruler are required (or --fidelity W alone)")
     os.environ.update(ENGINE_ENV)
-    ensure_store(args.store, args.corpus, args.ruler, args.trials)
+    if args.fidelity is None:
+        ensure_store(args.store, args.corpus, args.ruler, args.trials)
+    else:
+        args.store = args.fidelity / "store"
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update({"device": "cpu", "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"),
                    "date": time.strftime("%Y-%m-%d"), "vllm": __import__("vllm").__version__})
@@ -262,6 +359,15 @@ def main() -> None:
 
     llm = make_engine(args.store)
     rag = RagPrompts(args.store)
+    if args.fidelity is not None:
+        loop = json.loads(args.loop_results.read_text())["rows"] if args.loop_results.exists() else []
+        rows = fidelity(llm, rag, args.fidelity, args.fidelity_k, FIDELITY_CONFIGS, loop, result.get("fidelity", []),
+                        lambda rows: save(fidelity=rows))
+        save(fidelity=rows, fidelity_summary=fidelity_summary(rows))
+        if "fidelity_ttft" not in result and args.ttft_questions:
+            save(fidelity_ttft=fidelity_ttft(llm, rag, args.fidelity, args.fidelity_k, args.ttft_questions,
+                                             FIDELITY_CONFIGS, 1))
+        return
     if "ttft" in args.sections:
         ttft_table(llm, rag, args.ks, args.repeats, args.configs, result.get("ttft", []),
                    lambda rows: save(ttft=rows), not args.no_warmup_full)
