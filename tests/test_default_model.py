@@ -57,15 +57,16 @@ def test_bench_omp_on_real_signals():
 
 
 def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp_path):
-    """Seeded needle task on the real model and shipped s16 dictionary: over 16 trials of a
-    needle in one of 5 chunks, recomputing 30% (a3, infoflow) is on average at least as
-    accurate as the decoded KV alone (and full prefill is the bound)."""
+    """Seeded needle task on the real model and the shipped default dictionary: over 10 trials
+    of a needle in one of 4 chunks, recomputing 30% (a3, infoflow) is on average at least as
+    accurate as the decoded KV alone (and full prefill is the bound). The RULER-style suite
+    (`bench ruler`) measures this at scale; here it guards the real model's path."""
     from sparsecache.dictionary import default_dictionary
     from sparsecache.encoder import encode_corpus
     from sparsecache.bench.passkey import make_task, run_trials
     from sparsecache.session import Session
 
-    trials = make_task(default_model.tokenizer, tmp_path, trials=16, k=5, tokens_per_chunk=120, seed=1)
+    trials = make_task(default_model.tokenizer, tmp_path, trials=10, k=4, tokens_per_chunk=120, seed=1)
     encode_corpus([str(tmp_path / "corpus.jsonl")], tmp_path / "store", Dictionary.load(default_dictionary()),
                   default_model, progress=False)
     s = Session(tmp_path / "store", default_model)

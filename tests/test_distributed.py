@@ -90,7 +90,11 @@ def test_a_worker_killed_once_is_retried(ray_cluster, encode, corpus, tmp_path, 
     assert_same_live_chunks(tmp_path / "s", tmp_path / "one")
 
 
-@pytest.mark.parametrize("point", ["commit:1", "commit:2", "commit:4", "index:1", "publish:1"])
+# CI kills the driver at a commit between batches and at the publish; the other three points
+# (each ~30 s of Ray start-up and encode) run with -m long
+@pytest.mark.parametrize("point", [pytest.param("commit:1", marks=pytest.mark.long), "commit:2",
+                                   pytest.param("commit:4", marks=pytest.mark.long),
+                                   pytest.param("index:1", marks=pytest.mark.long), "publish:1"])
 def test_driver_crash_then_corpus_change_converges(ray_cluster, encode, corpus, tmp_path, point):
     """The driver dies at a failpoint (its workers' writes land wherever they land), the corpus
     changes, the rerun (distributed) equals a fresh single-process encode of the final corpus."""
