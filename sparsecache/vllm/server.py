@@ -124,7 +124,7 @@ class Rag:
                 raise BadRequest(str(e)) from None
         return {"top_k": top_k, "chunks": body.get("chunks"), "documents": body.get("documents"), "blend": blend}
 
-    def request(self, question: str, opts: dict, endpoint: str) -> RagRequest:
+    def request(self, question: str, opts: dict) -> RagRequest:
         t = time.perf_counter()
         with self._lock:
             try:
@@ -203,7 +203,7 @@ class RagHandler:
                 question = request.prompt
             else:
                 raise BadRequest("prompt must be one string: the question")
-            req = await asyncio.to_thread(rag.request, question, opts, endpoint)
+            req = await asyncio.to_thread(rag.request, question, opts)
         except BadRequest as e:
             rag.requests.labels(endpoint, "bad_request").inc()
             return create_error_response(str(e))
