@@ -37,13 +37,18 @@ class RagRequest:
     context_tokens: int  # prefix + chunk tokens: what the connector can supply
 
     @property
+    def params(self) -> dict:
+        """The connector's entry of kv_transfer_params: chunks, version and blend options."""
+        return self.kv_transfer_params[PARAMS_KEY]
+
+    @property
     def cache_salt(self) -> str:
         """vLLM's prefix cache keys KV blocks by their tokens and a salt, not by how the KV was
         made: without a salt, a blended context would be reused by a request asking for another
         method, or for full prefill, of the same tokens. Blended KV depends on the question and
         the blend settings, decoded KV (`method: none`) on neither; the salt says exactly that,
         so cached blocks are reused only where they are the same KV."""
-        p = self.kv_transfer_params[PARAMS_KEY]
+        p = self.params
         settings = {k: v for k, v in p.items() if k not in ("chunks", "version")}  # chunks: in the tokens already
         question = self.prompt_token_ids[self.context_tokens:] if p.get("method") != "none" else []
         material = json.dumps([settings, question], sort_keys=True)
@@ -110,14 +115,15 @@ class RagPrompts:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if not question.strip():
             raise ConfigError("the question is empty")
+        from .session import given_hits
+
         store = self.current()
         if chunks is None:
             hits = self.retrieve(question, top_k, documents, store)
         else:
             if not chunks:
                 raise ConfigError("chunks is empty")
-            hits = [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": None}
-                    for c in map(store.chunk, chunks)]
+            hits = given_hits(store, chunks)
         if not hits:
             raise ConfigError("nothing to answer from: the store returned no chunks")
         if order == "reverse":

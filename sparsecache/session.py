@@ -135,9 +135,8 @@ class Session:
         watch = Stopwatch(self.device)
         with watch.step("retrieve"):
             # the module's retrieve, not the method: this query already checks its version once
-            hits = retrieve(self.store, self.embedder, question, top_k) if chunks is None else [
-                {"id": c, "doc_id": self.store.chunk(c).doc_id, "ordinal": self.store.chunk(c).ordinal, "score": None}
-                for c in chunks]
+            hits = retrieve(self.store, self.embedder, question, top_k) if chunks is None else \
+                given_hits(self.store, chunks)
         ids = [h["id"] for h in hits]
         if not ids:
             raise ConfigError("nothing to answer from: the store returned no chunks" if chunks is None
@@ -271,8 +270,17 @@ def retrieve(store: Store, embedder, question: str, top_k: int, documents: list[
     """The top_k chunks for `question` (id, doc_id, ordinal, score), best first; with
     `documents`, only among those documents' chunks."""
     q = embedder.embed([question])[0]
-    return [{"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": round(s, 4)}
-            for c, s in store.search(q, top_k, documents)]
+    return [_hit(c, round(s, 4)) for c, s in store.search(q, top_k, documents)]
+
+
+def given_hits(store: Store, ids: list[str]) -> list[dict]:
+    """Chunks named by id instead of retrieved, in `retrieve`'s shape (no score); an unknown
+    id is a StoreError."""
+    return [_hit(store.chunk(c), None) for c in ids]
+
+
+def _hit(c, score: float | None) -> dict:
+    return {"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": score}
 
 
 def _raw_dir(store: Store) -> Path:

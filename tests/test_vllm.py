@@ -16,11 +16,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from sparsecache.serving import PARAMS_KEY as PARAMS
+
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
 QUESTIONS = ("What does this statement do?", "Give one example of its use.")
-PARAMS = "sparsecache"  # kv_transfer_params[PARAMS]: the connector's per-request options
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
               "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 

@@ -99,10 +99,10 @@ def blend_config(base: QueryConfig, given: dict, where: str) -> QueryConfig:
     connector can do `none` and the scorers (`full`, `raw`, `cake` and reordering are
     `sparsecache query`'s: `source: raw` is the connector's exact-KV option)."""
     fields = {k: given[k] for k in BLEND_FIELDS if k in given}
-    cfg = dataclasses.replace(base, **fields)
-    if cfg.method not in METHODS:
-        raise ConfigError(f"{where}: method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
-    return cfg
+    method = fields.get("method", base.method)
+    if method not in METHODS:  # before QueryConfig's check, which names query's methods too
+        raise ConfigError(f"{where}: method must be one of {', '.join(METHODS)}, got {method!r}")
+    return dataclasses.replace(base, **fields)
 
 
 @dataclass

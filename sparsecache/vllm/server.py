@@ -114,10 +114,8 @@ class Rag:
                 raise BadRequest(f"{key} must be a non-empty list of strings")
         blend = {k: body[k] for k in ("method", "recompute_ratio") if k in body}
         if blend:
-            from .connector import METHODS, blend_config
+            from .connector import blend_config
 
-            if blend.get("method", self.base.method) not in METHODS:
-                raise BadRequest(f"method must be one of {', '.join(METHODS)}, got {blend['method']!r}")
             try:
                 blend_config(self.base, blend, "sparsecache")
             except (ConfigError, ValueError, TypeError) as e:
@@ -134,15 +132,14 @@ class Rag:
                 raise BadRequest(str(e)) from None
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
-        params = next(iter(req.kv_transfer_params.values()))  # the connector's entry (serving.PARAMS_KEY)
-        params.update({"method": self.base.method, "recompute_ratio": self.base.recompute_ratio, **opts.get("blend", {})})
+        req.params.update({"method": self.base.method, "recompute_ratio": self.base.recompute_ratio, **opts.get("blend", {})})
         return req
 
     def sources(self, req: RagRequest) -> dict:
         """What a response says it used: the chunks in retrieval order (best first) and the version."""
         hits = req.chunks[::-1] if QueryConfig.order == "reverse" else req.chunks
         return {"chunks": [{"id": h["id"], "doc_id": h["doc_id"], "score": h["score"]} for h in hits],
-                "version": next(iter(req.kv_transfer_params.values()))["version"]}
+                "version": req.params["version"]}
 
 
 def question_of(messages: list) -> str:
@@ -242,17 +239,15 @@ async def _with_sources(stream, sources: dict):
         yield event
 
 
-def vllm_args(cfg: ServeConfig):
-    """vLLM's own server arguments for `cfg` (parsed by vLLM's parser, so every vLLM option in
-    `cfg.vllm_args` works and its defaults stay vLLM's)."""
+def vllm_args(cfg: ServeConfig, store):
+    """vLLM's own server arguments for `cfg` and the opened `store` (parsed by vLLM's parser, so
+    every vLLM option in `cfg.vllm_args` works and its defaults stay vLLM's)."""
     import torch
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from ..model import model_dir
-    from ..store import Store
 
-    store = Store.open(cfg.store)
     connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
                  "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.follow_s,
@@ -305,5 +300,5 @@ def serve(cfg: ServeConfig) -> None:
     import uvloop
 
     rag = Rag(cfg)  # the store opens and matches the model before anything heavy starts
-    args = vllm_args(cfg)
+    args = vllm_args(cfg, rag.prompts.store)
     uvloop.run(_run(cfg, rag, args))
