@@ -114,7 +114,7 @@ def main() -> None:
     args = ap.parse_args()
     import openai
 
-    from sparsecache.model import default_model_dir
+    from sparsecache.gguf import default_model_dir
     from sparsecache.serving import RagPrompts
 
     rag = RagPrompts(args.store)

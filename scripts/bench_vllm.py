@@ -64,7 +64,7 @@ def ensure_store(store: Path, corpus: Path, ruler: Path, trials: int) -> None:
     from transformers import AutoTokenizer
 
     from sparsecache.bench.ruler import TASKS, make_suite
-    from sparsecache.model import default_model_dir
+    from sparsecache.gguf import default_model_dir
 
     if not (ruler / "trials.json").exists():
         make_suite(AutoTokenizer.from_pretrained(default_model_dir()), ruler, TASKS, trials, 8, 200)
@@ -79,7 +79,7 @@ def make_engine(store: Path):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    from sparsecache.model import default_model_dir
+    from sparsecache.gguf import default_model_dir
 
     cfg = KVTransferConfig(kv_connector="SparsecacheConnector", kv_connector_module_path="sparsecache.vllm",
                            kv_role="kv_consumer", kv_load_failure_policy="recompute",

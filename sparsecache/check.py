@@ -24,7 +24,8 @@ import torch
 
 from .durable import write_atomic
 from .errors import ModelError
-from .model import KVModel, cache_root, default_prefix_ids, extract_kv, layer_windows
+from .model import KVModel, default_prefix_ids, extract_kv, layer_windows
+from .paths import cache_root
 
 TOLERANCE = 1e-4  # relative: fp32 through a different order of the same operations stays ~1e-6
 QUESTION = "What is this passage about?"

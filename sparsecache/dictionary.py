@@ -454,7 +454,8 @@ def _layer_rows(model, docs, chunk_tokens: int, max_tokens: int, prefix_ids, cac
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
-    from .model import cache_root, extract_kv
+    from .model import extract_kv
+    from .paths import cache_root
     from .text import interleaved_chunks
 
     chunks = interleaved_chunks(docs, model.tokenizer, chunk_tokens)

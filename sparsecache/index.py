@@ -18,7 +18,7 @@ import torch
 
 from .durable import publish_dir
 from .errors import ModelError
-from .model import cache_root
+from .paths import cache_root
 
 DEFAULT = "default"
 DEFAULT_NAME = "all-MiniLM-L6-v2"

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from .blend import question_ids
 from .errors import ConfigError
-from .model import DEFAULT, DEFAULT_NAME, config_fingerprint, model_dir
+from .gguf import DEFAULT, DEFAULT_NAME, model_dir
+from .model import config_fingerprint
 from .query_config import ORDERS, QueryConfig
 from .store import LatestVersion, Store
 

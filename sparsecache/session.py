@@ -287,7 +287,7 @@ def _raw_dir(store: Store) -> Path:
     """Where the raw-KV baseline's files go: beside a local store, in the user cache for a remote one."""
     import hashlib
 
-    from .model import cache_root
+    from .paths import cache_root
 
     root = store.backend.local_root
     if root is not None:

@@ -30,9 +30,9 @@ def _isolated_cache(tmp_path_factory):
     default model may (converting it takes ~40 s, and it is the same file everywhere)."""
     import os
 
-    from sparsecache import model as model_mod
+    from sparsecache.paths import cache_root
 
-    real = model_mod.cache_root()
+    real = cache_root()
     os.environ["SPARSECACHE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     (Path(os.environ["SPARSECACHE_CACHE"]) / "models").symlink_to(real / "models", target_is_directory=True) \
         if (real / "models").exists() else None

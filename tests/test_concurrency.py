@@ -98,7 +98,9 @@ def _invoke(*args):
 
 
 def convert_tiny_gguf(i, r, gguf: str):
-    from sparsecache.model import cache_root, convert_gguf, load_model
+    from sparsecache.gguf import convert_gguf
+    from sparsecache.model import load_model
+    from sparsecache.paths import cache_root
 
     path = convert_gguf(Path(gguf), cache_root() / "models" / "tiny-gguf", "tiny-gguf")
     return load_model(str(path)).fingerprint()
@@ -152,7 +154,7 @@ def test_converting_the_default_model(tmp_path):
 def small_model_dir(tiny_gguf, tmp_path_factory) -> Path:
     """The tiny GGUF converted: a 2-layer Llama with a 512-token vocabulary, whose logits cost
     a hundredth of the tiny Llama's (49K tokens), so a round of four processes stays short."""
-    from sparsecache.model import convert_gguf
+    from sparsecache.gguf import convert_gguf
 
     return convert_gguf(tiny_gguf, tmp_path_factory.mktemp("small") / "model", "small")
 

@@ -120,7 +120,7 @@ def test_converted_default_model_is_a_standard_hf_directory(default_model):
     tied embedding saved under its own name, not only as lm_head."""
     from safetensors import safe_open
 
-    from sparsecache.model import default_model_dir
+    from sparsecache.gguf import default_model_dir
 
     path = default_model_dir()
     assert json.loads((path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

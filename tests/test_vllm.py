@@ -77,7 +77,7 @@ def start_engine(model_path, store_path, max_model_len: int = 4096):
 
 @pytest.fixture(scope="module")
 def llm(store):
-    from sparsecache.model import default_model_dir
+    from sparsecache.gguf import default_model_dir
 
     saved = {k: os.environ.get(k) for k in ENGINE_ENV}
     os.environ.update(ENGINE_ENV)
@@ -113,7 +113,7 @@ sys.path.insert(0, sys.argv[4])  # the tests directory: test_vllm's engine and r
 from test_vllm import ENGINE_ENV, generate, start_engine, with_source
 os.environ.update(ENGINE_ENV)
 import torch
-from sparsecache.model import model_dir
+from sparsecache.gguf import model_dir
 from sparsecache.serving import RagPrompts
 from sparsecache.session import Session
 

@@ -37,7 +37,8 @@ from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient
 from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
 from ..durable import locked, write_atomic
 from .evaluate import EvalConfig, domain_name, fidelity, passages
-from ..model import KVModel, cache_root, default_prefix_ids, extract_kv
+from ..model import KVModel, default_prefix_ids, extract_kv
+from ..paths import cache_root
 
 # (L, s): s = 64 only where it is below the signal size L·192 by enough to compress (L ≥ 1)
 SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 40),

@@ -299,7 +299,7 @@ class ObjectBackend(Backend):
         downloads, the others use its copy, and none sees it half-written (`publish_dir`)."""
         import hashlib
 
-        from ..model import cache_root
+        from ..paths import cache_root
 
         objects = sorted((o["path"], o.get("e_tag") or "", o["size"]) for o in self._objects(prefix))
         # "whole": copies are published whole since this version; an older per-file copy may be partial
