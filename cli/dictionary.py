@@ -73,7 +73,8 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
     from dataclasses import replace
 
     from sparsecache.check import ensure_checked
-    from sparsecache.dictionary import DictConfig, Dictionary, TrainConfig, learn_dict
+    from sparsecache.dictionary import DictConfig, Dictionary
+    from sparsecache.learn import TrainConfig, learn_dict
     from sparsecache.errors import ConfigError
     from sparsecache.model import load_model
 

@@ -68,7 +68,8 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     The store may be an object-storage URL (s3://bucket/prefix, gs://, az://), and the
     encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
-    from sparsecache.dictionary import AdaptConfig, Dictionary, default_dictionary
+    from sparsecache.dictionary import Dictionary, default_dictionary
+    from sparsecache.learn import AdaptConfig
     from sparsecache.check import ensure_checked
     from sparsecache.encoder import encode_corpus
     from sparsecache.model import load_model

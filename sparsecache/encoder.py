@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 
 from .codec import Codec
 from .corpus import Chunk, Source, chunks, scan
-from .dictionary import AdaptConfig, Dictionary
+from .dictionary import Dictionary
+from .learn import AdaptConfig
 from .index import Embedder
 from .model import KVModel, default_prefix_ids, extract_kv
 from .omp import Screening
@@ -98,7 +99,7 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     deleted (0 keeps them all).
 
     `adapt` fits the dictionary to a sample of the corpus before a new store's first encode
-    (`dictionary.adapt`); the store keeps the adapted copy, and a rerun that names the same
+    (`learn.adapt`); the store keeps the adapted copy, and a rerun that names the same
     starting dictionary reuses it.
 
     `screening` is the CPU OMP's candidate screening (`omp.Screening`; `omp.EXACT` for exact
@@ -148,7 +149,7 @@ def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg
              progress: bool) -> Dictionary:
     """`dictionary` adapted on documents drawn at random (seeded) from `sources`, read until
     they hold about acfg.tokens tokens."""
-    from .dictionary import adapt
+    from .learn import adapt
     from .text import Document
 
     order = np.random.default_rng(acfg.seed).permutation(len(sources))

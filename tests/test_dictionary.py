@@ -4,7 +4,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sparsecache.dictionary import (DictConfig, Dictionary, TrainConfig, collect_signals, init_config, learn, nmse)
+from sparsecache.dictionary import DictConfig, Dictionary
+from sparsecache.learn import TrainConfig, collect_signals, init_config, learn, nmse
 from sparsecache.errors import ConfigError, DictionaryError, DictionaryMismatch
 from sparsecache.signals import from_signals, to_signals
 from sparsecache.text import builtin_documents

@@ -34,7 +34,8 @@ from ..blend import assemble, fuse, question_ids
 from ..generate import full_prefill, greedy_continue
 from ..query_config import QueryConfig
 from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
-from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, TrainConfig, learn_dict, META_FILE
+from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, META_FILE
+from ..learn import TrainConfig, learn_dict
 from ..durable import locked, write_atomic
 from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, default_prefix_ids, extract_kv

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import torch
 
-from ..dictionary import Dictionary, initial_atoms
+from ..dictionary import Dictionary
+from ..learn import initial_atoms
 from ..durable import write_atomic
 from ..errors import ConfigError, StoreError
 from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
@@ -19,7 +20,7 @@ from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_b
 
 def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
     """Real pre-RoPE K or V signals [count, layers·192] of the default model on held-out text."""
-    from ..dictionary import collect_signals
+    from ..learn import collect_signals
     from ..model import default_prefix_ids, load_model
     from ..text import builtin_documents
 
