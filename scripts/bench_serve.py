@@ -127,7 +127,7 @@ def main() -> None:
     base = f"http://127.0.0.1:{args.port}"
     client = openai.OpenAI(base_url=base + "/v1", api_key="-", timeout=900, max_retries=0)
     commands = {
-        "sparsecache": [sys.executable, "-m", "cli.main", "serve", str(args.store), "--port", str(args.port),
+        "sparsecache": [sys.executable, "-m", "sparsecache.cli.main", "serve", str(args.store), "--port", str(args.port),
                         "--top-k", str(args.top_k), "--", *ENGINE_ARGS],
         "vllm": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_model_dir()),
                  "--served-model-name", name, "--dtype", "float32", "--host", "127.0.0.1", "--port", str(args.port),

@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-sc() { python3 -m cli.main "$@"; }
-SC="python3 -m cli.main"  # for `timeout`, which cannot run a shell function
+sc() { python3 -m sparsecache.cli.main "$@"; }
+SC="python3 -m sparsecache.cli.main"  # for `timeout`, which cannot run a shell function
 stamp() { echo "== $(date -u +%FT%TZ) $*"; }
 
 stage() {  # unpack the staged parts once per machine

@@ -181,11 +181,12 @@ class Dictionary:
 DEFAULT_DICTIONARY = "smollm2-135m-n8192-s80-L10"
 
 
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "dictionaries"  # the repository's dictionaries/
+# the repository's dictionaries/ (sparsecache/dictionaries links to it); an installed wheel holds the default
+SHIPPED_DIR = Path(__file__).parent / "dictionaries"
 
 
 def default_dictionary() -> Path:
-    """The shipped dictionary for the default model (in the repository's dictionaries/)."""
+    """The shipped dictionary for the default model (in the repository's dictionaries/, or in the wheel)."""
     path = SHIPPED_DIR / DEFAULT_DICTIONARY
     if not (path / META_FILE).exists():
         raise DictionaryError(f"shipped dictionary not found at {path}; pass --dict")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 from sparsecache.check import Check, ModelCheck, check_model, ensure_checked
 from sparsecache.errors import ModelError
 from sparsecache.model import load_model

@@ -3,7 +3,7 @@ from pathlib import Path
 import click
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 from sparsecache.store import Store, Writer
 
 

@@ -2,7 +2,7 @@ import json
 
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 from sparsecache.dictionary import DictConfig, Dictionary
 from tests.conftest import unit_atoms
 

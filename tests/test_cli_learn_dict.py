@@ -5,7 +5,7 @@ import torch
 
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 from sparsecache.dictionary import Dictionary
 
 

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 
 
 def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
@@ -76,13 +76,13 @@ def test_help_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, sparsecache.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
 
 def test_compare_states_the_ttft_ratio_the_right_way_round():
-    from cli.query import ttft_ratio
+    from sparsecache.cli.query import ttft_ratio
 
     assert ttft_ratio(100.0, 330.0) == "TTFT 3.3x lower than full prefill"
     assert ttft_ratio(330.0, 100.0) == "TTFT 3.3x higher than full prefill (slower)"  # printed "0.3x lower" before

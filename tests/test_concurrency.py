@@ -89,7 +89,7 @@ def assert_all_same(rounds: list[list]) -> None:
 def _invoke(*args):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
 
     r = CliRunner().invoke(cli, [str(a) for a in args])
     if r.exit_code != 0:
@@ -337,7 +337,7 @@ def encode_one_store(i, r, corpus: str, stores: str, model_dir: str, dict_dir: s
     """encode-corpus into the round's new store; "refused: ..." where another process holds it."""
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
 
     res = CliRunner().invoke(cli, ["encode-corpus", corpus, "--store", f"{stores}/r{r:03d}", "--model", model_dir,
                                    "--dict", dict_dir, "--chunk-tokens", "64"])

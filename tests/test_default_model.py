@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 from sparsecache.dictionary import Dictionary
 from sparsecache.model import extract_kv, rotate_keys
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 
 pytestmark = pytest.mark.cuda
 QUESTION = "What does the global statement do?"

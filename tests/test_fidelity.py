@@ -111,7 +111,7 @@ def test_a_run_agrees_with_full_prefill_where_the_method_is_exact_and_resumes(se
 def test_bench_fidelity_refuses_bad_settings_before_loading_the_model(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
     import sparsecache.model
 
     def no_model(*a, **kw):
@@ -128,7 +128,7 @@ def test_bench_fidelity_refuses_bad_settings_before_loading_the_model(tmp_path, 
 def test_bench_fidelity_refuses_a_workdir_made_with_other_settings(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
 
     (tmp_path / "suite.json").write_text(json.dumps({"ks": [8], "questions": 10}))
     r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(tmp_path)])

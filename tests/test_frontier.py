@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli.main import cli
+from sparsecache.cli.main import cli
 from sparsecache.bench.baselines import Kivi
 from sparsecache.codec import Codec
 from sparsecache.dictionary import Dictionary

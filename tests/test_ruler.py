@@ -106,7 +106,7 @@ def test_unknown_tasks_and_too_few_chunks_are_refused(tiny_model, tmp_path):
 def test_bench_ruler_refuses_bad_tasks_before_loading_the_model(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
     import sparsecache.model
 
     def no_model(*a, **kw):
@@ -161,7 +161,7 @@ def test_run_suite_scores_every_cell_and_resumes_from_saved_ones(suite, tmp_path
 def test_bench_ruler_refuses_a_workdir_made_with_other_settings(tmp_path):
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
 
     (tmp_path / "suite.json").write_text(json.dumps({"tasks": ["single"], "trials": 5, "k": 8, "tokens_per_chunk": 200}))
     r = CliRunner().invoke(cli, ["bench", "ruler", "--workdir", str(tmp_path), "--trials", "20"])

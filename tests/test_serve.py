@@ -74,7 +74,7 @@ class Server:
 
 
 def encode(corpus: Path, store: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "encode-corpus", str(corpus), "--store", str(store)],
+    return subprocess.Popen([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(corpus), "--store", str(store)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -90,7 +90,7 @@ def server(tmp_path_factory):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     log = root / "serve.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", str(root / "store"), "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "sparsecache.cli.main", "serve", str(root / "store"), "--port", str(port),
                                  "--top-k", "2", "--api-key", KEY, "--", "--max-model-len", "4096", "--enforce-eager"],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"

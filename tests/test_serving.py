@@ -76,7 +76,7 @@ def test_serve_stops_at_start_up_with_one_line(built, tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
 
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError

@@ -44,7 +44,7 @@ def reference(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_fact
 
 
 def encode_cmd(corpus: Path, store: Path, model_dir: Path, dict_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "cli.main", "encode-corpus", str(corpus), "--store", str(store),
+    return [sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(corpus), "--store", str(store),
             "--model", str(model_dir), "--dict", str(dict_dir), *ARGS, "--device", "cpu", "--json"]
 
 

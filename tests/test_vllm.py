@@ -30,7 +30,7 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "
 def store(tmp_path_factory):
     from pydoc_data.topics import topics
 
-    from cli.main import cli
+    from sparsecache.cli.main import cli
     from sparsecache.session import Session
 
     root = tmp_path_factory.mktemp("vllm")
@@ -398,7 +398,7 @@ def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
     """Runs last: it re-encodes the store under the running engine. A request laid out from the
     old version is still served from it (its chunks' KV matches its tokens); without a version,
     a chunk the new version no longer has is prefilled; one built against the new version is served."""
-    from cli.main import cli
+    from sparsecache.cli.main import cli
     from sparsecache.serving import RagPrompts
 
     corpus = store.store.root.parent / "corpus"

@@ -2,7 +2,7 @@
 
 import click
 
-from cli.options import device_option, emit, int_list, json_option, library_errors, model_option, resolve_device
+from .options import device_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
 
 @click.group()

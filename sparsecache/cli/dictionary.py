@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
+from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
 
 

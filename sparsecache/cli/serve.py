@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import library_errors, model_option
+from .options import library_errors, model_option
 from sparsecache.query_config import SCORERS, QueryConfig
 from sparsecache.vllm.server import MAX_TOP_K, ServeConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import device_option, emit, json_option, library_errors, model_option, resolve_device
+from .options import device_option, emit, json_option, library_errors, model_option, resolve_device
 from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from cli.options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
+from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
 
 store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL

@@ -4,7 +4,7 @@ import warnings
 
 import click
 
-from cli import bench, dictionary, query, serve, store
+from . import bench, dictionary, query, serve, store
 from sparsecache import __version__
 
 

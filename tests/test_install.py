@@ -1,0 +1,47 @@
+"""An installed sparsecache, not the checkout: `pip install .` (a wheel, not editable) into a
+fresh venv, then the main job run from another directory must find the default model and
+the default dictionary (package data), and no module may come from the repository."""
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_wheel_install_runs_the_main_job_from_another_directory(tmp_path):
+    env_dir = tmp_path / "venv"
+    # the venv sees this machine's packages (torch, transformers, the packaged models) but gets
+    # its own, non-editable sparsecache, which comes first on its path; built as `pip install .` builds it
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    py, exe = env_dir / "bin" / "python", env_dir / "bin" / "sparsecache"
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(REPO)],
+                   check=True, cwd=tmp_path, timeout=600)
+    work = tmp_path / "elsewhere"
+    (work / "corpus").mkdir(parents=True)
+    (work / "corpus" / "tea.md").write_text(
+        "# Tea\n\nThe harbour town of Velmora brews its tea with smoked pine needles. "
+        "Its mayor, Ilse Barkri, serves it to every visitor at noon.\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([py, "-c", "import sparsecache, sparsecache.dictionary as d; "
+                            "print(sparsecache.__file__); print(d.default_dictionary())"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    assert all(Path(p).is_relative_to(env_dir) for p in where), where  # the wheel's copy, not the checkout's
+
+    def run(*args):
+        r = subprocess.run([exe, *args], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout
+
+    run("encode-corpus", "corpus", "--store", "tea.store")
+    info = json.loads(run("info", "tea.store", "--json"))
+    shipped = json.loads((Path(where[1]) / "dictionary.json").read_text())
+    assert info["dictionary"] == shipped["fingerprint"] and info["model"]["name"] == "SmolLM2-135M-Instruct", info
+    out = json.loads(run("query", "tea.store", "Who is the mayor of Velmora?", "--max-new-tokens", "12", "--json"))
+    assert out["chunks"][0]["doc_id"] == "tea.md" and out["answer"].strip(), out
