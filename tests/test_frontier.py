@@ -202,3 +202,17 @@ def test_a_worst_domain_gap_inside_one_standard_error_is_a_tie_the_mean_breaks()
     # results without token counts take them from the caller (passages x scored tokens each)
     assert default_choice([row("s32", 0.867, 0.810), row("s40", 0.871, 0.798)], 252)["method"] == "s40"
     assert default_choice([row("s32", 0.867, 0.810), row("s40", 0.871, 0.798)])["method"] == "s32"
+
+
+def test_bench_quality_compares_given_dictionaries(tiny_model_dir, tiny_dictionary_dir, tmp_path):
+    """--dict: a model without shipped dictionaries compares the ones learned for it, each as
+    the configuration of its own L and s, with nothing learned."""
+    args = ["bench", "quality", "--model", str(tiny_model_dir), "--dict", str(tiny_dictionary_dir), "--no-baselines",
+            "--skip-needles", "--passages", "1", "--prefix-tokens", "48", "--continuation-tokens", "8", "--json"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert {row["method"] for row in out["rows"]} >= {"L1-s4", "L1-s4-fp8+ef"}
+    assert out["dictionaries"] == {"L1-s4": f"given ({tiny_dictionary_dir})"}
+    twice = CliRunner().invoke(cli, [*args, "--dict", str(tiny_dictionary_dir)])
+    assert twice.exit_code == 1 and "two dictionaries for L1-s4" in twice.output and "Traceback" not in twice.output

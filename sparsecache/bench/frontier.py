@@ -37,6 +37,7 @@ from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient
 from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, META_FILE
 from ..learn import TrainConfig, learn_dict
 from ..durable import locked, write_atomic
+from ..errors import ConfigError
 from .evaluate import EvalConfig, domain_name, fidelity, passages
 from ..model import KVModel, default_prefix_ids, extract_kv
 from ..paths import cache_root
@@ -303,10 +304,12 @@ def _cached(path: Path) -> dict | None:
 
 def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs=SPARSE_CONFIGS,
                  baselines=None, texts=("builtin",), device="cpu", progress: bool = True, log=print,
-                 needles: bool = True) -> dict:
+                 needles: bool = True, dictionaries=()) -> dict:
     """Every method's ratios and quality; quality results are cached per method and settings
     under the user cache, so adding a method or re-plotting does not redo the others.
 
+    `dictionaries` (directories) join `configs` as they are, each as the configuration of its
+    own L and s (a model without shipped dictionaries compares the ones learned for it).
     needles=False skips the needle trials of methods not measured yet (their rows carry
     needle None; a later run with needles adds them and reuses the cached fidelity)."""
     baselines = default_baselines() if baselines is None else baselines
@@ -315,6 +318,14 @@ def run_frontier(model: KVModel, cfg: FrontierConfig = FrontierConfig(), configs
         d, source = frontier_dictionary(model, L, s, cfg.learn_steps, cfg.atoms, device, progress)
         coders[(L, s)] = Coder(d, dictionary_name(L, s, cfg.atoms), device)
         sources[f"L{L}-s{s}"] = source
+    for path in dictionaries:
+        d = Dictionary.load(path)
+        d.check_model(model.fingerprint())
+        L, s = d.config.layers_per_signal, d.config.sparsity
+        if (L, s) in coders:
+            raise ConfigError(f"two dictionaries for L{L}-s{s}: {path} and {sources[f'L{L}-s{s}']}")
+        coders[(L, s)] = Coder(d, Path(path).name, device)
+        sources[f"L{L}-s{s}"] = f"given ({path})"
     quality_methods = [*baselines, *sparse_methods(coders)]
     ecfg = EvalConfig(cfg.passages, cfg.prefix_tokens, cfg.continuation_tokens)
     settings = json.dumps([asdict(cfg), model.fingerprint(), list(texts)], sort_keys=True)

@@ -229,6 +229,9 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
               help="sparsecache configurations (layers per signal, sparsity); repeatable. Default: "
                    "L1 s8/16/32/64, L2 s16/32, L3 s32/64, L5 s32/40/64. Dictionaries not shipped are learned "
                    "once into the user cache (~10-40 min each on 2 CPU cores).")
+@click.option("--dict", "dicts", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A dictionary to compare as it is, as the configuration of its own L and s (e.g. ones learned "
+                   "for a model without shipped dictionaries); repeatable. With --dict and no --config, only these.")
 @click.option("--passages", type=click.IntRange(min=1), default=8, show_default=True, help="Held-out passages for NMSE/perplexity/KL/top-1.")
 @click.option("--prefix-tokens", default=512, show_default=True, help="Passage (= chunk) length in tokens.")
 @click.option("--continuation-tokens", default=64, show_default=True)
@@ -248,7 +251,7 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
 @device_option
 @json_option
 @library_errors
-def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuation_tokens, trials, needle_chunks,
+def quality_cmd(model_path, texts, configs, dicts, passages, prefix_tokens, continuation_tokens, trials, needle_chunks,
                 needle_chunk_tokens, recompute_ratio, corpus_tokens, learn_steps, atoms, no_baselines, skip_needles, plot,
                 device, as_json):
     """The compression–quality frontier: sparsecache configurations (fp16/fp8/int8 coefficients,
@@ -261,7 +264,7 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
     from sparsecache.bench.frontier import SPARSE_CONFIGS, FrontierConfig, plot_frontier, run_frontier
     from sparsecache.model import load_model
 
-    parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or SPARSE_CONFIGS
+    parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or (() if dicts else SPARSE_CONFIGS)
     if any(len(c) != 2 for c in parsed):
         raise click.BadParameter("each --config is L,S (e.g. 2,32)", param_hint="--config")
     cfg = FrontierConfig(passages, prefix_tokens, continuation_tokens, trials, needle_chunks, needle_chunk_tokens,
@@ -269,7 +272,7 @@ def quality_cmd(model_path, texts, configs, passages, prefix_tokens, continuatio
     dev = resolve_device(device)
     model = load_model(model_path, device=dev)
     r = run_frontier(model, cfg, parsed, [] if no_baselines else None, texts, dev,
-                     log=lambda msg: click.echo(msg, err=True), needles=not skip_needles)
+                     log=lambda msg: click.echo(msg, err=True), needles=not skip_needles, dictionaries=dicts)
     if plot:
         plot_frontier(r, plot)
     fusion = cfg.fusion
