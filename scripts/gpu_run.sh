@@ -44,7 +44,7 @@ tests)
   ;;
 omp)
   stage
-  stamp profile; timeout 120 python3 scripts/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; grep -A16 "===" "$OUT/profile-omp.txt" | cut -c1-150
+  stamp profile; timeout 120 python3 scripts/experiments/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; grep -A16 "===" "$OUT/profile-omp.txt" | cut -c1-150
   cfgs=("--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L1 --sparsity 32"
         "--layers-per-signal 5 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L5 --sparsity 32")
   [ $# -gt 1 ] && cfgs=("${@:2}")  # or the configurations named on the command line
@@ -75,7 +75,7 @@ encode)  # the main job's encode and bench store, with the codec's CUDA-graph OM
 cake)  # Cake's overlap with decode on the GPU (its own CUDA stream) against none/infoflow
   stage
   [ -e /tmp/bench-store/store ] || timeout 240 $SC bench store --workdir /tmp/bench-store --device cuda --json > /dev/null 2>&1
-  stamp cake; timeout 400 python3 scripts/measure_cake.py --store /tmp/bench-store/store --device cuda --out "$OUT/cake-h100.json" 2>&1 | tail -30
+  stamp cake; timeout 400 python3 scripts/experiments/measure_cake.py --store /tmp/bench-store/store --device cuda --out "$OUT/cake-h100.json" 2>&1 | tail -30
   ;;
 ruler)  # the RULER-style suite, decode on the GPU; what finished comes back if time runs out
   stage

@@ -1,4 +1,4 @@
-"""scripts/ttft_table.py: BENCHMARKS' TTFT tables from `bench ttft --json` rows."""
+"""docs/tables/ttft_table.py: BENCHMARKS' TTFT tables from `bench ttft --json` rows."""
 
 import runpy
 from pathlib import Path
@@ -16,7 +16,7 @@ def _row(k, method, ratio, cache, ttft):
 
 
 def test_ttft_tables_put_each_method_and_k_in_its_cell():
-    script = runpy.run_path(str(ROOT / "scripts" / "ttft_table.py"))
+    script = runpy.run_path(str(ROOT / "docs" / "tables" / "ttft_table.py"))
     rows = [_row(2, "full", 0, "warm", 3000), _row(2, "infoflow", 0.15, "warm", 1200),
             _row(8, "full", 0, "warm", 15000), _row(8, "infoflow", 0.15, "warm", 5100),
             _row(8, "infoflow", 0.15, "cold", 6100)]

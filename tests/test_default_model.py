@@ -108,7 +108,7 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     at = {(x["k"], x["method"], x["page_cache"]): x for x in rows}
     assert at[2, "none", "warm"]["bytes_read"] * 10 < at[2, "raw", "warm"]["bytes_read"]
     assert (tmp_path / "t.png").stat().st_size > 10_000
-    table = runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "ttft_table.py"))["ttft_table"](rows)
+    table = runpy.run_path(str(Path(__file__).parent.parent / "docs" / "tables" / "ttft_table.py"))["ttft_table"](rows)
     assert table.splitlines()[0] == "| method | k=1 | k=2 |" and len(table.splitlines()) == 2 + len(methods)
     r = CliRunner().invoke(cli, ["bench", "ttft", "--store", str(tmp_path / "store"), "--k", "1",
                                  "--min-chunk-tokens", "100000"])

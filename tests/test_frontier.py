@@ -107,7 +107,7 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     assert rows["L1-s2"]["needle"] is None and 0 <= rows["L1-s2"]["top1_agreement"] <= 1
     assert rows["L1-s4"]["needle"] == next(r for r in out["rows"] if r["method"] == "L1-s4")["needle"]
     # BENCHMARKS' table: one line per quality, its three index codings side by side, "not run" for skipped needles
-    table = runpy.run_path(str(ROOT / "scripts" / "frontier_table.py"))["table"](json.loads(quick.stdout))
+    table = runpy.run_path(str(ROOT / "docs" / "tables" / "frontier_table.py"))["table"](json.loads(quick.stdout))
     line = next(x for x in table.splitlines() if x.startswith("| L2-s4-fp8 |"))
     ef = rows["L2-s4-fp8+ef"]
     assert ef["quality"] == "L2-s4-fp8" and ef["index"] == "elias-fano" and f"{ef['ratio_total']:.2f}×" in line
@@ -122,7 +122,7 @@ def test_bench_quality_end_to_end_on_tiny_model(tiny_model_dir, tmp_path):
     row = next(r for r in json.loads(domains.stdout)["rows"] if r["method"] == "L1-s4")
     assert set(row["domains"]) == {"builtin", "other.txt"}
     assert row["worst_top1"] == min(d["top1_agreement"] for d in row["domains"].values()) <= row["top1_agreement"]
-    worst = runpy.run_path(str(ROOT / "scripts" / "frontier_table.py"))["table"](json.loads(domains.stdout))
+    worst = runpy.run_path(str(ROOT / "docs" / "tables" / "frontier_table.py"))["table"](json.loads(domains.stdout))
     assert "| worst domain | its top-1 | worst ppl | worst layer NMSE K / V |" in worst
     assert "needle" not in worst  # no row has needle trials: no empty columns
     assert f"| {row['worst_domain']} | {100 * row['worst_top1']:.1f}% |" in worst

@@ -1,6 +1,6 @@
-"""BENCHMARKS' "Serving through vLLM" tables from `scripts/bench_vllm.py --out` JSON.
+"""BENCHMARKS' "Serving through vLLM" tables from `scripts/experiments/bench_vllm.py --out` JSON.
 
-    python scripts/vllm_table.py docs/benchmarks/vllm-cpu.json
+    python docs/tables/vllm_table.py docs/benchmarks/vllm-cpu.json
 """
 
 from __future__ import annotations

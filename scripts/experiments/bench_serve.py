@@ -7,7 +7,7 @@ client-side retrieval (RagPrompts: the same chunks, laid out the same way, sent 
 to /v1/completions) counts as the server's retrieval does. Both servers run the same model in
 fp32, eager, with vLLM's default prefix caching, one after the other on the same machine.
 
-    OMP_NUM_THREADS=2 python scripts/bench_serve.py --store demo.store --out docs/benchmarks/serve-cpu.json \
+    OMP_NUM_THREADS=2 python scripts/experiments/bench_serve.py --store demo.store --out docs/benchmarks/serve-cpu.json \
         --plot docs/serve.png
 
 Saves after every (server, concurrency) cell; a rerun with the same --out skips finished cells.

@@ -2,7 +2,7 @@
 from a run over the whole suite (any device: answers are the same on a CPU and a GPU), TTFT
 from a run on the CPU the rule is about (`--limit`), and #34's rule applied to them.
 
-    python scripts/fidelity_table.py AGREEMENT.json TTFT.json [--out decomposition.json]
+    python docs/tables/fidelity_table.py AGREEMENT.json TTFT.json [--out decomposition.json]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ signal over the scaled, renormalised atoms of each layer group and decodes with 
 atoms; it needs one Gram matrix per group, which is why the shipped fix learns the scales
 with the atoms instead.) BENCHMARKS.md, "Per-layer scales".
 
-    python scripts/measure_layer_weighting.py calib/heldout/manual-de calib/heldout/python-docs
+    python scripts/experiments/measure_layer_weighting.py calib/heldout/manual-de calib/heldout/python-docs
 """
 import json, sys, torch
 from sparsecache.model import load_model, extract_kv, default_prefix_ids

@@ -1,6 +1,6 @@
 """Where the GPU OMP's time goes: torch.profiler over one batch of each formulation.
 
-    python scripts/profile_omp.py --device cuda --dim 192 --sparsity 16
+    python scripts/experiments/profile_omp.py --device cuda --dim 192 --sparsity 16
 
 Random unit atoms and Gaussian signals (the kernels' cost does not depend on the data);
 prints the kernels that take the most device time, per formulation.

@@ -1,5 +1,5 @@
 """Held-out NMSE vs training step of dictionaries, from the history in their metadata.
-    python scripts/plot_learning.py dictionaries/*/ --out docs/learning.png
+    python docs/tables/plot_learning.py dictionaries/*/ --out docs/learning.png
 """
 
 import argparse

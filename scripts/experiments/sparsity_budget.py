@@ -3,7 +3,7 @@ domain, all methods on the same passages (exact K/V and logits computed once per
 fp8 coefficients and Elias–Fano indices, as a store writes them, unless a plan says fp16.
 BENCHMARKS.md, "Spending the 20× budget".
 
-    python scripts/sparsity_budget.py dictionaries/smollm2-135m-n8192-s32-L5 \\
+    python scripts/experiments/sparsity_budget.py dictionaries/smollm2-135m-n8192-s32-L5 \\
         calib/heldout/manual-de calib/heldout/python-docs --out sparsity-budget.json \\
         --plan 32,32,float16 --plan 32,32 --plan 40,40 --plan 32,48
 

@@ -20,10 +20,10 @@
    the same first-sentence comparison `bench fidelity` makes, against vLLM's full prefill,
    and against our loop's answer of the same configuration (from --loop-results) beside it.
 
-    OMP_NUM_THREADS=2 python scripts/bench_vllm.py --store W/store --corpus W/corpus --ruler W/ruler \
+    OMP_NUM_THREADS=2 python scripts/experiments/bench_vllm.py --store W/store --corpus W/corpus --ruler W/ruler \
         --out docs/benchmarks/vllm-cpu.json --plot docs/vllm.png
 
-    OMP_NUM_THREADS=2 python scripts/bench_vllm.py --fidelity W --out docs/benchmarks/vllm-fidelity-cpu.json
+    OMP_NUM_THREADS=2 python scripts/experiments/bench_vllm.py --fidelity W --out docs/benchmarks/vllm-fidelity-cpu.json
 
 (W/corpus: `python -c "from sparsecache.bench.suite import bench_corpus; bench_corpus('W/corpus')"`.)
 The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess (the

@@ -1,7 +1,7 @@
 """BENCHMARKS.md's TTFT tables from `bench ttft --json` output: TTFT per method and k, then
 the phase breakdown at the chosen k values (warm) and every cold row.
 
-    python scripts/ttft_table.py docs/benchmarks/bench-ttft-cpu.json --breakdown 2,8,32
+    python docs/tables/ttft_table.py docs/benchmarks/bench-ttft-cpu.json --breakdown 2,8,32
 """
 
 from __future__ import annotations

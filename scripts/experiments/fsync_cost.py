@@ -1,7 +1,7 @@
 """What the store's fsyncs cost: the same corpus encoded twice into fresh stores, once as
 shipped and once with os.fsync made a no-op, in one process, alternating.
 
-    python scripts/fsync_cost.py --tokens 20000 --repeats 2 --json docs/benchmarks/fsync-cost-cpu.json
+    python scripts/experiments/fsync_cost.py --tokens 20000 --repeats 2 --json docs/benchmarks/fsync-cost-cpu.json
 
 Default model, shipped dictionary, store defaults; the corpus is `bench store`'s (the longest
 Python documentation topics). Prints tokens/s and the commit (fsync + pending.json) and

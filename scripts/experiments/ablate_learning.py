@@ -2,7 +2,7 @@
 
 Every configuration trains n=8192, s=16 K/V dictionaries for --steps steps on the default
 model's built-in calibration signals and reports held-out NMSE. Writes JSON to --out.
-    python scripts/ablate_learning.py --steps 50 --out runs/ablate_learning.json
+    python scripts/experiments/ablate_learning.py --steps 50 --out runs/ablate_learning.json
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Codec.decode time of the same K/V codes with 13-bit packed vs Elias–Fano indices (one thread,
 best of 10 interleaved runs), on 1,024 tokens of this README through the default model.
 
-    OMP_NUM_THREADS=1 python scripts/decode_indices.py
+    OMP_NUM_THREADS=1 python scripts/experiments/decode_indices.py
 """
 
 import time

@@ -4,7 +4,7 @@ next to the question) or by `attention` (InfoFlow's reordering: each chunk score
 the question's attention, most important next to the question). Same trials, same store,
 every method; JSON to --out.
 
-    python scripts/measure_order.py --store W/store --passkey W/passkey --out docs/benchmarks/order.json
+    python scripts/experiments/measure_order.py --store W/store --passkey W/passkey --out docs/benchmarks/order.json
 """
 
 from __future__ import annotations

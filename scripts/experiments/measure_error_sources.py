@@ -3,7 +3,7 @@ layer group of either (every other layer exact), against the codes of everything
 passage is coded once (fp8 coefficients, as a store writes them); the variants splice its
 decoded groups into the exact K/V. BENCHMARKS.md, "Where the perplexity goes".
 
-    python scripts/measure_error_sources.py dictionaries/smollm2-135m-n8192-s80-L10 \\
+    python scripts/experiments/measure_error_sources.py dictionaries/smollm2-135m-n8192-s80-L10 \\
         calib/heldout/python-docs calib/heldout/licences --passages 4 --json error-sources.json
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@ two threads left to meet, the closed-form split, and fixed splits) for k chunks 
 tokens, with the store warm and with its files evicted from the page cache before each query,
 or (`--s3`) with the store copied to a moto S3 server on 127.0.0.1, read over HTTP.
 
-    python scripts/measure_cake.py --store W/store --out docs/benchmarks/cake-cpu.json
-    python scripts/measure_cake.py --store W/store --s3 --out docs/benchmarks/cake-s3.json
+    python scripts/experiments/measure_cake.py --store W/store --out docs/benchmarks/cake-cpu.json
+    python scripts/experiments/measure_cake.py --store W/store --s3 --out docs/benchmarks/cake-s3.json
 
 The store is `bench store`'s (or any with >= max(k) chunks of >= 480 tokens). The closed-form
 split comes from this run's own rates: decode = context tokens ÷ (read + transfer +

@@ -5,7 +5,7 @@ engine agreement, one process per family): a store coded with random unit atoms,
 exact KV against vLLM's prefill, several chunks against our own loop, and blending (ratio 1.0
 against vLLM's prefill, the default's selected positions against `query`'s).
 
-    python scripts/check_families.py [--vllm [--out docs/benchmarks/families-vllm.json]]
+    python scripts/experiments/check_families.py [--vllm [--out docs/benchmarks/families-vllm.json]]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 from test_check_model import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
 
 import sparsecache.stack as stack  # noqa: E402

@@ -13,7 +13,7 @@ OMP then runs on Wx over the atoms WD (renormalised), and the coefficients are r
 raw space: decoding is D·α as before, so the store format and the decode path do not change;
 only the encoder does. Same shipped dictionary, fp8 coefficients, the frontier's passages.
 
-    OMP_NUM_THREADS=2 python scripts/ablate_metric.py --json docs/benchmarks/ablate_metric.json
+    OMP_NUM_THREADS=2 python scripts/experiments/ablate_metric.py --json docs/benchmarks/ablate_metric.json
 """
 
 from __future__ import annotations

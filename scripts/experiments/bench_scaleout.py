@@ -6,7 +6,7 @@
 2. Query-time read latency of 32 retrieved chunks: the local store vs the same store on a
    moto S3 server on 127.0.0.1 (warm), with the bytes and objects fetched.
 
-    python scripts/bench_scaleout.py --tokens 6000 --out docs/benchmarks/scaleout-cpu.json
+    python scripts/experiments/bench_scaleout.py --tokens 6000 --out docs/benchmarks/scaleout-cpu.json
 
 Prints a table and writes the JSON. Needs the s3 and ray extras (and moto[server]).
 """

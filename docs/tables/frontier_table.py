@@ -3,7 +3,7 @@
 over several domains (`--text` repeated) adds the worst domain's columns, which the store's
 default is chosen on.
 
-    python scripts/frontier_table.py docs/benchmarks/bench-quality.json
+    python docs/tables/frontier_table.py docs/benchmarks/bench-quality.json
 """
 
 from __future__ import annotations
