@@ -71,6 +71,11 @@ class Chunk:
     def hash(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
+    def row(self) -> dict:
+        """Its row of the store's chunk table (`Writer.append`, `Writer.write_rows`)."""
+        return {"chunk_id": self.id, "doc_id": self.doc_id, "content_hash": self.hash, "text": self.text,
+                "meta": self.meta, "ordinal": self.ordinal, "token_length": len(self.token_ids)}
+
 
 # ---------------------------------------------------------------- finding documents
 

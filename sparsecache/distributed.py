@@ -57,7 +57,7 @@ class Region:
     id: int
     token_start: int
     row_start: int
-    chunks: list[dict]  # {doc_id, ordinal, text, token_ids}
+    chunks: list[dict]  # a chunk-table row (corpus.Chunk.row) and its token_ids
 
     @property
     def tokens(self) -> int:
@@ -83,8 +83,7 @@ def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int,
         tok, row, current, size = start + size, row + len(current), [], 0
 
     for _, doc_chunks in docs:
-        current += [{"doc_id": c.doc_id, "ordinal": c.ordinal, "text": c.text, "token_ids": list(c.token_ids),
-                     "meta": c.meta, "chunk_id": c.id, "content_hash": c.hash} for c in doc_chunks]
+        current += [{**c.row(), "token_ids": list(c.token_ids)} for c in doc_chunks]
         size += sum(len(c.token_ids) for c in doc_chunks)
         if size >= region_tokens:
             close()
@@ -132,36 +131,29 @@ class RegionEncoder:
         return out
 
     def encode(self, region: Region) -> tuple[np.ndarray, dict]:
-        """Write the region's tokens and codes into the store; returns its embeddings [n, dim]."""
-        import torch
+        """Write the region's tokens and codes into the store; returns its embeddings [n, dim]
+        and the seconds of each phase."""
         import zarr
 
-        from .model import extract_kv
+        from .encoder import code_batch
+        from .stopwatch import Stopwatch
         from .store.writer import write_codes
 
         attempt = self._attempt(region)
         kill_worker(region.doc_ids, attempt)
-        secs = {"forward": 0.0, "omp": 0.0, "write": 0.0}
+        watch = Stopwatch(self.model.device, unit=1.0)
         tok = region.token_start
         with zarr.config.set({"array.write_empty_chunks": True}):
             for part in _parts(region.chunks, self.batch_tokens):
-                t = time.perf_counter()
-                kv = extract_kv(self.model, [c["token_ids"] for c in part], self.prefix, self.batch_tokens)
-                keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
-                values = torch.cat([v for _, v in kv], dim=1)
-                t1 = time.perf_counter()
-                k, v = self.codec.encode(keys, "k"), self.codec.encode(values, "v")
-                t2 = time.perf_counter()
-                tokens = np.concatenate([np.asarray(c["token_ids"], np.int32) for c in part])
-                write_codes(self.group, tok, tokens, k, v, grow=False)
+                k, v = code_batch(self.model, self.codec, [c["token_ids"] for c in part], self.prefix,
+                                  self.batch_tokens, watch.step)
+                with watch.step("write"):
+                    tokens = np.concatenate([np.asarray(c["token_ids"], np.int32) for c in part])
+                    write_codes(self.group, tok, tokens, k, v, grow=False)
                 tok += len(tokens)
-                secs["forward"] += t1 - t
-                secs["omp"] += t2 - t1
-                secs["write"] += time.perf_counter() - t2
-        t = time.perf_counter()
-        emb = self.embedder.embed([c["text"] for c in region.chunks])
-        secs["embed"] = time.perf_counter() - t
-        return emb, secs
+        with watch.step("embed"):
+            emb = self.embedder.embed([c["text"] for c in region.chunks])
+        return emb, dict(watch)
 
     def _attempt(self, region: Region) -> int:
         """Leave a marker that this region was started (the driver names a region that keeps
@@ -218,11 +210,10 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
         yield part
 
 
-def encode_distributed(w, plan, model, config, device, batch_tokens: int, report, timer, progress: bool,
-                       workers: int, ray_address: str | None, model_path: str = "default",
-                       screening: Screening | None = None) -> None:
-    """Encode `plan.work` on Ray actors into the store `w` writes (see the module docstring).
-    Each actor loads `model_path`, the store's own dictionary copy and its embedder.
+def encode_distributed(run, ray) -> None:
+    """Encode `run.plan.work` (an `encoder.EncodeRun`) on the Ray actors `ray` (an
+    `encoder.RayConfig`) names, into the store `run.writer` writes (see the module docstring).
+    Each actor loads `ray.model_path`, the store's own dictionary copy and its embedder.
 
     Works in rounds of about ROUND_TOKENS tokens, so the driver holds one round's token ids
     at a time however large the corpus is."""
@@ -230,26 +221,28 @@ def encode_distributed(w, plan, model, config, device, batch_tokens: int, report
 
     from .encoder import prefix_ids
 
-    hashes = {s.id: s.hash for s in plan.work}
-    actor = {"model": model_path, "device": str(device), "batch_tokens": batch_tokens,
-             "prefix": prefix_ids(model, config.prefix), "screening": screening and asdict(screening)}  # each actor's arguments
-    n = _start_ray(workers, ray_address, device, timer)
-    bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not progress, dynamic_ncols=True)
+    w, timer, config = run.writer, run.timer, run.config
+    hashes = {s.id: s.hash for s in run.plan.work}
+    actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
+             "prefix": prefix_ids(run.model, config.prefix),
+             "screening": run.screening and asdict(run.screening)}  # each actor's arguments
+    n = _start_ray(ray.workers, ray.address, run.device, timer)
+    bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
     next_id = 0
     try:
-        for docs in _rounds(plan.work, model.tokenizer, config.chunk_tokens, timer):
+        for docs in _rounds(run.plan.work, run.model.tokenizer, config.chunk_tokens, timer):
             start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
-            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, _region_tokens(docs, batch_tokens, n),
+            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, _region_tokens(docs, run.batch_tokens, n),
                                    next_id)
             next_id += len(regions)
             if not regions:
                 continue
             bar.total += sum(r.tokens for r in regions)
-            with timer.phase("write"):
+            with timer.step("write"):
                 end = _allocate(w, regions)
             w.backend.delete_tree("work")
             w.commit({}, *end, extra={"allocated_by": "distributed"})
-            _encode_round(w, regions, end, hashes, actor, n, report, timer, bar)
+            _encode_round(w, regions, end, hashes, actor, n, run.report, timer, bar)
             w.rewind(*end)
     finally:
         bar.close()
@@ -267,7 +260,7 @@ def _rounds(work, tokenizer, chunk_tokens: int, timer):
     """[(doc id, chunks)] lists of about ROUND_TOKENS tokens of whole documents."""
     docs, n = [], 0
     for s in work:
-        with timer.phase("chunk"):
+        with timer.step("chunk"):
             doc_chunks = list(chunks(s, tokenizer, chunk_tokens))
         docs.append((s.id, doc_chunks))
         n += sum(len(c.token_ids) for c in doc_chunks)
@@ -281,15 +274,18 @@ def _rounds(work, tokenizer, chunk_tokens: int, timer):
 def _encode_round(w, regions, end, hashes, actor: dict, n, report, timer, bar) -> None:
     """Run one round's regions on the actor pool; record each region's documents as it finishes."""
     by_id = {r.id: r for r in regions}
-    t0, own = time.perf_counter(), timer["write"] + timer["commit"]
+    def own() -> float:  # the driver's own writes and commits
+        return timer.get("write", 0.0) + timer.get("commit", 0.0)
+
+    t0, before = time.perf_counter(), own()
     try:
         for rid, emb, secs in _results(w, regions, actor, n):
             region = by_id[rid]
-            with timer.phase("write"):
+            with timer.step("write"):
                 w.write_embeddings(region.row_start, np.frombuffer(emb, np.float32).reshape(len(region.chunks), -1))
             for k, v in json.loads(secs).items():
                 report.worker_seconds[k] = report.worker_seconds.get(k, 0.0) + v
-            with timer.phase("commit"):
+            with timer.step("commit"):
                 w.commit(_documents(region, hashes), *end)
             report.chunks += len(region.chunks)
             report.tokens += region.tokens
@@ -297,7 +293,7 @@ def _encode_round(w, regions, end, hashes, actor: dict, n, report, timer, bar) -
     except Exception as e:
         raise EncodeFailed(_failure(w, by_id, e)) from e
     finally:  # the wait for the workers: the round's wall time less the driver's own writes and commits
-        timer["encode (ray)"] += time.perf_counter() - t0 - (timer["write"] + timer["commit"] - own)
+        timer["encode (ray)"] = timer.get("encode (ray)", 0.0) + time.perf_counter() - t0 - (own() - before)
 
 
 def _allocate(w, regions: list[Region]) -> tuple[int, int]:
@@ -305,9 +301,7 @@ def _allocate(w, regions: list[Region]) -> tuple[int, int]:
     end_tok = regions[-1].token_start + regions[-1].tokens
     end_row = regions[-1].row_start + len(regions[-1].chunks)
     for r in regions:
-        rows = [{"chunk_id": c["chunk_id"], "doc_id": c["doc_id"], "content_hash": c["content_hash"],
-                 "text": c["text"], "meta": c["meta"], "ordinal": c["ordinal"], "token_length": len(c["token_ids"])}
-                for c in r.chunks]
+        rows = [{k: v for k, v in c.items() if k != "token_ids"} for c in r.chunks]
         w.write_rows(r.row_start, r.token_start, rows, None)
     w.size_arrays(end_tok, end_row)
     return end_tok, end_row
@@ -333,7 +327,7 @@ def _start_ray(workers: int, ray_address: str | None, device, timer) -> int:
     except ImportError:
         raise EncodeFailed("--workers/--ray-address need the ray extra: pip install 'sparsecache[ray]'") from None
     gpu = str(device).startswith("cuda")
-    with timer.phase("ray start"):
+    with timer.step("ray start"):
         if not ray.is_initialized():
             if ray_address:
                 ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, logging_level="warning")

@@ -10,7 +10,6 @@ would have, it writes the same codes an uninterrupted run would.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -25,6 +24,7 @@ from .learn import AdaptConfig
 from .index import Embedder
 from .model import KVModel, default_prefix_ids, extract_kv
 from .omp import Screening
+from .stopwatch import Stopwatch
 from .store import StoreConfig, Writer
 
 
@@ -49,23 +49,6 @@ class EncodeReport:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
 
 
-class _Timer(defaultdict):
-    def __init__(self):
-        super().__init__(float)
-
-    def phase(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer[name] += time.perf_counter() - self.t
-
-        return _Span()
-
-
 def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
     """The shared prefix: the model's chat template up to the user's text, or `prefix` tokenized."""
     if prefix is None:
@@ -74,13 +57,56 @@ def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
 
 
 @dataclass
-class _Plan:
+class Plan:
     """What a run has to do, decided before any encoding."""
 
     work: list[Source]  # new or changed documents, in id order
     deleted: list[str]
     counts: dict
     resume_open: dict | None  # a document a crashed run was in the middle of: {id, hash, first, count, ...}
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Where a distributed encode runs (`distributed`): `workers` actors on a Ray started here,
+    or the cluster at `address`; each actor loads `model_path` (the default model or a
+    directory every node can read)."""
+
+    workers: int = 0
+    address: str | None = None
+    model_path: str = "default"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.workers or self.address)
+
+
+@dataclass
+class EncodeRun:
+    """One `encode_corpus` call's work in progress, as the local loop and the Ray one share it."""
+
+    writer: Writer  # holds the store's lock or lease
+    plan: Plan
+    model: KVModel
+    config: StoreConfig
+    device: str
+    batch_tokens: int  # tokens per forward batch (and, on Ray, per region at most)
+    screening: Screening | None
+    report: EncodeReport
+    timer: Stopwatch  # seconds per phase
+    progress: bool
+
+
+def dictionary_for(store, given: str | None = None) -> Dictionary:
+    """The dictionary an encode of `store` uses: `given` (a directory; "default" is the shipped
+    default), or with none given the store's own copy where the store exists (a re-index keeps
+    its dictionary), else the shipped default."""
+    from .dictionary import default_dictionary
+    from .store import existing_dictionary
+
+    if given in (None, "default"):
+        given = (given is None and existing_dictionary(store)) or default_dictionary()
+    return Dictionary.load(given)
 
 
 def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictionary,
@@ -107,8 +133,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     either are the same format.
     """
     t_start = time.perf_counter()
-    timer = _Timer()
-    with timer.phase("scan"):
+    timer = Stopwatch(device, unit=1.0)
+    with timer.step("scan"):
         sources = scan(corpus)
     load = _loader(model, timer)
     if isinstance(model, KVModel):
@@ -116,7 +142,7 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     with Writer(store) as w:
         if not w.initialised():
             if adapt is not None:
-                with timer.phase("adapt"):
+                with timer.step("adapt"):
                     dictionary = _adapted(load(), sources, dictionary, adapt, device, progress)
             _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device))
         elif adapt is not None:
@@ -131,15 +157,15 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
             model = load()
             dictionary.check_model(model.fingerprint())
             w.check_compatible(config, dictionary, model.fingerprint())
-            if workers or ray_address:
+            run = EncodeRun(w, plan, model, config, str(device), batch_tokens, screening, report, timer, progress)
+            ray = RayConfig(workers, ray_address, model_path)
+            if ray.enabled:
                 from .distributed import encode_distributed
 
-                encode_distributed(w, plan, model, config, device, batch_tokens, report, timer, progress, workers,
-                                   ray_address, model_path, screening)
+                encode_distributed(run, ray)
             else:
-                _encode_work(w, plan, model, Codec(dictionary, config.coef_dtype, device, config.index_coding, screening),
-                             embedder or Embedder(config.embedder, device), prefix_ids(model, config.prefix),
-                             config.chunk_tokens, batch_tokens, report, timer, progress)
+                _encode_work(run, Codec(dictionary, config.coef_dtype, device, config.index_coding, screening),
+                             embedder or Embedder(config.embedder, device))
             _publish(w, plan, index, keep, report, timer)
     report.seconds = {**{k: round(v, 3) for k, v in timer.items()}, "total": round(time.perf_counter() - t_start, 3)}
     return report
@@ -170,10 +196,10 @@ def _stored_adaptation(w: Writer, dictionary: Dictionary) -> Dictionary:
     return stored if stored.meta.get("adapt", {}).get("from") == dictionary.fingerprint() else dictionary
 
 
-def _publish(w: Writer, plan: _Plan, index: str, keep: int, report: EncodeReport, timer: _Timer) -> None:
+def _publish(w: Writer, plan: Plan, index: str, keep: int, report: EncodeReport, timer: Stopwatch) -> None:
     """Index the live chunks and publish them as the next version; prune to `keep` versions."""
     documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
-    with timer.phase("index+publish"):
+    with timer.step("index+publish"):
         note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
         m = w.publish(documents, index, note)
         if keep:
@@ -182,7 +208,7 @@ def _publish(w: Writer, plan: _Plan, index: str, keep: int, report: EncodeReport
     report.message = f"published version {m.version}: {len(documents)} documents, {len(m.live_rows())} chunks ({note})"
 
 
-def _loader(model, timer: _Timer) -> Callable[[], KVModel]:
+def _loader(model, timer: Stopwatch) -> Callable[[], KVModel]:
     """A function returning the model, loading it (timed as "load") on its first call only."""
     if isinstance(model, KVModel):
         return lambda: model
@@ -190,7 +216,7 @@ def _loader(model, timer: _Timer) -> Callable[[], KVModel]:
 
     def load() -> KVModel:
         if not cache:
-            with timer.phase("load"):
+            with timer.step("load"):
                 cache.append(model())
         return cache[0]
 
@@ -205,7 +231,7 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
     w.create(config, dictionary, model.fingerprint(), ids, kv, embedder.dim)
 
 
-def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> _Plan:
+def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
     """What to encode, given the last version and what a crashed run already wrote.
 
     A document a crashed run was in the middle of is continued first, whatever documents
@@ -225,15 +251,16 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> _Plan:
     deleted = sorted(d for d in current if d not in ids) if delete_missing else []
     counts = {"new": sum(s.id not in current for s in work), "changed": sum(s.id in current for s in work),
               "unchanged": len(sources) - len(work), "deleted": len(deleted), "resumed": len(done)}
-    return _Plan(work, deleted, counts, open_doc)
+    return Plan(work, deleted, counts, open_doc)
 
 
-def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder: Embedder, prefix: list[int],
-                 chunk_tokens: int, batch_tokens: int, report: EncodeReport, timer: _Timer, progress: bool) -> None:
-    """Encode `plan.work` batch by batch, recording progress in the store after every batch."""
-    with timer.phase("chunk"):
-        total = token_estimate(plan.work, model.tokenizer) if progress else 0
-    bar = tqdm(total=total, unit="tok", unit_scale=True, desc="encode", disable=not progress, dynamic_ncols=True)
+def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
+    """Encode `run.plan.work` batch by batch, recording progress in the store after every batch."""
+    w, plan, model, timer, report = run.writer, run.plan, run.model, run.timer, run.report
+    prefix = prefix_ids(model, run.config.prefix)
+    with timer.step("chunk"):
+        total = token_estimate(plan.work, model.tokenizer) if run.progress else 0
+    bar = tqdm(total=total, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
     open_docs: dict[str, dict] = {}  # rows written per unfinished document
     skip = {}
     if plan.resume_open:
@@ -241,9 +268,10 @@ def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder:
         open_docs[o["id"]] = {k: o[k] for k in ("first", "count", "tokens", "token_offset")}
         skip[o["id"]] = o["count"]
     end = (w.finished_tokens, w.finished_chunks)  # extents after the last finished document
-    for batch, finished in _batches(plan.work, model.tokenizer, chunk_tokens, batch_tokens, skip, timer):
+    for batch, finished in _batches(plan.work, model.tokenizer, run.config.chunk_tokens, run.batch_tokens, skip,
+                                    timer):
         if batch:
-            _encode_batch(w, batch, open_docs, model, codec, embedder, prefix, batch_tokens, timer, bar)
+            _encode_batch(w, batch, open_docs, model, codec, embedder, prefix, run.batch_tokens, timer, bar)
             report.chunks += len(batch)
             report.tokens += sum(len(c.token_ids) for c in batch)
         done = {}
@@ -252,7 +280,7 @@ def _encode_work(w: Writer, plan: _Plan, model: KVModel, codec: Codec, embedder:
             done[s.id] = {**d, "hash": s.hash}
             end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
         hashes = {s.id: s.hash for s in plan.work}
-        with timer.phase("commit"):  # fsync of the batch's files + pending.json
+        with timer.step("commit"):  # fsync of the batch's files + pending.json
             w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
         busy = sum(v for k, v in timer.items() if k != "load") or 1.0
         bar.set_postfix(docs=f"{len(w.done)}", chunks=report.chunks, tok_s=f"{report.tokens / busy:.0f}")
@@ -271,7 +299,7 @@ def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int, skip: dict[str, int],
-             timer: _Timer):
+             timer: Stopwatch):
     """(chunks, sources finished since the last batch) pairs, a batch closing once it holds
     `batch_tokens`. The first `skip[id]` chunks of a document are already stored (resume)."""
     batch: list[Chunk] = []
@@ -280,7 +308,7 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
     for src in work:
         it = chunks(src, tokenizer, chunk_tokens)
         while True:
-            with timer.phase("chunk"):
+            with timer.step("chunk"):
                 c = next(it, None)
             if c is None:
                 break
@@ -296,44 +324,48 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
         yield batch, finished
 
 
-def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], model: KVModel, codec: Codec, embedder: Embedder,
-                  prefix: list[int], batch_tokens: int, timer: _Timer, bar=None) -> None:
-    def phase(name):  # the bar says what the batch is doing: a CPU batch takes ~1.5 min
-        if bar is not None:
-            bar.set_description(f"encode ({name})")
-        return timer.phase(name)
-
-    with phase("forward"):
-        kv = extract_kv(model, [list(c.token_ids) for c in batch], prefix, batch_tokens)
+def code_batch(model: KVModel, codec: Codec, token_lists: list[list[int]], prefix: list[int], batch_tokens: int,
+               step, on_tokens=None):
+    """One batch of chunks through the model and Batch-OMP: (K codes, V codes) of their tokens
+    in order, timed as "forward" and "omp" by `step(name)`; `on_tokens(n)` is told as OMP's
+    blocks finish how many tokens' worth of signals are coded (a CPU batch codes for minutes).
+    The local loop and the Ray actors both encode through here."""
+    with step("forward"):
+        kv = extract_kv(model, token_lists, prefix, batch_tokens)
         keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
         values = torch.cat([v for _, v in kv], dim=1)
         del kv
-    n_tok = keys.shape[1]
-    moved = 0.0  # the bar moves as OMP blocks finish (a CPU batch codes for minutes), the rest at the end
+    signals = 2 * keys.shape[1] * keys.shape[0] // codec.config.layers_per_signal  # K and V
+    advance = None if on_tokens is None else (lambda n: on_tokens(n * keys.shape[1] / signals))
+    with step("omp"):
+        return codec.encode(keys, "k", advance), codec.encode(values, "v", advance)
 
-    def advance(signals: int) -> None:
+
+def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], model: KVModel, codec: Codec,
+                  embedder: Embedder, prefix: list[int], batch_tokens: int, timer: Stopwatch, bar) -> None:
+    def step(name):  # the bar says what the batch is doing: a CPU batch takes ~1.5 min
+        bar.set_description(f"encode ({name})")
+        return timer.step(name)
+
+    moved = 0.0  # the bar moves as OMP blocks finish, the rest at the end
+
+    def on_tokens(n: float) -> None:
         nonlocal moved
-        if bar is not None:
-            step = signals * n_tok / (2 * k_signals)
-            bar.update(step)
-            moved += step
+        bar.update(n)
+        moved += n
 
-    k_signals = n_tok * keys.shape[0] // codec.config.layers_per_signal
-    with phase("omp"):
-        k_codes = codec.encode(keys, "k", advance)
-        v_codes = codec.encode(values, "v", advance)
-    with phase("embed"):
+    k_codes, v_codes = code_batch(model, codec, [list(c.token_ids) for c in batch], prefix, batch_tokens, step,
+                                  on_tokens)
+    with step("embed"):
         emb = embedder.embed([c.text for c in batch])
-    with phase("write"):
-        rows = [{"chunk_id": c.id, "doc_id": c.doc_id, "content_hash": c.hash, "text": c.text,
-                 "meta": c.meta, "ordinal": c.ordinal, "token_length": len(c.token_ids)} for c in batch]
+    with step("write"):
         tokens = np.concatenate([np.asarray(c.token_ids, np.int32) for c in batch])
         row0, tok0 = w.chunks, w.tokens
-        w.append(rows, tokens, k_codes, v_codes, emb)
+        w.append([c.row() for c in batch], tokens, k_codes, v_codes, emb)
         for i, c in enumerate(batch):
             d = open_docs.setdefault(c.doc_id, {"first": row0 + i, "count": 0, "tokens": 0, "token_offset": tok0})
             d["count"] += 1
             d["tokens"] += len(c.token_ids)
             tok0 += len(c.token_ids)
-    if bar is not None:
-        bar.update(n_tok - moved)
+    bar.update(len(tokens) - moved)
+    bar.set_description("encode")

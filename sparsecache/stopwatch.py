@@ -1,4 +1,5 @@
-"""`Stopwatch`: milliseconds per named step of a query, CUDA-synchronised."""
+"""`Stopwatch`: time per named step (of a query, in milliseconds; of an encode, in seconds),
+CUDA-synchronised."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import torch
 
 
 class Stopwatch(dict):
-    """Milliseconds per named step; synchronises CUDA so a step's time is its own."""
+    """Time per named step, summed over its spans: milliseconds, or seconds with unit=1.0;
+    synchronises CUDA so a step's time is its own."""
 
-    def __init__(self, device):
+    def __init__(self, device="cpu", unit: float = 1e3):
         super().__init__()
-        self.device = torch.device(device)
+        self.device, self.unit = torch.device(device), unit
 
     def step(self, name: str):
         watch = self
@@ -24,7 +26,7 @@ class Stopwatch(dict):
 
             def __exit__(self, *exc):
                 _sync(watch.device)
-                watch[name] = watch.get(name, 0.0) + 1e3 * (time.perf_counter() - self.t)
+                watch[name] = watch.get(name, 0.0) + watch.unit * (time.perf_counter() - self.t)
 
         return _Step()
 
