@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -14,7 +13,8 @@ import torch
 
 from . import __version__
 from .durable import publish_file, write_atomic
-from .errors import ConfigError, DictionaryError, DictionaryMismatch
+from .dict_config import DictConfig, check_atoms_dtype
+from .errors import DictionaryError, DictionaryMismatch
 from .model import FINGERPRINT_FIELDS
 
 FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that have them)
@@ -25,40 +25,6 @@ KINDS = ("k", "v")
 # file (a 10-layer dictionary is 126 MB in float32, over GitHub's 100 MB file limit) and costs
 # nothing measurable: each value rounds to within 2^-11 of itself (BENCHMARKS.md, "float16 atoms")
 ATOM_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-
-
-def check_atoms_dtype(name: str) -> None:
-    if name not in ATOM_DTYPES:
-        raise ConfigError(f"atoms_dtype must be one of {sorted(ATOM_DTYPES)}, got {name!r}")
-
-
-@dataclass(frozen=True)
-class DictConfig:
-    """What a dictionary is: its size, the codes' sparsity and the layer grouping."""
-
-    atoms: int = 8192
-    sparsity: int = 32  # learn-dict's from-scratch default; the shipped default is L10, s = 80 (dictionaries/README.md)
-    layers_per_signal: int = 5
-
-    def __post_init__(self):
-        if not 2 <= self.atoms <= 65536:
-            raise ConfigError(f"atoms must be in 2..65536 (indices pack into ≤16 bits), got {self.atoms}")
-        if not 1 <= self.sparsity <= self.atoms:
-            raise ConfigError(f"sparsity must be in 1..atoms, got {self.sparsity}")
-        if self.layers_per_signal < 1:
-            raise ConfigError(f"layers_per_signal must be ≥ 1, got {self.layers_per_signal}")
-
-    @property
-    def index_bits(self) -> int:
-        return max(1, math.ceil(math.log2(self.atoms)))
-
-    def check_signal(self, n_layers: int, m: int) -> None:
-        """Raise ConfigError if this config cannot code a model with these dimensions."""
-        from .signals import check_grouping
-
-        check_grouping(n_layers, self.layers_per_signal)
-        if self.sparsity > self.layers_per_signal * m:
-            raise ConfigError(f"sparsity {self.sparsity} exceeds the signal size {self.layers_per_signal * m}")
 
 
 @dataclass

@@ -24,41 +24,11 @@ from pathlib import Path
 
 import torch
 
-from .dictionary import KINDS, DictConfig, Dictionary, check_atoms_dtype
+from .dict_config import AdaptConfig, DictConfig, TrainConfig  # noqa: F401  (AdaptConfig: learn's API)
+from .dictionary import KINDS, Dictionary
 from .durable import publish_file, write_atomic
 from .errors import ConfigError
 from .omp import batch_omp, reconstruct
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How a dictionary is learned; written into its metadata."""
-
-    steps: int = 3000
-    batch: int = 4096
-    lr: float = 0.5
-    lr_v: float | None = 0.1  # V prefers a smaller step (held-out NMSE, BENCHMARKS.md); None = lr
-    lr_final_fraction: float = 0.05
-    precondition: bool = True
-    normalize: bool = True
-    init: str = "data"
-    dead_after: int = 150
-    val_every: int = 50
-    val_signals: int = 4096
-    patience: int = 10
-    seed: int = 0
-    chunk_tokens: int = 256
-    max_tokens: int = 150_000
-    layer_scales: bool = True  # equal energy per layer inside signals of L > 1 layers (Dictionary.scales)
-    atoms_dtype: str = "float16"  # how the learned atoms are written (ATOM_DTYPES); checkpoints stay float32
-
-    def __post_init__(self):
-        if self.steps < 1 or self.batch < 1:
-            raise ConfigError("steps and batch must be ≥ 1")
-        check_atoms_dtype(self.atoms_dtype)
-        if self.init not in ("data", "random"):
-            raise ConfigError(f"init must be 'data' or 'random', got {self.init!r}")
-
 
 
 def nmse(signals: torch.Tensor, dictionary_atoms: torch.Tensor, sparsity: int, G=None) -> float:
@@ -379,6 +349,26 @@ def init_config(init: Dictionary, config: DictConfig) -> DictConfig:
     return replace(init.config, sparsity=config.sparsity)
 
 
+def learn_config(init: Dictionary | None = None, *, atoms: int | None = None, sparsity: int | None = None,
+                 layers_per_signal: int | None = None, atoms_dtype: str | None = None,
+                 **train) -> tuple[DictConfig, TrainConfig]:
+    """What a `learn-dict` run learns and how: the sizes given (None: DictConfig's defaults) or,
+    continuing `init`, its sizes with the sparsity given (a given size that differs from
+    init's is a ConfigError naming the flag to drop); the atoms stored as given, else as
+    init's, else TrainConfig's; `train` are TrainConfig's other fields."""
+    given = {"atoms": atoms, "sparsity": sparsity, "layers_per_signal": layers_per_signal}
+    if init is not None:
+        clash = [f"--{k.replace('_', '-')} {v} (it has {getattr(init.config, k)})"
+                 for k, v in given.items() if k != "sparsity" and v is not None and v != getattr(init.config, k)]
+        if clash:
+            raise ConfigError("the dictionary to continue from fixes its sizes: drop " + ", ".join(clash))
+        config = replace(init.config, sparsity=sparsity or init.config.sparsity)
+    else:
+        config = DictConfig(**{k: v for k, v in given.items() if v is not None})
+    atoms_dtype = atoms_dtype or (init.atoms_dtype if init is not None else TrainConfig.atoms_dtype)
+    return config, TrainConfig(atoms_dtype=atoms_dtype, **train)
+
+
 def learn_documents(model, train_docs, held_docs, config: DictConfig = DictConfig(), tcfg: TrainConfig = TrainConfig(),
                     out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True,
                     init: Dictionary | None = None, texts: list[str] = ()) -> Dictionary:
@@ -403,20 +393,6 @@ def learn_documents(model, train_docs, held_docs, config: DictConfig = DictConfi
     summary = {"train": summary, "heldout": held_summary, "texts": list(texts)}
     return learn(train, held, config, tcfg, model.fingerprint(), out, device, resume, summary, progress,
                  init, scales)
-
-
-@dataclass(frozen=True)
-class AdaptConfig:
-    """How `encode-corpus --adapt` fits a dictionary to a new store's corpus; kept in its metadata."""
-
-    steps: int = 100
-    tokens: int = 60_000  # calibration tokens sampled from the corpus (~2 min of KV extraction on 2 CPU cores)
-    batch: int = 1024
-    seed: int = 0
-
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(steps=self.steps, batch=self.batch, max_tokens=self.tokens, seed=self.seed,
-                           val_every=max(1, min(25, self.steps // 4)), patience=1_000_000)
 
 
 def adapt(model, docs: list, init: Dictionary, acfg: AdaptConfig = AdaptConfig(), device="cpu",

@@ -121,6 +121,20 @@ class Session:
         return retrieve(self.store, self.embedder, question, top_k)
 
     @_at_a_live_version
+    def compare(self, question: str, answer: Answer, config: QueryConfig | None = None,
+                max_new_tokens: int = 64) -> dict:
+        """How `answer` (this session's answer to `question` under `config`) compares with full
+        prefill of the same chunks in the same order: full prefill's answer and TTFT, whether
+        the texts are the same, and the share of full prefill's tokens this context predicts
+        when fed them (agreement that survives one different word)."""
+        ref = self.query(question, config, method="full", reorder="none", order="given", cake_split=None,
+                         selector_model=None, selector_layers=None, chunks=answer.context_ids,
+                         max_new_tokens=max_new_tokens)
+        forced = self.query(question, config, chunks=[c["id"] for c in answer.chunks], reference=ref.tokens,
+                            max_new_tokens=1)
+        return {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": ref.answer == answer.answer,
+                "token_agreement": forced.agreement, "tokens": len(ref.tokens)}
+
     def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = 8,
               chunks: list[str] | None = None, max_new_tokens: int = 64, answer_prefix: str = "",
               reference: list[int] | None = None, **changes) -> Answer:

@@ -139,3 +139,17 @@ def test_continuing_a_dictionary_keeps_its_shape_and_may_change_only_the_sparsit
     for other in (DictConfig(atoms=32, sparsity=2, layers_per_signal=1), DictConfig(atoms=16, sparsity=2, layers_per_signal=2)):
         with pytest.raises(ConfigError, match="it fixes that"):
             init_config(d, other)
+
+
+def test_learn_config_continues_a_dictionary_with_its_sizes(tiny_dictionary):
+    from sparsecache.errors import ConfigError
+    from sparsecache.learn import learn_config
+
+    config, tcfg = learn_config(None, sparsity=8, steps=5)
+    assert (config.atoms, config.sparsity, config.layers_per_signal) == (DictConfig.atoms, 8, DictConfig.layers_per_signal)
+    assert tcfg.steps == 5 and tcfg.atoms_dtype == TrainConfig.atoms_dtype
+    config, tcfg = learn_config(tiny_dictionary, sparsity=2, steps=5)
+    assert config == DictConfig(tiny_dictionary.config.atoms, 2, tiny_dictionary.config.layers_per_signal)
+    assert tcfg.atoms_dtype == tiny_dictionary.atoms_dtype  # a continuation is stored as compactly as its start
+    with pytest.raises(ConfigError, match="drop --atoms 64"):
+        learn_config(tiny_dictionary, atoms=64)

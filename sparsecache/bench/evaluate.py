@@ -178,3 +178,12 @@ def domain_name(text: str) -> str:
     from pathlib import Path
 
     return text if text == "builtin" else Path(text).name or str(text)
+
+
+def record_eval(d: Dictionary, report: dict, where) -> None:
+    """Keep `evaluate_dictionary`'s report in the dictionary's metadata ("eval", without the
+    per-layer lists) and save it to `where`."""
+    d.meta["eval"] = {k: v for k, v in report.items() if not k.endswith("per_layer") and k != "domains"}
+    d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}
+                                 for name, x in report["domains"].items()}
+    d.save(where)

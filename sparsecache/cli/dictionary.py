@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from sparsecache.dict_config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
+
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
 
@@ -42,25 +44,25 @@ def check_model_cmd(model_path, device, as_json):
 @model_option
 @click.option("--text", "texts", multiple=True, default=("builtin",), show_default=True,
               help="Calibration text: files, directories of .txt/.md/.rst, or 'builtin' (Python's docs). Repeatable.")
-@click.option("--atoms", type=int, default=None, help="Atoms per dictionary (2..65536).  [default: 8192]")
-@click.option("--sparsity", type=int, default=None, help="Atoms per coded signal (s).  [default: 32]")
+@click.option("--atoms", type=int, default=None, help=f"Atoms per dictionary (2..65536).  [default: {DictConfig.atoms}]")
+@click.option("--sparsity", type=int, default=None, help=f"Atoms per coded signal (s).  [default: {DictConfig.sparsity}]")
 @click.option("--layers-per-signal", type=int, default=None,
-              help="Consecutive layers per signal (L); must divide the layer count.  [default: 5]")
+              help=f"Consecutive layers per signal (L); must divide the layer count.  [default: {DictConfig.layers_per_signal}]")
 @click.option("--init", "init_dict", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from this dictionary (e.g. a shipped one) on your --text: its atoms, sizes and "
               "per-layer scales are kept (--sparsity may differ: a code's atom count is not part of the atoms); "
               "the result is never worse than it on the held-out part of --text.")
-@click.option("--steps", default=3000, show_default=True, help="Training steps (early stopping may end sooner).")
-@click.option("--batch", default=4096, show_default=True, help="Signals per step, per K and per V.")
-@click.option("--lr", default=0.5, show_default=True, help="Peak learning rate of K (cosine decay).")
-@click.option("--lr-v", default=0.1, show_default=True, help="Peak learning rate of V (V is noisier).")
-@click.option("--max-tokens", default=150_000, show_default=True, help="Calibration tokens to extract.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--steps", default=TrainConfig.steps, show_default=True, help="Training steps (early stopping may end sooner).")
+@click.option("--batch", default=TrainConfig.batch, show_default=True, help="Signals per step, per K and per V.")
+@click.option("--lr", default=TrainConfig.lr, show_default=True, help="Peak learning rate of K (cosine decay).")
+@click.option("--lr-v", default=TrainConfig.lr_v, show_default=True, help="Peak learning rate of V (V is noisier).")
+@click.option("--max-tokens", default=TrainConfig.max_tokens, show_default=True, help="Calibration tokens to extract.")
+@click.option("--seed", default=TrainConfig.seed, show_default=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (atoms.safetensors + dictionary.json).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out.")
-@click.option("--atoms-dtype", type=click.Choice(["float32", "float16"]), default=None,
+@click.option("--atoms-dtype", type=click.Choice(ATOM_DTYPE_NAMES), default=None,
               help="How the atoms file stores them (training is float32 either way). float16 halves the file "
-                   "at no measured cost in quality.  [default: --init's, else float16]")
+                   f"at no measured cost in quality.  [default: --init's, else {TrainConfig.atoms_dtype}]")
 @device_option
 @library_errors
 def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_dict, steps, batch, lr, lr_v,
@@ -70,27 +72,15 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
     With --init, adapts an existing dictionary to --text (a few hundred steps; see the README).
     """
-    from dataclasses import replace
-
     from sparsecache.check import ensure_checked
-    from sparsecache.dictionary import DictConfig, Dictionary
-    from sparsecache.learn import TrainConfig, learn_dict
-    from sparsecache.errors import ConfigError
+    from sparsecache.dictionary import Dictionary
+    from sparsecache.learn import learn_config, learn_dict
     from sparsecache.model import load_model
 
-    given = {"atoms": atoms, "sparsity": sparsity, "layers_per_signal": layers_per_signal}
     init = Dictionary.load(init_dict) if init_dict else None
-    if init is not None:
-        clash = [f"--{k.replace('_', '-')} {v} (it has {getattr(init.config, k)})"
-                 for k, v in given.items() if k != "sparsity" and v is not None and v != getattr(init.config, k)]
-        if clash:
-            raise ConfigError(f"--init {init_dict} fixes the dictionary's sizes: drop " + ", ".join(clash))
-        config = replace(init.config, sparsity=sparsity or init.config.sparsity)
-    else:
-        config = DictConfig(**{k: v for k, v in given.items() if v is not None})
-    atoms_dtype = atoms_dtype or (init.atoms_dtype if init is not None else TrainConfig.atoms_dtype)
-    tcfg = TrainConfig(steps=steps, batch=batch, lr=lr, lr_v=lr_v, max_tokens=max_tokens, seed=seed,
-                       atoms_dtype=atoms_dtype)
+    config, tcfg = learn_config(init, atoms=atoms, sparsity=sparsity, layers_per_signal=layers_per_signal,
+                                atoms_dtype=atoms_dtype, steps=steps, batch=batch, lr=lr, lr_v=lr_v,
+                                max_tokens=max_tokens, seed=seed)
     device = resolve_device(device)
     model = load_model(model_path, device=device)  # calibration KV is computed where the OMP runs
     ensure_checked(model)
@@ -124,7 +114,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     tokens scored with the exact vs the reconstructed context.
     """
     from sparsecache.dictionary import Dictionary, dictionary_dir
-    from sparsecache.bench.evaluate import EvalConfig, evaluate_dictionary
+    from sparsecache.bench.evaluate import EvalConfig, evaluate_dictionary, record_eval
     from sparsecache.model import load_model
 
     d = Dictionary.load(dictionary)
@@ -133,10 +123,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens, coef,
                                                                 screening(exact_omp)))
     if record:
-        d.meta["eval"] = {k: v for k, v in r.items() if not k.endswith("per_layer") and k != "domains"}
-        d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}
-                                     for name, x in r["domains"].items()}
-        d.save(dictionary_dir(dictionary))
+        record_eval(d, r, dictionary_dir(dictionary))
     per_domain = [f"{name:>16}: ppl {100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):+.1f}%{_ci(x)}   "
                   f"top-1 {100 * x['top1_agreement']:.1f}%   nmse k/v {x['nmse_k']:.3f}/{x['nmse_v']:.3f}   "
                   f"worst layer v {x['worst_layer_nmse_v']:.3f}" for name, x in r["domains"].items()]

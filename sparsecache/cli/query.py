@@ -70,19 +70,13 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
               f"  then {t['generate']:.1f} ms to generate the rest"]
     result = a.to_dict()
     if compare:
-        ref = s.query(question, cfg, method="full", reorder="none", order="given", cake_split=None, selector_model=None,
-                      selector_layers=None, chunks=a.context_ids,
-                      max_new_tokens=max_new_tokens)  # the same context, in the same order
-        # full prefill's answer fed through our context: agreement that survives one different word
-        forced = s.query(question, cfg, chunks=[c["id"] for c in a.chunks], reference=ref.tokens, max_new_tokens=1)
-        same = ref.answer == a.answer
-        result["full_prefill"] = {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": same,
-                                  "token_agreement": forced.agreement}
-        agree = round(forced.agreement * len(ref.tokens))
-        lines += ["", f"full prefill of the same chunks (no cache), TTFT {ref.timings_ms['ttft']:.1f} ms:", ref.answer,
-                  "", "same answer as full prefill: " + ("yes" if same else "no")
-                  + f"; along its answer, {agree} of {len(ref.tokens)} next tokens agree ({forced.agreement:.0%})",
-                  ttft_ratio(t["ttft"], ref.timings_ms["ttft"])]
+        ref = s.compare(question, a, cfg, max_new_tokens)
+        result["full_prefill"] = {k: v for k, v in ref.items() if k != "tokens"}
+        agree = round(ref["token_agreement"] * ref["tokens"])
+        lines += ["", f"full prefill of the same chunks (no cache), TTFT {ref['ttft_ms']:.1f} ms:", ref["answer"],
+                  "", "same answer as full prefill: " + ("yes" if ref["same_answer"] else "no")
+                  + f"; along its answer, {agree} of {ref['tokens']} next tokens agree ({ref['token_agreement']:.0%})",
+                  ttft_ratio(t["ttft"], ref["ttft_ms"])]
     emit(result, as_json, lines)
 
 

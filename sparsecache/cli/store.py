@@ -68,19 +68,16 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     The store may be an object-storage URL (s3://bucket/prefix, gs://, az://), and the
     encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
-    from sparsecache.dictionary import Dictionary, default_dictionary
-    from sparsecache.learn import AdaptConfig
     from sparsecache.check import ensure_checked
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.dict_config import AdaptConfig
+    from sparsecache.encoder import dictionary_for, encode_corpus
     from sparsecache.model import load_model
-    from sparsecache.store import config_for, existing_dictionary
+    from sparsecache.store import config_for
 
     config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, coef_dtype=coef_dtype,
                         index_coding=index_coding, compressor=compressor, embedder=embedder)
     dev = resolve_device(device)
-    if dictionary in (None, "default"):
-        dictionary = (dictionary is None and existing_dictionary(store)) or default_dictionary()
-    d = Dictionary.load(dictionary)
+    d = dictionary_for(store, dictionary)
 
     def model():  # called only when there is something to encode
         if not as_json:
