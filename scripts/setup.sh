@@ -18,7 +18,7 @@ if ! $PY -c "import torch" 2>/dev/null; then
 fi
 install_vllm() {
   if command -v nvidia-smi >/dev/null 2>&1; then
-    $PY -m pip install -q vllm
+    $PY -m pip install -q "vllm>=0.32,<0.33"   # the version the connector and server are tested with
   else
     # The CPU build: it pins the torch==2.13.0 CPU wheel above. pip also brings CUDA builds of
     # torchvision/torchaudio/torchcodec, with which `import vllm` fails (torchvision::nms); a

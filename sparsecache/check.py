@@ -92,7 +92,7 @@ def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
 
     seq = prefix + ids
     (k, v), = extract_kv(model, [seq])
-    cache = model.hf(input_ids=torch.tensor([seq], device=model.device), use_cache=True).past_key_values
+    cache = getattr(model.hf(input_ids=torch.tensor([seq], device=model.device), use_cache=True), model.cache_arg)
     rotated = model.rope.rotate(k, torch.arange(len(seq), device=k.device))
     errors = []
     for layer in range(model.n_layers):

@@ -16,8 +16,7 @@ def prefill(cache: DynamicCache, q_ids: list[int], model: KVModel) -> torch.Tens
     S = cache.get_seq_length()
     ids = torch.tensor([q_ids], device=model.device)
     pos = torch.arange(S, S + len(q_ids), device=model.device)[None]
-    out = model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1)
+    out = model.hf(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True, logits_to_keep=1)
     return out.logits[0, -1].float()
 
 
@@ -26,7 +25,7 @@ def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, Dy
     """Logits [vocab] after the whole sequence and its cache: the no-reuse baseline."""
     ids = torch.tensor([token_ids], device=model.device)
     out = model.hf(input_ids=ids, use_cache=True, logits_to_keep=1)
-    return out.logits[0, -1].float(), out.past_key_values
+    return out.logits[0, -1].float(), getattr(out, model.cache_arg)
 
 
 @torch.inference_mode()
@@ -45,7 +44,7 @@ def _next_logits(token: int, position: int, cache: DynamicCache, model: KVModel)
     """Logits [vocab] after feeding one token at `position`; its K/V join `cache`."""
     ids = torch.tensor([[token]], device=model.device)
     pos = torch.tensor([[position]], device=model.device)
-    return model.hf(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits[0, -1]
+    return model.hf(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True).logits[0, -1]
 
 
 def _eos_ids(model: KVModel) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,13 @@ class KVModel:
     @property
     def rope(self) -> "Rope":
         return Rope.of(self.hf.model.rotary_emb, self.config)
+
+    @functools.cached_property
+    def cache_arg(self) -> str:
+        """What the forward calls its KV cache, argument and output: `cache` from transformers
+        5.24 (where `past_key_values` is deprecated, to be removed in 5.40), before it
+        `past_key_values`. `model.hf(**{m.cache_arg: cache})`, `getattr(out, m.cache_arg)`."""
+        return "cache" if "cache" in inspect.signature(type(self.hf).forward).parameters else "past_key_values"
 
     @functools.cached_property
     def stack(self):
@@ -411,4 +419,4 @@ def continuation_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor
     ids = torch.tensor([continuation], device=model.device)
     pos = torch.arange(start, start + len(continuation), device=model.device)[None]
     cache = kv_cache(keys, values, model)
-    return model.hf(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).logits[0].float()
+    return model.hf(input_ids=ids, **{model.cache_arg: cache}, position_ids=pos, use_cache=True).logits[0].float()

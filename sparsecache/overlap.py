@@ -120,7 +120,7 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
         while (i := pointers.claim_front()) is not None:
             ids = torch.tensor([tokens[i]], device=dev)
             pos = torch.arange(position, position + ids.shape[1], device=dev)[None]
-            model.hf.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+            model.hf.model(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True)
             position += ids.shape[1]
     finally:
         loader.join()

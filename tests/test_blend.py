@@ -107,7 +107,7 @@ def test_cache_plugs_into_generate(session, chunk_ids, tiny_model):
     ctx = load_cache(session.store, chunk_ids, tiny_model)
     q = question_ids(tiny_model, QUESTION)
     ids = torch.cat([ctx.token_ids, torch.tensor(q)])[None]
-    out = tiny_model.hf.generate(input_ids=ids, past_key_values=ctx.cache, max_new_tokens=4, do_sample=False,
+    out = tiny_model.hf.generate(input_ids=ids, **{tiny_model.cache_arg: ctx.cache}, max_new_tokens=4, do_sample=False,
                                  pad_token_id=0)
     ours = session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=4)
     expected = tiny_model.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()

@@ -20,7 +20,7 @@ def test_default_model_loads_offline_and_extracts_exact_prerope_keys(default_mod
     assert default_model.fingerprint()["layers"] == 30 and default_model.m == 192
     ids = default_model.tokenizer("def f(x):\n    return x * 2  # doubles")["input_ids"]
     (k, v), = extract_kv(default_model, [ids])
-    cache = default_model.hf(input_ids=torch.tensor([ids]), use_cache=True).past_key_values
+    cache = getattr(default_model.hf(input_ids=torch.tensor([ids]), use_cache=True), default_model.cache_arg)
     rotated = rotate_keys(k, torch.arange(len(ids)), default_model)
     for layer in (0, 29):
         ck = cache.layers[layer].keys[0].transpose(0, 1).flatten(-2)

@@ -5,7 +5,6 @@ the default dictionary (package data), and no module may come from the repositor
 import json
 import os
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -45,3 +44,29 @@ def test_a_wheel_install_runs_the_main_job_from_another_directory(tmp_path):
     assert info["dictionary"] == shipped["fingerprint"] and info["model"]["name"] == "SmolLM2-135M-Instruct", info
     out = json.loads(run("query", "tea.store", "Who is the mayor of Velmora?", "--max-new-tokens", "12", "--json"))
     assert out["chunks"][0]["doc_id"] == "tea.md" and out["answer"].strip(), out
+
+
+def _upper_bound(package: str) -> str:
+    """The `<` bound pyproject.toml gives `package` ("transformers>=5.19,<5.25" → "<5.25")."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(d for d in deps if d.startswith(package + ">") or d.startswith(package + "<"))
+    return "<" + spec.split("<")[1]
+
+
+def test_the_newest_transformers_allowed_runs_the_model_tests_without_deprecation_warnings(tmp_path):
+    """The suite runs at the lower transformers bound (vLLM's CPU build pins it); this runs the
+    model, capture and family tests at the newest release below the upper bound, with our own
+    deprecated calls turned into errors (5.24 renamed `past_key_values` to `cache`)."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    spec = "transformers" + _upper_bound("transformers")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", spec], check=True, timeout=600)
+    version = subprocess.run([py, "-c", "import transformers; print(transformers.__version__)"], capture_output=True,
+                             text=True, check=True, timeout=120).stdout.strip()
+    r = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error:.*past_key_values:FutureWarning",
+                        "tests/test_model.py", "tests/test_check_model.py", "tests/test_families.py"],
+                       cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, f"transformers {version}:\n{r.stdout[-3000:]}"

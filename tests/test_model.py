@@ -9,7 +9,7 @@ from sparsecache.model import continuation_logits, extract_kv, load_model, rotat
 
 def cache_layers(model, ids):
     out = model.hf(input_ids=torch.tensor([ids]), use_cache=True)
-    c = out.past_key_values
+    c = getattr(out, model.cache_arg)
     flat = lambda t: t[0].transpose(0, 1).flatten(-2)  # (1, H, T, D) -> (T, H·D)
     return out.logits[0], [(flat(c.layers[i].keys), flat(c.layers[i].values)) for i in range(model.n_layers)]
 
