@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! $PY -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
-    $PY -m pip install -q torch
+    $PY -m pip install -q "torch>=2.13,<2.14"   # pyproject.toml's bounds
   else
     # Pinning the version makes pip take the CPU build this workplace provides instead of
     # the newest release with several GB of CUDA libraries.
