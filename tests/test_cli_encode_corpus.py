@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import json
 
-from click.testing import CliRunner
 
-from sparsecache.cli.main import cli
 from sparsecache.store import Store, Writer
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def encode(corpus, store, model_dir, dict_dir, *extra):
-    return invoke("encode-corpus", corpus, "--store", store, "--model", model_dir, "--dict", dict_dir,
-                  "--chunk-tokens", 64, "--device", "cpu", *extra)
+from conftest import cli_encode, invoke
 
 
 def test_encode_info_search_verify_compact(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
     store = tmp_path / "store"
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--json")
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["published"] and report["documents"]["new"] == 6 and report["tokens_per_s"] > 0
     assert {"forward", "omp", "embed", "write"} <= set(report["seconds"])
 
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
     assert r.exit_code == 0 and "unchanged: 6 documents" in r.output
     assert "loading model" not in r.output  # answered from the scan alone
 
@@ -45,7 +35,7 @@ def test_encode_info_search_verify_compact(corpus_dir, tmp_path, tiny_model_dir,
     assert r.exit_code == 0 and "version 2: ok" in r.output
 
     (corpus_dir / "pass.txt").unlink()
-    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--delete-missing").exit_code == 0
+    assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--delete-missing").exit_code == 0
     r = invoke("compact", store, "--keep", 1)
     assert r.exit_code == 0 and "published version 4" in r.output
     assert Store.open(store).info()["versions"] == [4]
@@ -53,7 +43,7 @@ def test_encode_info_search_verify_compact(corpus_dir, tmp_path, tiny_model_dir,
 
 def test_verify_exits_nonzero_and_names_the_damage(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
     store = tmp_path / "store"
-    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     f = next((store / "data" / "g000001" / "v_indices").rglob("c/0/0/0"))
     f.write_bytes(b"garbage")
     r = invoke("verify", store)
@@ -64,7 +54,7 @@ def test_verify_exits_nonzero_and_names_the_damage(corpus_dir, tmp_path, tiny_mo
 def test_missing_index_file_is_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
     """`info` on a store whose FAISS file is gone used to die with a FileNotFoundError traceback."""
     store = tmp_path / "store"
-    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     for f in (store / "index").glob("*.faiss"):
         f.unlink()
     for args in (("info", store), ("verify", store)):
@@ -77,15 +67,15 @@ def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     store = tmp_path / "store"
     empty = tmp_path / "empty"
     empty.mkdir()
-    r = encode(empty, store, tiny_model_dir, tiny_dictionary_dir)
+    r = cli_encode(empty, store, tiny_model_dir, tiny_dictionary_dir)
     assert r.exit_code == 1 and r.output.strip().startswith("Error: no documents in") and "Traceback" not in r.output
-    r = encode(corpus_dir, store, tiny_model_dir, tmp_path / "no-dict")
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tmp_path / "no-dict")
     assert r.exit_code == 1 and "no dictionary at" in r.output
-    r = encode(corpus_dir, store, tiny_model_dir, "default")  # the shipped one is for SmolLM2, not the tiny model
+    r = cli_encode(corpus_dir, store, tiny_model_dir, "default")  # the shipped one is for SmolLM2, not the tiny model
     assert r.exit_code == 1 and "dictionary was learned for" in r.output
-    assert encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     with Writer(store):
-        r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
+        r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
         assert r.exit_code == 1 and "store is locked" in r.output
         r = invoke("compact", store)
         assert r.exit_code == 1 and "store is locked" in r.output
@@ -98,7 +88,7 @@ def test_existing_store_keeps_its_settings_when_options_are_left_out(corpus_dir,
     """A nightly re-index must not break when sparsecache's defaults change: settings fixed at
     creation come from the store unless given, and a contradicting one is refused."""
     store = tmp_path / "store"
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "packed",
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "packed",
                "--coefficients", "float16")
     assert r.exit_code == 0, r.output
     (corpus_dir / "new.txt").write_text("The nonlocal statement rebinds names in the enclosing scope. " * 4)
@@ -106,7 +96,7 @@ def test_existing_store_keeps_its_settings_when_options_are_left_out(corpus_dir,
     assert r.exit_code == 0 and "published version 3: 7 documents" in r.output, r.output
     config = Store.open(store).config
     assert (config.index_coding, config.coef_dtype, config.chunk_tokens) == ("packed", "float16", 64)
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "elias-fano")
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "elias-fano")
     assert r.exit_code == 1 and "index_coding='packed'" in r.output and "Traceback" not in r.output
 
 
@@ -116,7 +106,7 @@ def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_
     from sparsecache.store import existing_dictionary
 
     store = tmp_path / "store"
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--adapt", 3, "--json")
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--adapt", 3, "--json")
     assert r.exit_code == 0, r.output
     assert "adapt" in json.loads(r.stdout)["seconds"]
     adapted = Dictionary.load(existing_dictionary(store))
@@ -126,13 +116,13 @@ def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_
 
     # the nightly job reruns the same command on a changed corpus: the stored adaptation is reused
     (corpus_dir / "new.txt").write_text("The nonlocal statement rebinds names in the enclosing scope. " * 4)
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--adapt", 3, "--json")
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--adapt", 3, "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["documents"]["new"] == 1 and "adapt" not in report["seconds"]
     assert Dictionary.load(existing_dictionary(store)).fingerprint() == adapted.fingerprint()
     # and another dictionary is still refused
-    r = encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
+    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
     assert r.exit_code == 1 and "was encoded with dictionary" in r.output
 
 
@@ -150,7 +140,7 @@ def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_di
     d = Dictionary(unit_atoms(64, 256, 1), unit_atoms(64, 256, 2), DictConfig(256, 8, 2), tiny_model.fingerprint(),
                    scales=scales).stored_as("float16")
     store = tmp_path / "store"
-    r = encode(corpus_dir, store, tiny_model_dir, d.save(tmp_path / "scaled"), "--coefficients", "float32")
+    r = cli_encode(corpus_dir, store, tiny_model_dir, d.save(tmp_path / "scaled"), "--coefficients", "float32")
     assert r.exit_code == 0, r.output
     s = Store.open(store)
     assert s.dictionary.fingerprint() == d.fingerprint() and torch.equal(s.dictionary.scales["v"], scales["v"])

@@ -205,7 +205,7 @@ def test_two_distributed_encodes_on_a_fresh_node(s3_store, small_model_dir, smal
     two Ray clusters on two cores, ~45 s); the fetch itself is raced 20 rounds above."""
     pytest.importorskip("ray", reason="needs the ray extra")
     from conftest import write_corpus
-    from test_store_faults import assert_same_live_chunks
+    from conftest import assert_same_live_chunks
 
     from sparsecache.store import verify
 
@@ -295,7 +295,7 @@ def test_readers_while_a_writer_publishes_and_compacts(small_model_dir, small_di
     seconds, generations included. No query may fail or return chunks of no document."""
     import random
 
-    from test_store_faults import Corpus
+    from conftest import Corpus
 
     from sparsecache.store import read_manifest, verify
 
@@ -352,7 +352,7 @@ def test_two_encodes_of_one_store(small_model_dir, small_dictionary_dir, tmp_pat
     """Four encodes of one new store at once: each either runs or is refused naming the
     holder, and the store is what one encode alone makes."""
     from conftest import write_corpus
-    from test_store_faults import assert_same_live_chunks
+    from conftest import assert_same_live_chunks
 
     from sparsecache.store import verify
 

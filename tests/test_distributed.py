@@ -13,7 +13,7 @@ import pytest
 from sparsecache.encoder import encode_corpus
 from sparsecache.failpoints import Crash, crash_at
 from sparsecache.store import read_manifest, verify
-from test_store_faults import BATCH_TOKENS, CONFIG, Corpus, FakeEmbedder, assert_same_live_chunks
+from conftest import HISTORY_BATCH_TOKENS, HISTORY_CONFIG, Corpus, FakeEmbedder, assert_same_live_chunks
 
 ray = pytest.importorskip("ray", reason="needs the ray extra")
 
@@ -31,8 +31,8 @@ def encode(tiny_model, tiny_model_dir, tiny_dictionary):
     fake = FakeEmbedder()
 
     def run(corpus, store, workers=0):
-        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, CONFIG, embedder=fake,
-                             batch_tokens=BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
+        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
+                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
                              workers=workers, model_path=str(tiny_model_dir))
     return run
 
@@ -61,7 +61,7 @@ def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tm
     # regions start on Zarr chunk boundaries: no two workers ever wrote one chunk
     m = read_manifest(tmp_path / "ray")
     starts = sorted(d["token_offset"] for d in m.documents.values())
-    assert any(s % CONFIG.zarr_chunk_tokens == 0 for s in starts)
+    assert any(s % HISTORY_CONFIG.zarr_chunk_tokens == 0 for s in starts)
 
 
 def test_a_document_that_always_kills_its_worker_fails_the_job_naming_it(ray_cluster, encode, corpus, tmp_path,

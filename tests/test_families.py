@@ -6,11 +6,10 @@ table per layer type); tiny random models built from their config classes."""
 import pytest
 import torch
 
-from conftest import eager_attention_mass, unit_atoms, write_corpus
+from conftest import eager_attention_mass, GEMMA2, GEMMA3, tiny, unit_atoms, write_corpus
 from sparsecache.blend import assemble, attention_scores, question_ids, value_deviation
 from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
-from test_check_model import GEMMA2, GEMMA3, tiny
 
 QUESTION = "What does the statement do?"
 

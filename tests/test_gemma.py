@@ -72,7 +72,7 @@ def test_every_method_answers_through_our_own_loop(store):
 
 def test_the_connector_fills_every_kv_cache_group_and_blends_in_vllm(gemma, store):
     pytest.importorskip("vllm")
-    from test_vllm import engine_agreement
+    from conftest import engine_agreement
 
     path, _ = gemma
     r = engine_agreement(path, store.store.root, QUESTION)

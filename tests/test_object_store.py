@@ -12,11 +12,8 @@ import time
 import pytest
 
 from sparsecache.store import Lease, Store, open_backend, read_manifest, verify
-from test_cli_encode_corpus import encode as cli_encode
-from test_cli_encode_corpus import invoke
+from conftest import assert_same_live_chunks, cli_encode, Corpus, crashing, encode_cmd, invoke, kill_at, rerun
 from sparsecache.failpoints import record
-from test_store_crash import crash_corpus, encode_cmd, kill_at, reference, rerun  # noqa: F401 (fixtures)
-from test_store_faults import Corpus, assert_same_live_chunks, crashing
 
 pytest.importorskip("obstore", reason="needs the s3 extra")
 
@@ -85,15 +82,15 @@ def test_killed_writer_on_s3_expires_and_the_rerun_converges(s3_url, crash_corpu
 
 @pytest.fixture(scope="module")
 def s3_encode(tiny_model, tiny_dictionary):
-    from test_store_faults import BATCH_TOKENS, CONFIG, FakeEmbedder
+    from conftest import HISTORY_BATCH_TOKENS, HISTORY_CONFIG, FakeEmbedder
 
     from sparsecache.encoder import encode_corpus
 
     fake = FakeEmbedder()
 
     def run(corpus, store):
-        return encode_corpus([str(corpus)], str(store), tiny_dictionary, tiny_model, CONFIG, embedder=fake,
-                             batch_tokens=BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
+        return encode_corpus([str(corpus)], str(store), tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
+                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
     return run
 
 

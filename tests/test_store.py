@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_corpus
+from conftest import all_codes, assert_same_codes, write_corpus
 from sparsecache.codec import Codec
 from sparsecache.dictionary import DictConfig, Dictionary
 from sparsecache.encoder import encode_corpus, prefix_ids
@@ -35,24 +35,6 @@ def build(tiny_model, tiny_dictionary, embedder):
 def store(build, corpus_dir, tmp_path) -> Path:
     build([corpus_dir], tmp_path / "store")
     return tmp_path / "store"
-
-
-def all_codes(path: Path, version=None) -> dict[str, tuple]:
-    s = Store.open(path, version)
-    out = {}
-    for c in s.chunks():
-        codes = s.read_codes([c.id])
-        out[c.id] = (c.doc_id, codes.tokens, codes.k.indices, codes.k.coefficients, codes.v.indices,
-                     codes.v.coefficients)
-    return out
-
-
-def assert_same_codes(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for cid in a:
-        assert a[cid][0] == b[cid][0]
-        for x, y in zip(a[cid][1:], b[cid][1:]):
-            np.testing.assert_array_equal(x, y)
 
 
 def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):

@@ -3,75 +3,15 @@ uninterrupted build: same live chunks, same codes, same documents."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import write_corpus
 from sparsecache.encoder import encode_corpus
 from sparsecache.store import Store, read_manifest, verify
-from test_store import all_codes, assert_same_codes
-
-TOPICS = ("assert", "break", "continue", "del", "global", "pass", "return", "while", "yield", "import")
-ARGS = ["--chunk-tokens", "64", "--batch-tokens", "256"]
-
-
-@pytest.fixture(scope="module")
-def crash_corpus(tmp_path_factory) -> Path:
-    """Ten short documents after one long one, so the second batch ends inside a document."""
-    from pydoc_data.topics import topics
-
-    root = write_corpus(tmp_path_factory.mktemp("crash") / "corpus", TOPICS)
-    (root / "aaa-long.txt").write_text(topics["specialnames"][:6000])
-    return root
-
-
-@pytest.fixture(scope="module")
-def reference(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_factory) -> Path:
-    from sparsecache.store import StoreConfig
-
-    out = tmp_path_factory.mktemp("ref") / "store"
-    encode_corpus([str(crash_corpus)], out, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
-                  embedder=embedder, batch_tokens=256, progress=False)
-    return out
-
-
-def encode_cmd(corpus: Path, store: Path, model_dir: Path, dict_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(corpus), "--store", str(store),
-            "--model", str(model_dir), "--dict", str(dict_dir), *ARGS, "--device", "cpu", "--json"]
-
-
-def start(cmd: list[str], **env) -> subprocess.Popen:
-    return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=Path(__file__).parent.parent)
-
-
-def kill_at(cmd: list[str], point: str, tmp: Path) -> None:
-    """Run until the failpoint `point` stops the process, then SIGKILL it there."""
-    marker = tmp / "paused"
-    proc = start(cmd, SPARSECACHE_PAUSE_AT=point, SPARSECACHE_PAUSE_FILE=str(marker))
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        assert time.time() < deadline, "failpoint never reached"
-        time.sleep(0.05)
-    time.sleep(0.1)  # the process stops itself right after writing the marker
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    marker.unlink()
-
-
-def rerun(cmd: list[str]) -> dict:
-    proc = subprocess.run(cmd, capture_output=True, cwd=Path(__file__).parent.parent, timeout=300)
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    return json.loads(proc.stdout)
+from conftest import all_codes, assert_same_codes, CRASH_TOPICS, encode_cmd, kill_at, rerun, start_encode
 
 
 @pytest.mark.parametrize("point", ["commit:2", "index:1", "publish:1"])
@@ -88,7 +28,7 @@ def test_killed_encode_resumes_to_the_same_store(point, crash_corpus, reference,
     if point == "publish:1":  # the version was out; the rerun finds nothing to do
         assert not report["published"] and report["tokens"] == 0
     elif point == "index:1":  # everything was encoded; the rerun only indexes and publishes
-        assert report["documents"]["resumed"] == len(TOPICS) + 1 and report["tokens"] == 0
+        assert report["documents"]["resumed"] == len(CRASH_TOPICS) + 1 and report["tokens"] == 0
     else:  # killed inside the long document: the rerun continues it from the recorded batch
         assert report["documents"]["resumed"] == 0 and 0 < report["tokens"] <= total - 2 * 256
     assert_same_codes(all_codes(store), all_codes(reference))
@@ -101,7 +41,7 @@ def test_killed_at_a_random_moment(crash_corpus, reference, tiny_model_dir, tiny
     cmd = encode_cmd(crash_corpus, store, tiny_model_dir, tiny_dictionary_dir)
     rng = random.Random(1)
     for _ in range(2):
-        proc = start(cmd)
+        proc = start_encode(cmd)
         time.sleep(rng.uniform(4.0, 12.0))  # import + model load take ~4 s here; encoding ~5 s
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -119,7 +59,7 @@ def test_killed_inside_a_document_then_the_corpus_changes(crash_corpus, tiny_mod
     import shutil
 
     from sparsecache.store import StoreConfig
-    from test_store_faults import assert_same_live_chunks
+    from conftest import assert_same_live_chunks
 
     corpus = tmp_path / "corpus"
     shutil.copytree(crash_corpus, corpus)

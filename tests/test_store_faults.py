@@ -18,92 +18,19 @@ is `test_store.py`'s fsync-order test.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sparsecache.encoder import encode_corpus
 from sparsecache.errors import StoreError
-from sparsecache.failpoints import Crash, crash_at, record
-from sparsecache.store import Store, StoreConfig, read_manifest, verify
-
-CONFIG = StoreConfig(chunk_tokens=32, zarr_chunk_tokens=16, coef_dtype="float16")
-BATCH_TOKENS = 64  # two chunks: a document of 1-5 batches spans 1-5 commits
-
-
-class FakeEmbedder:
-    """Unit vectors from a hash of the text: deterministic, fast, and text-dependent."""
-
-    name = "fake"
-    dim = 8
-
-    def embed(self, texts):
-        out = np.stack([np.frombuffer(hashlib.sha256(t.encode()).digest()[:32], np.int32).astype(np.float32)
-                        for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-
-def _pool() -> list[str]:
-    from pydoc_data.topics import topics
-
-    return [t for _, t in sorted(topics.items()) if len(t) > 400]
-
-
-POOL = _pool()
-
-
-def document(rng: random.Random, scale: float = 1.0) -> str:
-    """Text of 1-5 batches: a run of 250-1,300 characters of Python's docs (times `scale`)."""
-    src = rng.choice(POOL)
-    n = int(rng.randint(250, 1300) * scale)
-    start = rng.randint(0, max(0, len(src) - n))
-    return src[start : start + n]
-
-
-class Corpus:
-    """A directory of .txt documents that a history mutates."""
-
-    def __init__(self, root: Path, rng: random.Random, scale: float = 1.0):
-        self.root, self.rng, self.docs, self.next, self.scale = root, rng, {}, 0, scale
-        root.mkdir(parents=True, exist_ok=True)
-
-    def write(self, name: str, text: str) -> None:
-        self.docs[name] = text
-        (self.root / name).write_text(text)
-
-    def add(self) -> None:
-        # ids sort anywhere among the existing ones, so new work lands before and after open documents
-        self.write(f"{self.rng.choice('abcmxz')}{self.next:03d}.txt", document(self.rng, self.scale))
-        self.next += 1
-
-    def change(self) -> None:
-        if self.docs:
-            name = self.rng.choice(sorted(self.docs))
-            self.write(name, self.docs[name][: len(self.docs[name]) // 2] + document(self.rng, self.scale))
-
-    def delete(self) -> None:
-        if len(self.docs) > 1:
-            name = self.rng.choice(sorted(self.docs))
-            (self.root / name).unlink()
-            del self.docs[name]
-
-    def rename(self) -> None:
-        if self.docs:
-            name = self.rng.choice(sorted(self.docs))
-            text = self.docs.pop(name)
-            (self.root / name).unlink()
-            self.write(f"r{self.next:03d}-{name}", text)
-            self.next += 1
-
-    def mutate(self, ops: int) -> None:
-        for _ in range(ops):
-            self.rng.choice([self.add, self.add, self.change, self.delete, self.rename])()
+from sparsecache.failpoints import record
+from sparsecache.store import StoreConfig, read_manifest, verify
+from conftest import Corpus, FakeEmbedder, HISTORY_BATCH_TOKENS, HISTORY_CONFIG, POOL, assert_same_live_chunks, crashing
 
 
 @pytest.fixture(autouse=True)
@@ -116,59 +43,9 @@ def encode(tiny_model, tiny_dictionary):
     fake = FakeEmbedder()
 
     def run(corpus: Path, store: Path):
-        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, CONFIG, embedder=fake,
-                             batch_tokens=BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
+        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
+                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
     return run
-
-
-def crashing(encode, corpus: Path, store: Path, point: str) -> bool:
-    """Run an encode that crashes at failpoint "name:n"; False if it finished without reaching it."""
-    name, n = point.split(":")
-    with crash_at(name, int(n)):
-        try:
-            encode(corpus, store)
-        except Crash:
-            return True
-    return False
-
-
-def live_chunks(path: Path) -> dict[tuple[str, int], tuple]:
-    """(document, ordinal) → (text, tokens, K indices, K coefficients, V indices, V coefficients)."""
-    s = Store.open(path)
-    chunks = s.chunks()
-    texts = s.texts([c.id for c in chunks])
-    out = {}
-    for c, text in zip(chunks, texts):
-        codes = s.read_codes([c.id])
-        key = (c.doc_id, c.ordinal)
-        assert key not in out, f"chunk {key} is live twice"
-        out[key] = (text, codes.tokens.tolist(), codes.k.indices, codes.k.coefficients.astype(np.float32),
-                    codes.v.indices, codes.v.coefficients.astype(np.float32))
-    return out
-
-
-def assert_same_live_chunks(got: Path, want: Path) -> None:
-    """The property, against a fresh encode. Texts and tokens are exact; codes come from model
-    forwards batched differently (a document's neighbours differ), which moves KV in the last
-    bit: coefficients may differ by an fp16 ulp and, very rarely, OMP may pick another atom
-    in a near-tie."""
-    a, b = live_chunks(got), live_chunks(want)
-    assert sorted(a) == sorted(b), f"live chunks differ: only in store {sorted(set(a) - set(b))[:5]}, " \
-                                   f"only in fresh {sorted(set(b) - set(a))[:5]}"
-    rows = same = 0
-    for key in a:
-        (ta, toka, *ca), (tb, tokb, *cb) = a[key], b[key]
-        assert ta == tb and toka == tokb, f"{key}: text or tokens differ"
-        for idx_a, coef_a, idx_b, coef_b in ((ca[0], ca[1], cb[0], cb[1]), (ca[2], ca[3], cb[2], cb[3])):
-            eq = (idx_a == idx_b).all(axis=-1)  # [G, T]: rows whose atoms agree
-            rows, same = rows + eq.size, same + int(eq.sum())
-            np.testing.assert_allclose(coef_a[eq], coef_b[eq], rtol=2**-9, atol=1e-6)
-    assert same >= 0.995 * rows, f"only {same} of {rows} code rows chose the same atoms"
-    ma, mb = read_manifest(got), read_manifest(want)
-    assert {d: (x["hash"], x["count"], x["tokens"]) for d, x in ma.documents.items()} == \
-           {d: (x["hash"], x["count"], x["tokens"]) for d, x in mb.documents.items()}
-    s = Store.open(got)
-    assert s.index().ntotal == len(a)
 
 
 def check_version(store: Path, seen: dict) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
-from test_check_model import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
+from conftest import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
 
 import sparsecache.stack as stack  # noqa: E402
 from sparsecache.check import check_model  # noqa: E402
@@ -78,7 +78,7 @@ def vllm_store(model, root: Path) -> Path:
 
 
 def check_vllm(out: Path | None, only: list[str] | None) -> None:
-    from test_vllm import engine_agreement
+    from conftest import engine_agreement
 
     results = json.loads(out.read_text()) if out is not None and out.exists() else {}
     with tempfile.TemporaryDirectory() as d:
