@@ -120,7 +120,6 @@ class Session:
     def retrieve(self, question: str, top_k: int) -> list[dict]:
         return retrieve(self.store, self.embedder, question, top_k)
 
-    @_at_a_live_version
     def compare(self, question: str, answer: Answer, config: QueryConfig | None = None,
                 max_new_tokens: int = 64) -> dict:
         """How `answer` (this session's answer to `question` under `config`) compares with full
@@ -135,6 +134,7 @@ class Session:
         return {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": ref.answer == answer.answer,
                 "token_agreement": forced.agreement, "tokens": len(ref.tokens)}
 
+    @_at_a_live_version
     def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = 8,
               chunks: list[str] | None = None, max_new_tokens: int = 64, answer_prefix: str = "",
               reference: list[int] | None = None, **changes) -> Answer:
