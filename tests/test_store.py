@@ -500,3 +500,17 @@ def test_search_within_documents_finds_k_among_them(store, embedder):
     assert [c.id for c, _ in s.search(q, 2, documents=some)] == [c.id for c, _ in hits[:2]]
     with pytest.raises(StoreError, match="no document 'missing.txt'"):
         s.search(q, 2, documents=["missing.txt"])
+
+
+def test_a_session_reads_again_at_the_newest_version_when_its_version_is_compacted_away(store, tiny_model):
+    """Session.query and Session.retrieve read at a live version: a compact that deletes the
+    version a session holds makes its next read go to the newest version, once."""
+    from sparsecache.session import Session
+
+    s = Session(store, tiny_model)
+    before = s.store.version
+    compact(store, keep=1)
+    assert not s.store.published()
+    a = s.query("What does the global statement do?", top_k=2, max_new_tokens=2)
+    assert a.chunks and s.rereads == 1 and s.store.version == before + 1
+    assert s.retrieve("What does the global statement do?", 2) and s.rereads == 1
