@@ -17,15 +17,13 @@ import math
 import numba
 import numpy as np
 
-from .omp import PIVOT_TOL
-
 
 TILE = 256  # α entries kept in L1 while the support's G rows stream past (256 measured fastest of 64/128/256)
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, coef_out: np.ndarray,
-              n_blocks: int, candidates: int = 0, refresh: int = 16) -> None:
+              n_blocks: int, pivot_tol: float, candidates: int = 0, refresh: int = 16) -> None:
     """Fill idx_out [N, s] int64 and coef_out [N, s] float32 from α⁰ [N, n] and G [n, n].
 
     `candidates` M (0 or ≥ n: exact Batch-OMP) screens the atoms a step may choose: the M of
@@ -34,7 +32,9 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
     candidate falls below the largest |α| left out (an atom outside may now lead), and at the
     latest `refresh` steps after the last. Between screenings a step updates M correlations
     instead of n, so the support's rows it reads, s·M floats, stay in L2 instead of streaming
-    Σ k·n floats from memory. The coefficients are exact least squares on the chosen support."""
+    Σ k·n floats from memory. The coefficients are exact least squares on the chosen support;
+    an atom whose squared distance from the support's span is below `pivot_tol` gets a zero
+    coefficient (`omp.PIVOT_TOL`, shared with the torch paths)."""
     N, n = alpha0.shape
     M = n if candidates <= 0 or candidates >= n else candidates
     exact = M == n
@@ -66,7 +66,7 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
                 idx[k] = j
                 chosen[j] = True
                 Gs[k, :] = G[j, :]
-                _cholesky_append(L, w, Gs[k], idx, k, j, live)
+                _cholesky_append(L, w, Gs[k], idx, k, j, live, pivot_tol)
                 _cholesky_solve(L, a0, idx, k + 1, x, w, live)
                 if k + 1 == s:
                     break
@@ -171,7 +171,7 @@ def _argmax_abs(a: np.ndarray) -> int:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _cholesky_append(L, w, row, idx, k, j, live) -> None:
+def _cholesky_append(L, w, row, idx, k, j, live, pivot_tol) -> None:
     """Grow the Cholesky factor of G[S, S] by atom j, whose G row is `row` (support size k → k+1)."""
     total = 0.0
     for t in range(k):
@@ -181,7 +181,7 @@ def _cholesky_append(L, w, row, idx, k, j, live) -> None:
         w[t] = acc / L[t, t]
         total += w[t] * w[t]
     pivot = row[j] - total
-    live[k] = pivot > PIVOT_TOL
+    live[k] = pivot > pivot_tol
     # An atom (nearly) in the span of the support would blow the coefficients up: it gets a
     # decoupled unit row instead, and a zero right-hand side (so a zero coefficient).
     for t in range(k):

@@ -10,32 +10,22 @@ cache-sized fp16 tiles of the atoms (`_decode_cpu`), on other devices `embedding
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from .bitpack import (ef_low_bits, ef_row_bytes, pack_rows, pack_sorted_rows, row_bytes, unpack_rows_torch,
                       unpack_sorted_rows_torch)
-from .errors import ConfigError
+from .codes import COEF_DTYPE_NAMES, INDEX_CODINGS, Codes, index_row_bytes
 from .dictionary import Dictionary
+from .errors import ConfigError
 from .omp import Screening, batch_omp, gram, reconstruct
 from .signals import from_signals, to_signals
 
 COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float8": torch.float8_e4m3fn}
-# numpy has no fp8: e4m3 coefficients are stored as their bytes.
-STORAGE_DTYPES = {"float16": "float16", "float32": "float32", "float8": "uint8"}
+assert tuple(COEF_DTYPES) == COEF_DTYPE_NAMES
 # Coefficient formats `bench quality` compares; bytes per signal for s coefficients.
 COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambda s: s + 2}
-INDEX_CODINGS = ("packed", "elias-fano")
 GRAPH_MAX_DIM = 384  # signal sizes up to L2 of a 3-head×64 model; see Codec.encode
-
-
-def index_row_bytes(config, indices: str) -> int:
-    """Bytes of one signal's atom indices for a DictConfig under an index coding."""
-    if indices == "elias-fano":
-        return ef_row_bytes(config.sparsity, config.atoms)
-    return row_bytes(config.sparsity, config.index_bits)
 
 
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -58,18 +48,6 @@ def coefficient_roundtrip(coef: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "float8":
         return to_e4m3(coef).float()
     raise ConfigError(f"coefficient format must be one of {', '.join(COEF_FORMATS)}, got {fmt!r}")
-
-
-@dataclass
-class Codes:
-    """Codes of one K or V tensor: indices uint8 [G, T, row_bytes], coefficients [G, T, s]."""
-
-    indices: np.ndarray
-    coefficients: np.ndarray
-
-    @property
-    def nbytes(self) -> int:
-        return self.indices.nbytes + self.coefficients.nbytes
 
 
 class Codec:

@@ -15,7 +15,7 @@ from . import __version__
 from .durable import publish_file, write_atomic
 from .dict_config import DictConfig, check_atoms_dtype
 from .errors import DictionaryError, DictionaryMismatch
-from .model import FINGERPRINT_FIELDS
+from .fingerprint import FINGERPRINT_FIELDS
 
 FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that have them)
 ATOMS_FILE = "atoms.safetensors"

@@ -109,11 +109,11 @@ class RegionEncoder:
         from .codec import Codec
         from .index import Embedder
         from .model import load_model
-        from .store import Store
+        from .kvstore import KVStore
         from .store.layout import open_group
 
         start_failure()
-        s = Store.open(store)
+        s = KVStore.open(store)
         self.backend, self.config = s.backend, s.config
         self.model = load_model(model, device=device)
         self.codec = Codec(s.dictionary, s.config.coef_dtype, device, s.config.index_coding, screening)
@@ -135,7 +135,7 @@ class RegionEncoder:
         and the seconds of each phase."""
         import zarr
 
-        from .encoder import code_batch
+        from .encode_batch import code_batch
         from .stopwatch import Stopwatch
         from .store.writer import write_codes
 
@@ -219,7 +219,7 @@ def encode_distributed(run, ray) -> None:
     at a time however large the corpus is."""
     from tqdm.auto import tqdm
 
-    from .encoder import prefix_ids
+    from .model import prefix_ids
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}

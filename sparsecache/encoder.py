@@ -21,8 +21,9 @@ from .codec import Codec
 from .corpus import Chunk, Source, chunks, scan
 from .dictionary import Dictionary
 from .learn import AdaptConfig
-from .index import Embedder
-from .model import KVModel, default_prefix_ids, extract_kv
+from .index import Embedder, FaissIndexer
+from .encode_batch import code_batch
+from .model import KVModel, extract_kv, prefix_ids
 from .omp import Screening
 from .stopwatch import Stopwatch
 from .store import StoreConfig, Writer
@@ -47,13 +48,6 @@ class EncodeReport:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
-
-
-def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
-    """The shared prefix: the model's chat template up to the user's text, or `prefix` tokenized."""
-    if prefix is None:
-        return default_prefix_ids(model)
-    return model.tokenizer(prefix, add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -192,7 +186,7 @@ def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg
 def _stored_adaptation(w: Writer, dictionary: Dictionary) -> Dictionary:
     """The store's adapted dictionary when it was adapted from `dictionary`, else `dictionary`
     (which `check_compatible` then judges)."""
-    stored = w.stored_dictionary()
+    stored = Dictionary.load(w.dictionary_dir())
     return stored if stored.meta.get("adapt", {}).get("from") == dictionary.fingerprint() else dictionary
 
 
@@ -201,7 +195,7 @@ def _publish(w: Writer, plan: Plan, index: str, keep: int, report: EncodeReport,
     documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
     with timer.step("index+publish"):
         note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
-        m = w.publish(documents, index, note)
+        m = w.publish(documents, FaissIndexer(index), note)
         if keep:
             w.prune(keep)
     report.version, report.published = m.version, True
@@ -228,7 +222,8 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
     dictionary.check_model(model.fingerprint())
     ids = prefix_ids(model, config.prefix)
     kv = extract_kv(model, [ids])[0] if ids else _empty_kv(model)
-    w.create(config, dictionary, model.fingerprint(), ids, kv, embedder.dim)
+    w.create(config, dictionary, model.fingerprint(), ids, tuple(t.float().cpu().numpy() for t in kv), embedder.dim,
+             FaissIndexer())
 
 
 def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
@@ -322,23 +317,6 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
         finished.append(src)
     if batch or finished:
         yield batch, finished
-
-
-def code_batch(model: KVModel, codec: Codec, token_lists: list[list[int]], prefix: list[int], batch_tokens: int,
-               step, on_tokens=None):
-    """One batch of chunks through the model and Batch-OMP: (K codes, V codes) of their tokens
-    in order, timed as "forward" and "omp" by `step(name)`; `on_tokens(n)` is told as OMP's
-    blocks finish how many tokens' worth of signals are coded (a CPU batch codes for minutes).
-    The local loop and the Ray actors both encode through here."""
-    with step("forward"):
-        kv = extract_kv(model, token_lists, prefix, batch_tokens)
-        keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
-        values = torch.cat([v for _, v in kv], dim=1)
-        del kv
-    signals = 2 * keys.shape[1] * keys.shape[0] // codec.config.layers_per_signal  # K and V
-    advance = None if on_tokens is None else (lambda n: on_tokens(n * keys.shape[1] / signals))
-    with step("omp"):
-        return codec.encode(keys, "k", advance), codec.encode(values, "v", advance)
 
 
 def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], model: KVModel, codec: Codec,

@@ -147,3 +147,20 @@ def search(index, query: np.ndarray, k: int, within: np.ndarray | None = None) -
                   if isinstance(inner, faiss.IndexHNSWFlat) else faiss.SearchParameters(sel=sel))
     scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k, params=params)
     return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+
+
+class FaissIndexer:
+    """The index a store version publishes (`store.layout.Indexer`): FAISS, exact inner
+    product or HNSW (`kind`: "auto" picks HNSW above HNSW_ABOVE live chunks)."""
+
+    def __init__(self, kind: str = "auto"):
+        if kind not in INDEX_KINDS:
+            raise ValueError(f"index kind must be one of {', '.join(INDEX_KINDS)}, got {kind!r}")
+        self.kind = kind
+
+    def build(self, embeddings: np.ndarray, rows: np.ndarray) -> tuple[bytes, str]:
+        index = build_index(embeddings, rows, self.kind)
+        return index_to_bytes(index), index_kind(index)
+
+    def rows(self, data: bytes) -> np.ndarray:
+        return index_ids(load_index_bytes(data))

@@ -24,8 +24,6 @@ SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemm
 # RoPE variants whose angle depends on the position alone; "dynamic" and "longrope"
 # rescale with the sequence length, so a chunk's keys could not be rotated at load time.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# The fingerprint fields that must match for K/V to mean the same; "name" is for messages.
-FINGERPRINT_FIELDS = ("config_hash", "layers", "m")
 # Config keys that decide the shape and meaning of K/V; the fingerprint hashes them.
 _FINGERPRINT_KEYS = (
     "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -114,13 +112,6 @@ class KVModel:
         `past_key_values`. `model.hf(**{m.cache_arg: cache})`, `getattr(out, m.cache_arg)`."""
         return "cache" if "cache" in inspect.signature(type(self.hf).forward).parameters else "past_key_values"
 
-    @functools.cached_property
-    def stack(self):
-        """This model as blending's engine-neutral Stack (sparsecache.stack), built once."""
-        from .stack import HFStack
-
-        return HFStack(self)
-
     def fingerprint(self) -> dict:
         """What a dictionary or store records to refuse being used with another model."""
         return config_fingerprint(self.config, self.name)
@@ -139,11 +130,6 @@ def config_fingerprint(config, name: str) -> dict:
     digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
     return {"name": name, "config_hash": digest[:16], "layers": config.num_hidden_layers,
             "m": config.num_key_value_heads * _head_dim(config)}
-
-
-def same_model(fingerprint: dict, recorded: dict) -> bool:
-    """Whether two fingerprints describe K/V of the same meaning (names are for messages only)."""
-    return all(fingerprint.get(k) == recorded.get(k) for k in FINGERPRINT_FIELDS)
 
 
 def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
@@ -183,6 +169,13 @@ def default_prefix_ids(model: KVModel) -> list[int]:
         text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
         return tok(text.split(marker)[0], add_special_tokens=False)["input_ids"]
     return [tok.bos_token_id] if tok.bos_token_id is not None else []
+
+
+def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
+    """The shared prefix: the model's chat template up to the user's text, or `prefix` tokenized."""
+    if prefix is None:
+        return default_prefix_ids(model)
+    return model.tokenizer(prefix, add_special_tokens=False)["input_ids"]
 
 
 def qkv_states(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -149,7 +149,7 @@ def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int,
     from ._omp_cpu import omp_codes
 
     omp_codes(alpha0.contiguous().numpy(), G.contiguous().numpy(), s, idx.numpy(), coef.numpy(),
-              torch.get_num_threads(), screening.candidates, screening.refresh)
+              torch.get_num_threads(), PIVOT_TOL, screening.candidates, screening.refresh)
     return idx, coef
 
 

@@ -25,7 +25,8 @@ from .errors import ConfigError
 from .gguf import DEFAULT, DEFAULT_NAME, model_dir
 from .model import config_fingerprint
 from .query_config import ORDERS, QueryConfig
-from .store import LatestVersion, Store
+from .kvstore import KVStore
+from .store import LatestVersion
 
 PARAMS_KEY = "sparsecache"  # kv_transfer_params[PARAMS_KEY] = {"chunks": [...], "version": N}
 
@@ -77,11 +78,11 @@ class RagPrompts:
     `follow_s` seconds (a server under a nightly re-index); each request is made from one version.
     """
 
-    def __init__(self, store: str | Path | Store, model: str = DEFAULT, device: str = "cpu",
+    def __init__(self, store: str | Path | KVStore, model: str = DEFAULT, device: str = "cpu",
                  follow_s: float | None = None):
         from transformers import AutoConfig, AutoTokenizer
 
-        self.store = store if isinstance(store, Store) else Store.open(store)
+        self.store = store if isinstance(store, KVStore) else KVStore.open(store)
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
@@ -90,14 +91,14 @@ class RagPrompts:
         self._embedder = None
         self._latest = None if follow_s is None else LatestVersion(self.store.backend, follow_s)
 
-    def current(self) -> Store:
+    def current(self) -> KVStore:
         """The store requests are made from: the newest published version when following."""
         if self._latest is not None and self._latest() != self.store.version:
             self.store = self.store.latest()
         return self.store
 
     def retrieve(self, question: str, top_k: int, documents: list[str] | None = None,
-                 store: Store | None = None) -> list[dict]:
+                 store: KVStore | None = None) -> list[dict]:
         from .session import retrieve
 
         if self._embedder is None:

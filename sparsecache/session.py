@@ -24,7 +24,7 @@ from .model import KVModel, extract_kv, load_model
 from .overlap import Rates, cake_context
 from .query_config import QueryConfig
 from .stopwatch import Stopwatch
-from .store import Store
+from .kvstore import KVStore
 from .store.versions import READ_ATTEMPTS
 
 STEPS = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
@@ -64,7 +64,7 @@ def _at_a_live_version(method):
     """Run a Session read so that what it returns was read from one intact version: if the
     version was deleted meanwhile (a compact, or a writer's --keep, beside a long query),
     nothing read from it is trusted and the read is done again at the newest version (a
-    session given a Store pinned to one version raises VersionGone instead)."""
+    session given a KVStore pinned to one version raises VersionGone instead)."""
     @functools.wraps(method)
     def read(self, *args, **kwargs):
         for _ in range(READ_ATTEMPTS):
@@ -88,11 +88,11 @@ class Session:
     """Keeps the store, model, codec and embedder loaded across queries. Opened by path, it
     follows the store's newest version whenever the one it read is deleted."""
 
-    def __init__(self, store: str | Path | Store, model: str | KVModel = "default", device: str = "cpu",
+    def __init__(self, store: str | Path | KVStore, model: str | KVModel = "default", device: str = "cpu",
                  raw_dir: str | Path | None = None):
-        self.follows_latest = not isinstance(store, Store)
+        self.follows_latest = not isinstance(store, KVStore)
         self.rereads = 0  # reads done again at a newer version because the one read was deleted
-        self.store = store if isinstance(store, Store) else Store.open(store)
+        self.store = store if isinstance(store, KVStore) else KVStore.open(store)
         self.device = torch.device(device)
         self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
         self.store.check_model(self.model.fingerprint())
@@ -273,21 +273,21 @@ def read_raw(files: list[Path]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]]
     return [(r["keys"], r["values"]) for r in map(load, blobs)], sum(map(len, blobs))
 
 
-def raw_chunks(store: Store, ids: list[str], files: list[Path]) -> DecodedChunks:
+def raw_chunks(store: KVStore, ids: list[str], files: list[Path]) -> DecodedChunks:
     """The prefix and chunks `ids` with their exact fp16 K/V (on the host) from raw-KV `files`."""
     prefix, pk, pv = store.prefix()
     raw, nbytes = read_raw(files)
     return DecodedChunks(prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
 
 
-def retrieve(store: Store, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
+def retrieve(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
     """The top_k chunks for `question` (id, doc_id, ordinal, score), best first; with
     `documents`, only among those documents' chunks."""
     q = embedder.embed([question])[0]
     return [_hit(c, round(s, 4)) for c, s in store.search(q, top_k, documents)]
 
 
-def given_hits(store: Store, ids: list[str]) -> list[dict]:
+def given_hits(store: KVStore, ids: list[str]) -> list[dict]:
     """Chunks named by id instead of retrieved, in `retrieve`'s shape (no score); an unknown
     id is a StoreError."""
     return [_hit(store.chunk(c), None) for c in ids]
@@ -297,7 +297,7 @@ def _hit(c, score: float | None) -> dict:
     return {"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": score}
 
 
-def _raw_dir(store: Store) -> Path:
+def _raw_dir(store: KVStore) -> Path:
     """Where the raw-KV baseline's files go: beside a local store, in the user cache for a remote one."""
     import hashlib
 

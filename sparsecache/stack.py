@@ -148,7 +148,14 @@ def probe(stack: Stack, cache: DynamicCache, ids: torch.Tensor, positions: torch
 
 
 def as_stack(model: "KVModel | Stack") -> Stack:
-    return model if isinstance(model, Stack) else model.stack
+    """A Stack as is; a KVModel as its `HFStack`, built once per model (it registers an
+    attention function and reads the model's rotary tables)."""
+    if isinstance(model, Stack):
+        return model
+    stack = model.__dict__.get("_stack")
+    if stack is None:
+        stack = model.__dict__["_stack"] = HFStack(model)
+    return stack
 
 
 # ---------------------------------------------------------------- transformers

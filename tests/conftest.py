@@ -27,7 +27,8 @@ from click.testing import CliRunner
 from sparsecache.cli.main import cli
 from sparsecache.encoder import encode_corpus
 from sparsecache.failpoints import Crash, crash_at
-from sparsecache.store import Store, StoreConfig, read_manifest
+from sparsecache.kvstore import KVStore
+from sparsecache.store import StoreConfig, read_manifest
 
 # Devices a device-agnostic test runs on: the CPU always, CUDA where a GPU is present (the
 # `cuda` marker selects those: `pytest -m cuda`).
@@ -298,6 +299,30 @@ class FakeEmbedder:
         return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
+@pytest.fixture(scope="module")
+def history_encode(tiny_model, tiny_dictionary):
+    """encode_corpus(corpus, store) as the fault-injection histories run it: the tiny model,
+    small chunks and batches (many commits), a fake embedder, --delete-missing, --keep 3."""
+    fake = FakeEmbedder()
+
+    def run(corpus, store):
+        return encode_corpus([str(corpus)], str(store), tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
+                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
+    return run
+
+
+def copy_store(src, dst) -> str:
+    """Replace the store at `dst` by a copy of the one at `src` (paths or URLs; a `src` with
+    nothing in it leaves `dst` empty)."""
+    from sparsecache.store import open_backend
+
+    a, b = open_backend(src), open_backend(dst)
+    b.delete_tree("")
+    for key in a.list(""):
+        b.put(key, a.get(key))
+    return str(dst)
+
+
 def _pool() -> list[str]:
     from pydoc_data.topics import topics
 
@@ -368,7 +393,7 @@ def crashing(encode, corpus: Path, store: Path, point: str) -> bool:
 
 def live_chunks(path: Path) -> dict[tuple[str, int], tuple]:
     """(document, ordinal) → (text, tokens, K indices, K coefficients, V indices, V coefficients)."""
-    s = Store.open(path)
+    s = KVStore.open(path)
     chunks = s.chunks()
     texts = s.texts([c.id for c in chunks])
     out = {}
@@ -401,7 +426,7 @@ def assert_same_live_chunks(got: Path, want: Path) -> None:
     ma, mb = read_manifest(got), read_manifest(want)
     assert {d: (x["hash"], x["count"], x["tokens"]) for d, x in ma.documents.items()} == \
            {d: (x["hash"], x["count"], x["tokens"]) for d, x in mb.documents.items()}
-    s = Store.open(got)
+    s = KVStore.open(got)
     assert s.index().ntotal == len(a)
 
 
@@ -409,7 +434,7 @@ def assert_same_live_chunks(got: Path, want: Path) -> None:
 
 
 def all_codes(path: Path, version=None) -> dict[str, tuple]:
-    s = Store.open(path, version)
+    s = KVStore.open(path, version)
     out = {}
     for c in s.chunks():
         codes = s.read_codes([c.id])

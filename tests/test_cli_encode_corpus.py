@@ -5,50 +5,9 @@ from __future__ import annotations
 import json
 
 
-from sparsecache.store import Store, Writer
+from sparsecache.kvstore import KVStore
+from sparsecache.store import Writer
 from conftest import cli_encode, invoke
-
-
-def test_encode_info_search_verify_compact(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
-    store = tmp_path / "store"
-    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--json")
-    assert r.exit_code == 0, r.output
-    report = json.loads(r.stdout)
-    assert report["published"] and report["documents"]["new"] == 6 and report["tokens_per_s"] > 0
-    assert {"forward", "omp", "embed", "write"} <= set(report["seconds"])
-
-    r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir)
-    assert r.exit_code == 0 and "unchanged: 6 documents" in r.output
-    assert "loading model" not in r.output  # answered from the scan alone
-
-    info = json.loads(invoke("info", store, "--json").stdout)
-    assert info["documents"] == 6 and info["versions"] == [1, 2]
-    text = invoke("info", store).output
-    assert "per token in the arrays (theoretical" in text and "with the dictionary copy" in text
-    assert "k_indices" in text
-
-    r = invoke("search", store, "the global statement declares names", "--top-k", 2, "--json")
-    hits = json.loads(r.stdout)["chunks"]
-    assert r.exit_code == 0 and hits[0]["doc_id"] == "global.txt"
-
-    r = invoke("verify", store)
-    assert r.exit_code == 0 and "version 2: ok" in r.output
-
-    (corpus_dir / "pass.txt").unlink()
-    assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--delete-missing").exit_code == 0
-    r = invoke("compact", store, "--keep", 1)
-    assert r.exit_code == 0 and "published version 4" in r.output
-    assert Store.open(store).info()["versions"] == [4]
-
-
-def test_verify_exits_nonzero_and_names_the_damage(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
-    store = tmp_path / "store"
-    assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
-    f = next((store / "data" / "g000001" / "v_indices").rglob("c/0/0/0"))
-    f.write_bytes(b"garbage")
-    r = invoke("verify", store)
-    assert r.exit_code == 1
-    assert "v_indices/c/0/0/0: unreadable" in r.output and "corrupt chunks:" in r.output
 
 
 def test_missing_index_file_is_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
@@ -94,7 +53,7 @@ def test_existing_store_keeps_its_settings_when_options_are_left_out(corpus_dir,
     (corpus_dir / "new.txt").write_text("The nonlocal statement rebinds names in the enclosing scope. " * 4)
     r = invoke("encode-corpus", corpus_dir, "--store", store, "--model", tiny_model_dir, "--device", "cpu")
     assert r.exit_code == 0 and "published version 3: 7 documents" in r.output, r.output
-    config = Store.open(store).config
+    config = KVStore.open(store).config
     assert (config.index_coding, config.coef_dtype, config.chunk_tokens) == ("packed", "float16", 64)
     r = cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir, "--indices", "elias-fano")
     assert r.exit_code == 1 and "index_coding='packed'" in r.output and "Traceback" not in r.output
@@ -112,7 +71,7 @@ def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_
     adapted = Dictionary.load(existing_dictionary(store))
     assert adapted.meta["adapt"]["from"] == tiny_dictionary.fingerprint() and adapted.meta["adapt"]["steps"] == 3
     assert adapted.fingerprint() != tiny_dictionary.fingerprint()
-    assert Store.open(store).info()["dictionary"] == adapted.fingerprint()
+    assert KVStore.open(store).info()["dictionary"] == adapted.fingerprint()
 
     # the nightly job reruns the same command on a changed corpus: the stored adaptation is reused
     (corpus_dir / "new.txt").write_text("The nonlocal statement rebinds names in the enclosing scope. " * 4)
@@ -142,7 +101,7 @@ def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_di
     store = tmp_path / "store"
     r = cli_encode(corpus_dir, store, tiny_model_dir, d.save(tmp_path / "scaled"), "--coefficients", "float32")
     assert r.exit_code == 0, r.output
-    s = Store.open(store)
+    s = KVStore.open(store)
     assert s.dictionary.fingerprint() == d.fingerprint() and torch.equal(s.dictionary.scales["v"], scales["v"])
     assert s.dictionary.atoms_dtype == "float16"
     chunk = s.chunks()[0].id

@@ -113,9 +113,9 @@ def convert_default_model(i, r):
 
 
 def fetch_dictionary(i, r, url: str):
-    from sparsecache.store import Store
+    from sparsecache.kvstore import KVStore
 
-    return Store.open(url).dictionary.fingerprint()
+    return KVStore.open(url).dictionary.fingerprint()
 
 
 def check_model(i, r, model_dir: str):
@@ -207,7 +207,7 @@ def test_two_distributed_encodes_on_a_fresh_node(s3_store, small_model_dir, smal
     from conftest import write_corpus
     from conftest import assert_same_live_chunks
 
-    from sparsecache.store import verify
+    from sparsecache.kvstore import verify
 
     corpus = write_corpus(tmp_path / "corpus")
     url = s3_store.rsplit("/", 2)[0] + "/ray"
@@ -297,7 +297,8 @@ def test_readers_while_a_writer_publishes_and_compacts(small_model_dir, small_di
 
     from conftest import Corpus
 
-    from sparsecache.store import read_manifest, verify
+    from sparsecache.kvstore import verify
+    from sparsecache.store import read_manifest
 
     corpus = Corpus(tmp_path / "corpus", random.Random(7))
     for _ in range(5):
@@ -354,7 +355,7 @@ def test_two_encodes_of_one_store(small_model_dir, small_dictionary_dir, tmp_pat
     from conftest import write_corpus
     from conftest import assert_same_live_chunks
 
-    from sparsecache.store import verify
+    from sparsecache.kvstore import verify
 
     corpus = write_corpus(tmp_path / "corpus")
     rounds = race(encode_one_store, str(corpus), str(tmp_path / "stores"), str(small_model_dir),

@@ -58,9 +58,9 @@ def test_codec_encode_on_cuda_is_as_good_as_on_cpu(tiny_model, tiny_dictionary):
 
 
 def test_store_decodes_on_cuda_like_on_cpu(cuda_store):
-    from sparsecache.store import Store
+    from sparsecache.kvstore import KVStore
 
-    s = Store.open(cuda_store / "cpu")
+    s = KVStore.open(cuda_store / "cpu")
     ids = [c.id for c in s.chunks()][:5]
     for (kg, vg), (kc, vc) in zip(s.load_kv(ids, device="cuda"), s.load_kv(ids, device="cpu")):
         assert kg.device.type == "cuda"
@@ -69,9 +69,9 @@ def test_store_decodes_on_cuda_like_on_cpu(cuda_store):
 
 
 def test_gpu_encoded_store_holds_the_same_chunks(cuda_store):
-    from sparsecache.store import Store
+    from sparsecache.kvstore import KVStore
 
-    a, b = Store.open(cuda_store / "cuda"), Store.open(cuda_store / "cpu")
+    a, b = KVStore.open(cuda_store / "cuda"), KVStore.open(cuda_store / "cpu")
     assert [(c.doc_id, c.ordinal, c.token_length) for c in a.chunks()] == \
            [(c.doc_id, c.ordinal, c.token_length) for c in b.chunks()]
     assert a.info()["chunks"] == b.info()["chunks"]

@@ -12,7 +12,8 @@ import pytest
 
 from sparsecache.encoder import encode_corpus
 from sparsecache.failpoints import Crash, crash_at
-from sparsecache.store import read_manifest, verify
+from sparsecache.kvstore import verify
+from sparsecache.store import read_manifest
 from conftest import HISTORY_BATCH_TOKENS, HISTORY_CONFIG, Corpus, FakeEmbedder, assert_same_live_chunks
 
 ray = pytest.importorskip("ray", reason="needs the ray extra")

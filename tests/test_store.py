@@ -13,11 +13,11 @@ import torch
 from conftest import all_codes, assert_same_codes, write_corpus
 from sparsecache.codec import Codec
 from sparsecache.dictionary import DictConfig, Dictionary
-from sparsecache.encoder import encode_corpus, prefix_ids
+from sparsecache.encoder import encode_corpus
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
-from sparsecache.model import extract_kv
-from sparsecache.store import (LatestVersion, Lock, Store, StoreConfig, Writer, compact, open_backend, verify,
-                               versions)
+from sparsecache.kvstore import KVStore, compact, verify
+from sparsecache.model import extract_kv, prefix_ids
+from sparsecache.store import LatestVersion, Lock, StoreConfig, Writer, open_backend, versions
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
@@ -38,7 +38,7 @@ def store(build, corpus_dir, tmp_path) -> Path:
 
 
 def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
-    s = Store.open(store)
+    s = KVStore.open(store)
     chunks = s.chunks()
     ids = [c.id for c in chunks]
     codes = s.read_codes(ids)
@@ -70,7 +70,7 @@ def test_direct_chunk_reads_equal_zarr_reads(store):
     """The fast read path (chunk files + CRC) against zarr's own reader, on random spans."""
     from sparsecache.store import CODE_ARRAYS, LocalBackend, read_spans_direct
 
-    s = Store.open(store)
+    s = KVStore.open(store)
     rng = np.random.default_rng(0)
     n = s.manifest.tokens
     starts = rng.integers(0, n - 1, 20)
@@ -91,7 +91,7 @@ def test_compressed_store_reads_the_same_codes(build, store, corpus_dir, tmp_pat
 
 
 def test_prefix_kv_is_exact_and_stored_once(store, tiny_model):
-    ids, k, v = Store.open(store).prefix()
+    ids, k, v = KVStore.open(store).prefix()
     assert ids == prefix_ids(tiny_model, None)
     ref_k, ref_v = extract_kv(tiny_model, [ids])[0]
     assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
@@ -105,14 +105,14 @@ def test_unchanged_corpus_does_nothing(build, store, corpus_dir):
 
 
 def test_incremental_reindex_encodes_only_what_changed(build, store, corpus_dir, embedder):
-    old = Store.open(store)
+    old = KVStore.open(store)
     old_chunks = {c.doc_id: c.id for c in old.chunks() if c.ordinal == 0}
     (corpus_dir / "assert.txt").write_text("Zebras graze on the savannah grasslands of Kenya every morning.")
     (corpus_dir / "break.txt").unlink()
     (corpus_dir / "new.txt").write_text("Volcanic eruptions in Iceland disrupted European air travel.")
     r = build([corpus_dir], store, delete_missing=True)
     assert r.documents == {"new": 1, "changed": 1, "unchanged": 4, "deleted": 1, "resumed": 0}
-    new = Store.open(store)
+    new = KVStore.open(store)
     assert new.version == old.version + 1
     docs = {c.doc_id for c in new.chunks()}
     assert "break.txt" not in docs and "new.txt" in docs
@@ -133,24 +133,24 @@ def test_old_versions_beyond_keep_are_pruned(build, store, corpus_dir):
         build([corpus_dir], store, keep=2)
     assert versions(store) == [4, 5]
     assert sorted(p.name for p in (store / "index").iterdir()) == ["v000004.faiss", "v000005.faiss"]
-    assert verify(store)["ok"] and Store.open(store, 4).chunks()
+    assert verify(store)["ok"] and KVStore.open(store, 4).chunks()
 
 
 def test_without_delete_missing_documents_stay(build, store, corpus_dir):
     (corpus_dir / "break.txt").unlink()
     r = build([corpus_dir], store)
     assert not r.published
-    assert "break.txt" in {c.doc_id for c in Store.open(store).chunks()}
+    assert "break.txt" in {c.doc_id for c in KVStore.open(store).chunks()}
 
 
 def test_reader_pinned_to_a_version_is_unaffected_by_reindex(build, store, corpus_dir):
-    reader = Store.open(store)
+    reader = KVStore.open(store)
     before = all_codes(store, reader.version)
     first = {c.id for c in reader.chunks()}
     (corpus_dir / "pass.txt").write_text("Changed text about something else entirely. " * 20)
     write_corpus(corpus_dir, ("return", "yield", "while"))
     build([corpus_dir], store, delete_missing=True)
-    assert Store.open(store).version == reader.version + 1
+    assert KVStore.open(store).version == reader.version + 1
     assert {c.id for c in reader.chunks()} == first
     for cid, (doc, tokens, *codes) in before.items():  # the old handle, reading after N+1 was published
         got = reader.read_codes([cid])
@@ -187,7 +187,7 @@ def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):
     build([corpus_dir], store, delete_missing=True)
     live = all_codes(store)
     m = compact(store, keep=1)
-    s = Store.open(store)
+    s = KVStore.open(store)
     assert s.version == m.version and versions(store) == [m.version]
     assert s.info()["tombstoned_chunks"] == 0 and m.generation == "g000002"
     assert [p.name for p in (store / "data").iterdir() if p.is_dir()] == ["g000002"]
@@ -211,7 +211,7 @@ def test_second_writer_is_refused_and_stale_lock_taken_over(store):
 
 
 def test_corrupt_array_file_is_named_by_verify_and_load_kv(store):
-    s = Store.open(store)
+    s = KVStore.open(store)
     target = s.chunks()[0]
     chunk_file = store / "data" / "g000001" / "k_coefficients" / "c" / "0" / "0" / "0"
     chunk_file.write_bytes(chunk_file.read_bytes()[:-10])  # truncated
@@ -219,18 +219,18 @@ def test_corrupt_array_file_is_named_by_verify_and_load_kv(store):
     assert not r["ok"] and any("k_coefficients/c/0/0/0" in p for p in r["problems"])
     assert target.id in r["corrupt_chunks"]
     with pytest.raises(StoreCorrupt, match=target.id):
-        Store.open(store).load_kv([target.id])
+        KVStore.open(store).load_kv([target.id])
 
 
 def test_missing_array_file_is_damage_not_zeros(store):
-    s = Store.open(store)
+    s = KVStore.open(store)
     target = s.chunks()[-1]
     step = 32
     key = target.token_offset // step
     (store / "data" / "g000001" / "v_indices" / "c" / "0" / str(key) / "0").unlink()
     assert "missing" in " ".join(verify(store)["problems"])
     with pytest.raises(StoreCorrupt, match="missing"):
-        Store.open(store).load_kv([target.id])
+        KVStore.open(store).load_kv([target.id])
 
 
 def test_newer_format_is_refused_without_damage(build, store, corpus_dir):
@@ -239,7 +239,7 @@ def test_newer_format_is_refused_without_damage(build, store, corpus_dir):
     doc["attributes"]["sparsecache"]["format"] = 99
     meta.write_text(json.dumps(doc))
     with pytest.raises(StoreError, match="newer sparsecache"):
-        Store.open(store)
+        KVStore.open(store)
     write_corpus(corpus_dir, ("return",))
     with pytest.raises(StoreError, match="newer sparsecache"):
         build([corpus_dir], store)
@@ -283,12 +283,12 @@ def test_bad_input_leaves_the_store_alone(build, store, tmp_path):
 
 def test_damaged_chunk_table_names_its_file(store):
     """A checksum error in the chunk-text array used to surface without the file's name."""
-    s = Store.open(store)
+    s = KVStore.open(store)
     ids = [c.id for c in s.chunks()]
     f = store / "data" / "g000001" / "text_utf8" / "c" / "0"
     f.write_bytes(f.read_bytes()[:-6] + b"damage")
     with pytest.raises(StoreCorrupt, match="g000001/text_utf8/c/0"):
-        Store.open(store).texts(ids[:1])
+        KVStore.open(store).texts(ids[:1])
     r = verify(store)
     assert any("text_utf8/c/0" in p for p in r["problems"]) and set(r["corrupt_chunks"]) == set(ids)
 
@@ -347,7 +347,7 @@ def test_path_traversal_ids_stay_data(build, tmp_path):
     src.write_text(json.dumps({"id": "../../etc/passwd", "text": "An innocent text about gardens. " * 5}) + "\n")
     before = set(tmp_path.parent.rglob("passwd"))
     build([src], tmp_path / "s")
-    s = Store.open(tmp_path / "s")
+    s = KVStore.open(tmp_path / "s")
     assert [c.doc_id for c in s.chunks()] == ["../../etc/passwd"]
     assert set(tmp_path.parent.rglob("passwd")) == before
     files = {p.relative_to(tmp_path / "s").parts[0] for p in (tmp_path / "s").rglob("*")}
@@ -360,7 +360,7 @@ def test_not_a_store(tmp_path, build, corpus_dir):
     with pytest.raises(StoreError, match="not a sparsecache store"):
         build([corpus_dir], tmp_path / "mine")
     with pytest.raises(StoreError, match="no sparsecache store"):
-        Store.open(tmp_path / "nothing")
+        KVStore.open(tmp_path / "nothing")
     assert not (tmp_path / "nothing").exists()
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
 
@@ -383,7 +383,7 @@ def test_another_zarr_group_is_never_wiped(tmp_path, build, corpus_dir):
 
 
 def test_info_reports_sizes_and_ratios(store, tiny_dictionary):
-    info = Store.open(store).info()
+    info = KVStore.open(store).info()
     c = info["compression"]
     assert info["documents"] == 6 and info["chunks"] > 6 and info["tombstoned_chunks"] == 0
     assert c["code_bytes_per_token"] == 4 * 2 * (5 + 4 * 2)  # G=4 groups × K,V × (packed 4×9 bits + 4 fp16)
@@ -397,7 +397,7 @@ def test_float8_coefficient_store(build, store, corpus_dir, tmp_path):
     """e4m3 coefficients (stored as bytes): same indices, values within e4m3's rounding."""
     fp8 = tmp_path / "fp8"
     build([corpus_dir], fp8, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float8"))
-    a, b = Store.open(store), Store.open(fp8)
+    a, b = KVStore.open(store), KVStore.open(fp8)
     ids = [c.id for c in a.chunks()]
     ca, cb = a.read_codes(ids), b.read_codes(ids)
     np.testing.assert_array_equal(ca.k.indices, cb.k.indices)
@@ -418,7 +418,7 @@ def test_elias_fano_and_packed_stores_hold_the_same_codes(build, store, corpus_d
     packed = tmp_path / "packed"
     build([corpus_dir], packed, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
                                                    index_coding="packed"))
-    ef, pk = Store.open(store), Store.open(packed)
+    ef, pk = KVStore.open(store), KVStore.open(packed)
     assert (ef.config.index_coding, pk.config.index_coding) == ("elias-fano", "packed")
     ids = [c.id for c in ef.chunks()]
     a, b = ef.read_codes(ids), pk.read_codes(ids)
@@ -446,7 +446,7 @@ def test_format_1_store_reads_as_packed(build, corpus_dir, tmp_path):
     doc["attributes"]["sparsecache"]["format"] = 1
     del doc["attributes"]["sparsecache"]["config"]["index_coding"]
     meta.write_text(json.dumps(doc))
-    s = Store.open(old)
+    s = KVStore.open(old)
     assert s.config.index_coding == "packed" and s.codec().indices == "packed"
     assert_same_codes(all_codes(old), before)
     write_corpus(corpus_dir, ("return",))
@@ -461,7 +461,7 @@ def _as_format_2(store: Path) -> None:
 
     from sparsecache.store.layout import TABLE_STR
 
-    s = Store.open(store)
+    s = KVStore.open(store)
     cols = {c: s.column(c) for c in TABLE_STR}
     g = zarr.open_group(str(store / "data" / s.manifest.generation), mode="r+")
     for c, values in cols.items():
@@ -475,22 +475,22 @@ def _as_format_2(store: Path) -> None:
 
 def test_format_2_stores_still_read_and_append(build, store, corpus_dir, tmp_path):
     before = all_codes(store)
-    texts = Store.open(store).texts(list(before))
+    texts = KVStore.open(store).texts(list(before))
     _as_format_2(store)
-    s = Store.open(store)
+    s = KVStore.open(store)
     assert s.legacy_strings and s.texts(list(before)) == texts
     r = verify(store)
     assert r["ok"], r["problems"]
     (corpus_dir / "new.txt").write_text("A new document about lists and tuples. " * 20)
     build([corpus_dir], store)  # appends in the generation's own (legacy) layout
-    assert verify(store)["ok"] and "new.txt" in {c.doc_id for c in Store.open(store).chunks()}
+    assert verify(store)["ok"] and "new.txt" in {c.doc_id for c in KVStore.open(store).chunks()}
     m = compact(store, keep=1)  # compaction moves it to the current layout
-    assert not Store.open(store).legacy_strings and verify(store)["ok"]
+    assert not KVStore.open(store).legacy_strings and verify(store)["ok"]
     assert m.generation == "g000002"
 
 
 def test_search_within_documents_finds_k_among_them(store, embedder):
-    s = Store.open(store)
+    s = KVStore.open(store)
     q = embedder.embed(["assertions and debugging"])[0]
     docs = sorted({c.doc_id for c in s.chunks()})
     some = [d for d in docs if d != s.search(q, 1)[0][0].doc_id][:2]

@@ -11,6 +11,7 @@ import pytest
 
 from sparsecache.errors import StoreLocked
 from sparsecache.store import LocalBackend, ObjectBackend, open_backend
+from sparsecache.store.versions import writer_lock
 
 
 class BackendTests:
@@ -49,10 +50,10 @@ class BackendTests:
         assert backend.list("m") == ["m/v1.json"]  # no temp files left behind
 
     def test_second_writer_is_refused_and_told_who(self, backend):
-        with backend.lock():
+        with writer_lock(backend):
             with pytest.raises(StoreLocked, match=r"pid \d+ on "):
-                backend.lock().acquire()
-        with backend.lock() as again:  # released: the next writer gets it, and nothing is stale
+                writer_lock(backend).acquire()
+        with writer_lock(backend) as again:  # released: the next writer gets it, and nothing is stale
             assert again.stale is None
 
     def test_zarr_store_round_trips(self, backend):
@@ -80,18 +81,30 @@ class TestS3Backend(BackendTests):
     def test_url_and_env(self, backend, s3_url):
         assert isinstance(backend, ObjectBackend) and str(backend) == s3_url
 
-    def test_expired_lease_is_taken_over_once_and_reported(self, backend, monkeypatch):
+    @pytest.fixture
+    def later(self, monkeypatch):
+        """later(s): the leases' clock (wall time, as lease.json records it) moves s seconds on,
+        so expiry is tested without sleeping through a ttl that a loaded machine might eat."""
+        import types
+
+        from sparsecache.store import versions
+
+        offset = [0.0]
+        monkeypatch.setattr(versions, "time", types.SimpleNamespace(
+            time=lambda: time.time() + offset[0], sleep=time.sleep, monotonic=time.monotonic))
+        return lambda seconds: offset.__setitem__(0, offset[0] + seconds)
+
+    def test_expired_lease_is_taken_over_once_and_reported(self, backend, later):
         """A writer that died stops renewing; after the ttl the next writer takes over (and is
         told it did), and of two racing for it exactly one wins."""
         from sparsecache.store import Lease
 
-        ttl = 2.0  # room for the next acquire's requests on a loaded machine, before the expiry
-        dead = Lease(backend, ttl=ttl).acquire()
+        dead = Lease(backend, ttl=30).acquire()
         dead._stop.set()  # dies: no more renewals, no release
         dead._thread.join()
         with pytest.raises(StoreLocked, match="lease expires"):
-            Lease(backend, ttl=ttl).acquire()
-        time.sleep(ttl + 0.2)
+            Lease(backend, ttl=30).acquire()
+        later(31)
         raw, etag = backend.get_versioned("lease.json")
         first, second = Lease(backend, ttl=30), Lease(backend, ttl=30)
         first.acquire()
@@ -100,13 +113,13 @@ class TestS3Backend(BackendTests):
             second.acquire()
         first.release()
 
-    def test_a_writer_whose_lease_was_taken_stops(self, backend):
+    def test_a_writer_whose_lease_was_taken_stops(self, backend, later):
         from sparsecache.store import Lease
 
-        slow = Lease(backend, ttl=0.6).acquire()
+        slow = Lease(backend, ttl=30).acquire()
         slow._stop.set()  # paused (GC, network) past its ttl
         slow._thread.join()
-        time.sleep(0.7)
+        later(31)
         other = Lease(backend, ttl=30).acquire()
         # the renewal thread has not run since (it was paused too): check() renews first,
         # finds another holder, and the writer stops before its next write, commit or publish

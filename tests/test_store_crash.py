@@ -10,7 +10,8 @@ import time
 import pytest
 
 from sparsecache.encoder import encode_corpus
-from sparsecache.store import Store, read_manifest, verify
+from sparsecache.kvstore import KVStore, verify
+from sparsecache.store import read_manifest
 from conftest import all_codes, assert_same_codes, CRASH_TOPICS, encode_cmd, kill_at, rerun, start_encode
 
 
@@ -24,7 +25,7 @@ def test_killed_encode_resumes_to_the_same_store(point, crash_corpus, reference,
         assert read_manifest(store).version == 1  # nothing published yet: readers see the empty store
         assert (store / "pending.json").exists()
     report = rerun(cmd)
-    total = Store.open(reference).info()["tokens"]
+    total = KVStore.open(reference).info()["tokens"]
     if point == "publish:1":  # the version was out; the rerun finds nothing to do
         assert not report["published"] and report["tokens"] == 0
     elif point == "index:1":  # everything was encoded; the rerun only indexes and publishes
@@ -47,7 +48,7 @@ def test_killed_at_a_random_moment(crash_corpus, reference, tiny_model_dir, tiny
         proc.wait()
     rerun(cmd)
     assert_same_codes(all_codes(store), all_codes(reference))
-    s = Store.open(store)
+    s = KVStore.open(store)
     assert s.info()["tombstoned_chunks"] == 0
 
 

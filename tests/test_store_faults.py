@@ -28,9 +28,9 @@ import pytest
 
 from sparsecache.encoder import encode_corpus
 from sparsecache.errors import StoreError
-from sparsecache.failpoints import record
-from sparsecache.store import StoreConfig, read_manifest, verify
-from conftest import Corpus, FakeEmbedder, HISTORY_BATCH_TOKENS, HISTORY_CONFIG, POOL, assert_same_live_chunks, crashing
+from sparsecache.kvstore import verify
+from sparsecache.store import StoreConfig, read_manifest
+from conftest import Corpus, FakeEmbedder, POOL, assert_same_live_chunks, crashing
 
 
 @pytest.fixture(autouse=True)
@@ -38,14 +38,9 @@ def _no_fsync(monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)
 
 
-@pytest.fixture(scope="module")
-def encode(tiny_model, tiny_dictionary):
-    fake = FakeEmbedder()
-
-    def run(corpus: Path, store: Path):
-        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
-                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
-    return run
+@pytest.fixture
+def encode(history_encode):
+    return history_encode
 
 
 def check_version(store: Path, seen: dict) -> None:
@@ -150,48 +145,6 @@ def test_verify_names_a_document_whose_rows_hold_another_ones_chunks(encode, tmp
     r = verify(tmp_path / "store")
     assert not r["ok"]
     assert any("'b.txt'" in p and "'a.txt'" in p for p in r["problems"]), r["problems"]
-
-
-# ---------------------------------------------------------------- every failpoint
-
-
-@pytest.mark.parametrize("incremental", [False, True], ids=["creating", "re-indexing"])
-def test_crash_at_every_failpoint_then_change_the_corpus(encode, tmp_path, incremental):
-    """Crash at each failpoint a run passes through (store creation, or a re-index of a changed
-    corpus), change the corpus, rerun: the store equals a fresh encode of the final corpus."""
-    rng = random.Random(7)
-    base = Corpus(tmp_path / "base", rng)
-    for _ in range(2):
-        base.add()
-    seed_store = tmp_path / "seed"
-    if incremental:
-        encode(base.root, seed_store)
-        base.mutate(3)
-    with record() as trace:
-        encode(base.root, _copy(seed_store, tmp_path / "probe", incremental))
-    points = list(dict.fromkeys(trace))
-    assert {p.split(":")[0] for p in points} >= {"append", "commit", "sync", "index", "publish"} | \
-           (set() if incremental else {"create"})
-    final = Corpus(tmp_path / "final", random.Random(8))
-    for name, text in base.docs.items():
-        final.write(name, text)
-    final.next = base.next
-    final.mutate(3)
-    want = fresh(encode, final.root, tmp_path)
-    for point in points:
-        store = _copy(seed_store, tmp_path / "store", incremental)
-        assert crashing(encode, base.root, store, point), point
-        encode(final.root, store)
-        r = verify(store)
-        assert r["ok"], (point, r["problems"])
-        assert_same_live_chunks(store, want)
-
-
-def _copy(src: Path, dst: Path, incremental: bool) -> Path:
-    shutil.rmtree(dst, ignore_errors=True)
-    if incremental:
-        shutil.copytree(src, dst)
-    return dst
 
 
 # ---------------------------------------------------------------- random histories

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from sparsecache.encoder import encode_corpus
-from sparsecache.store import Store, StoreConfig
+from sparsecache.kvstore import KVStore
+from sparsecache.store import StoreConfig
 
 ts = pytest.importorskip("tensorstore", reason="the test extra installs tensorstore")
 
@@ -24,7 +25,7 @@ def test_every_array_reads_with_tensorstore(tiny_model, tiny_dictionary, embedde
     store = tmp_path / "store"
     encode_corpus([str(corpus_dir)], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
                   embedder=embedder, batch_tokens=256, progress=False)
-    s = Store.open(store)
+    s = KVStore.open(store)
     arrays = sorted(p.parent for p in store.rglob("zarr.json") if json.loads(p.read_text())["node_type"] == "array")
     assert len(arrays) >= 20
     for path in arrays:

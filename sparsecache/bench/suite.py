@@ -147,9 +147,9 @@ def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20
     copy of the same bytes (the memory-bandwidth yardstick). On a CPU also the decode every
     other device runs (torch unpack + `embedding_bag` over fp32 atoms), the CPU's path before
     its kernel, timed alternately with it, and the two results' largest relative difference."""
-    from ..store import Store
+    from ..kvstore import KVStore
 
-    store = Store.open(store_path)
+    store = KVStore.open(store_path)
     ids = [c.id for c in sorted(store.chunks(), key=lambda c: -c.token_length)[:n_chunks]]
     codes = store.read_codes(ids)
     codec = store.codec()
@@ -290,7 +290,8 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     from ..encoder import encode_corpus
     from ..model import load_model
     from ..session import Session
-    from ..store import Store, StoreConfig
+    from ..kvstore import KVStore
+    from ..store import StoreConfig
 
     work = Path(workdir)
     store_path = work / "store"
@@ -302,7 +303,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
         r = encode_corpus([str(work / "corpus")], store_path, d, model, StoreConfig(), device=device)
         write_atomic(report_file, json.dumps(r.to_dict()))
     encode = json.loads(report_file.read_text())
-    store = Store.open(store_path)
+    store = KVStore.open(store_path)
     full = sorted((c for c in store.chunks() if c.token_length >= 480), key=lambda c: c.id)[:n_chunks]
     ids = [c.id for c in full]
 
@@ -351,7 +352,8 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     from ..encoder import encode_corpus
     from ..model import extract_kv, load_model
     from ..omp import EXACT, Screening
-    from ..store import Store, StoreConfig
+    from ..kvstore import KVStore
+    from ..store import StoreConfig
 
     work = Path(workdir)
     model = load_model(device=device)
@@ -361,7 +363,7 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
         shutil.rmtree(work / name, ignore_errors=True)
         r = encode_corpus(list(corpus), work / name, d, model, StoreConfig(), device=device, screening=screening)
         runs[name] = {**r.to_dict(), "screening": {"candidates": screening.candidates, "refresh": screening.refresh}}
-    stores = {name: Store.open(work / name) for name in runs}
+    stores = {name: KVStore.open(work / name) for name in runs}
     chunks = {name: {(c.doc_id, c.ordinal): c.id for c in st.chunks()} for name, st in stores.items()}
     same = chunks["exact"].keys() == chunks["screened"].keys() and all(
         stores["exact"].tokens([chunks["exact"][key]]) == stores["screened"].tokens([chunks["screened"][key]])

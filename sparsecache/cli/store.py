@@ -130,7 +130,7 @@ def info_cmd(store, version, as_json):
 @library_errors
 def verify_cmd(store, version, as_json):
     """Read every array chunk (CRC32C-checked) and check the manifest; exit 1 on damage."""
-    from sparsecache.store import verify
+    from sparsecache.kvstore import verify
 
     r = verify(store, version)
     lines = [f"version {r['version']}: " + ("ok" if r["ok"] else f"{len(r['problems'])} problem(s)")]
@@ -150,7 +150,8 @@ def verify_cmd(store, version, as_json):
 @library_errors
 def compact_cmd(store, keep, index_kind, as_json):
     """Rewrite the live chunks without tombstones as a new version; then keep the newest --keep versions."""
-    from sparsecache.store import compact, read_manifest
+    from sparsecache.kvstore import compact
+    from sparsecache.store import read_manifest
 
     read_manifest(store)  # "no store at ..." before a writer would create one
     m = compact(store, keep, index_kind)
@@ -169,9 +170,9 @@ def compact_cmd(store, keep, index_kind, as_json):
 def search_cmd(store, question, top_k, version, device, as_json):
     """The chunks the store's index retrieves for QUESTION (id, document, score, text)."""
     from sparsecache.index import Embedder
-    from sparsecache.store import Store
+    from sparsecache.kvstore import KVStore
 
-    s = Store.open(store, version)
+    s = KVStore.open(store, version)
     q = Embedder(s.config.embedder, resolve_device(device)).embed([question])[0]
     hits = s.search(q, top_k)
     texts = s.texts([c.id for c, _ in hits])

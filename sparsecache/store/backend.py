@@ -5,8 +5,8 @@ and six operations every backend has: get (whole or many in parallel), put (atom
 put-if-absent (the one primitive publishing needs: a version is created once, never
 overwritten), delete, list. Zarr arrays go through `zarr_store()`, zarr's own store for the
 same place. Object stores have no rename and no flock, which is why the store's protocol uses
-neither directly: publishing is put-if-absent, and the writer's exclusion is `lock()` (an flock
-here, a lease object there; see `versions`).
+neither directly: publishing is put-if-absent, and the writer's exclusion is
+`versions.writer_lock` (an flock on a local directory, a lease object on an object store).
 """
 
 from __future__ import annotations
@@ -68,10 +68,6 @@ class Backend:
 
     def size(self, prefix: str) -> int:
         """Bytes of every object under `prefix/`."""
-        raise NotImplementedError
-
-    def lock(self):
-        """The writer's exclusion: a context manager with `.stale` (a dead holder's record or None)."""
         raise NotImplementedError
 
     def mark(self) -> None:
@@ -154,11 +150,6 @@ class LocalBackend(Backend):
 
     def size(self, prefix: str) -> int:
         return sum(f.stat().st_size for f in (self.root / prefix).rglob("*") if f.is_file())
-
-    def lock(self):
-        from .versions import Lock
-
-        return Lock(self.root)
 
     def mark(self) -> None:
         # Only what this writer writes needs syncing: a crashed run synced its rows before
@@ -317,11 +308,6 @@ class ObjectBackend(Backend):
                 (tmp / rel).write_bytes(data)
 
         return publish_dir(cache_root() / "remote" / key, download, complete)
-
-    def lock(self):
-        from .versions import Lease
-
-        return Lease(self)
 
 
 def _run(coro):

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from ..dict_config import DictConfig
 from ..errors import ConfigError
 from ..failpoints import failpoint
-from .layout import CODE_ARRAYS, TABLE_STR, create_generation, now, put, store_config
+from .layout import CODE_ARRAYS, TABLE_STR, Indexer, create_generation, now, put, store_config
 from .reader import Store
 from .versions import Manifest, read_manifest
 from .writer import Writer
 
 
-def compact(where, keep: int = 2, index_kind_name: str = "auto") -> Manifest:
+def compact(where, indexer: Indexer, keep: int = 2) -> Manifest:
     """Copy the live rows of the latest version into a new generation, publish it as the next
-    version, then drop versions beyond the newest `keep`."""
+    version with an index `indexer` builds, then drop versions beyond the newest `keep`."""
     if keep < 1:
         raise ConfigError("--keep must be at least 1")
     with Writer(where) as w:
@@ -21,7 +22,8 @@ def compact(where, keep: int = 2, index_kind_name: str = "auto") -> Manifest:
         attrs = w.attrs()
         old = Store(b, attrs, base)
         name = f"g{int(base.generation[1:]) + 1:06d}"
-        create_generation(b, name, store_config(attrs), old.dictionary, attrs["embed_dim"])
+        create_generation(b, name, store_config(attrs), DictConfig(**attrs["dictionary_config"]),
+                          attrs["model"]["layers"], attrs["embed_dim"])
         w.write_into(base, name)
         table = {col: old.column(col) for col in (*TABLE_STR, "ordinal", "token_length", "embeddings")}
         docs, tok, row = {}, 0, 0
@@ -39,7 +41,7 @@ def compact(where, keep: int = 2, index_kind_name: str = "auto") -> Manifest:
             row, tok = row + d["count"], tok + d["tokens"]
             failpoint("append")
         m = Manifest(base.version + 1, name, tok, row, docs, created=now(), note=f"compacted from v{base.version}")
-        w.write_index(m, w.group, index_kind_name)
+        w.write_index(m, w.group, indexer)
         failpoint("index")
         w.publish_manifest(m)  # also drops pending.json: it pointed into the old generation
         w.prune(keep)

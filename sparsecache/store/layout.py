@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 
-from ..codec import COEF_DTYPES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
+from ..codes import COEF_DTYPE_NAMES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
 from ..errors import ConfigError, StoreError
 from .backend import Backend
 
@@ -48,8 +49,8 @@ class StoreConfig:
     def __post_init__(self):
         if not 16 <= self.chunk_tokens <= 8192:
             raise ConfigError(f"--chunk-tokens must be in [16, 8192], got {self.chunk_tokens}")
-        if self.coef_dtype not in COEF_DTYPES:
-            raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPES)}")
+        if self.coef_dtype not in COEF_DTYPE_NAMES:
+            raise ConfigError(f"coefficient dtype must be one of {', '.join(COEF_DTYPE_NAMES)}")
         if self.index_coding not in INDEX_CODINGS:
             raise ConfigError(f"index coding must be one of {', '.join(INDEX_CODINGS)}")
         if self.zarr_chunk_tokens < 1:
@@ -108,11 +109,37 @@ def compressors(name: str):
     return [ZstdCodec(level=3), Crc32cCodec()] if name == "zstd" else [Crc32cCodec()]
 
 
-def create_generation(backend: Backend, name: str, config: StoreConfig, dictionary, embed_dim: int) -> None:
-    """Lay out the empty arrays of generation `name` under data/."""
+class Indexer(Protocol):
+    """The search index a version publishes beside its manifest. The store keeps its bytes
+    and never reads them; `sparsecache.index.FaissIndexer` is the one sparsecache uses."""
+
+    def build(self, embeddings: np.ndarray, rows: np.ndarray) -> tuple[bytes, str]:
+        """The index file over the live rows' `embeddings` [n, dim], answering with `rows`,
+        and the name of its kind (recorded in the manifest)."""
+
+    def rows(self, data: bytes) -> np.ndarray:
+        """The rows an index file answers with (`verify` checks them against the live rows)."""
+
+
+class DictionaryCopy(Protocol):
+    """What the store needs of the dictionary it keeps a copy of (`sparsecache.dictionary.
+    Dictionary`): its files, its fingerprint and the sizes its code arrays take."""
+
+    config: object  # a DictConfig: atoms, sparsity, layers_per_signal, index_bits
+    model: dict  # the model fingerprint; "layers" sets the number of layer groups
+
+    def fingerprint(self) -> str: ...
+
+    def save(self, directory) -> object: ...
+
+
+def create_generation(backend: Backend, name: str, config: StoreConfig, dictionary_config, layers: int,
+                      embed_dim: int) -> None:
+    """Lay out the empty arrays of generation `name` under data/ for a dictionary of
+    `dictionary_config` over a model of `layers` layers."""
     g = open_group(backend, f"data/{name}", mode="w")
-    c = dictionary.config
-    G = dictionary.model["layers"] // c.layers_per_signal
+    c = dictionary_config
+    G = layers // c.layers_per_signal
     rb = index_row_bytes(c, config.index_coding)
     s, zt = c.sparsity, config.zarr_chunk_tokens
     comp = compressors(config.compressor)

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..codec import Codec, Codes
-from ..dictionary import Dictionary
-from ..errors import DictionaryMismatch, StoreCorrupt, StoreError, VersionGone
-from ..index import load_index_bytes, search
-from ..stopwatch import Stopwatch
+from ..codes import Codes
+from ..errors import StoreCorrupt, StoreError, VersionGone
+from ..fingerprint import check_same_model
 from .backend import Backend, open_backend
 from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_strings, root_attrs, store_config,
                      text_arrays)
@@ -132,9 +130,6 @@ class Store:
         self._ids = ids
         self._table = None
         self._prefix = None
-        self._dictionary: Dictionary | None = None
-        self._codec: Codec | None = None
-        self._index = None
 
     @classmethod
     def open(cls, where, version: int | None = None) -> "Store":
@@ -166,10 +161,13 @@ class Store:
 
     def latest(self) -> "Store":
         """The newest published version of this store; what never changes over a store's life
-        (its dictionary, codec and shared prefix) is carried over, not read again."""
-        new = Store.open(self.backend)
-        new._dictionary, new._codec, new._prefix = self._dictionary, self._codec, self._prefix
+        (its shared prefix, and what a subclass keeps in `_carried`) is carried over, not read again."""
+        new = type(self).open(self.backend)
+        for name in self._carried:
+            setattr(new, name, getattr(self, name))
         return new
+
+    _carried = ("_prefix",)
 
     @property
     def root(self):
@@ -200,25 +198,12 @@ class Store:
 
     def check_model(self, fingerprint: dict) -> None:
         """Raise DictionaryMismatch unless this store was encoded with a model like `fingerprint`."""
-        from ..model import same_model
+        check_same_model(fingerprint, self.attrs["model"], str(self.backend))
 
-        want = self.attrs["model"]
-        if not same_model(fingerprint, want):
-            raise DictionaryMismatch(f"{self.backend} was encoded with model {want.get('name')}, "
-                                     f"not {fingerprint.get('name')}")
-
-    @property
-    def dictionary(self) -> Dictionary:
-        if self._dictionary is None:
-            self._dictionary = Dictionary.load(self.backend.fetch_dir("dictionary"))
-            if self._dictionary.fingerprint() != self.attrs["dictionary"]:
-                raise StoreCorrupt(f"{self.backend}: the dictionary copy does not match the fingerprint recorded at creation")
-        return self._dictionary
-
-    def codec(self) -> Codec:
-        if self._codec is None:
-            self._codec = Codec(self.dictionary, self.config.coef_dtype, indices=self.config.index_coding)
-        return self._codec
+    def dictionary_dir(self):
+        """A local directory holding the store's copy of its dictionary (the fingerprint it
+        must have is attrs["dictionary"])."""
+        return self.backend.fetch_dir("dictionary")
 
     def chunks(self) -> list[ChunkInfo]:
         """The live chunks of this version, in store order."""
@@ -313,37 +298,8 @@ class Store:
                 if not self.backend.exists(f"{self.data}/{name}/{key}"):
                     raise StoreCorrupt(f"{self.backend}: {name} is missing {key}")
 
-    def load_kv(self, chunk_ids: list[str], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Decoded pre-RoPE (keys, values) per chunk, each [n_layers, T_chunk, m] float32 on `device`."""
-        return self.decode_codes(self.read_codes(chunk_ids), device)
-
-    def decode_codes(self, codes: ChunkCodes, device="cpu", watch: Stopwatch | None = None,
-                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(keys, values) per chunk of `codes` on `device`, in one batched decode per K and V.
-        `watch` times the transfer (host → device) and the reconstruction apart."""
-        dev = torch.device(device)
-        watch = watch if watch is not None else Stopwatch(dev)
-        with watch.step("transfer"):
-            parts = [torch.from_numpy(x).to(dev, non_blocking=True)
-                     for x in (codes.k.indices, codes.k.coefficients, codes.v.indices, codes.v.coefficients)]
-        with watch.step("reconstruct"):
-            codec = self.codec()
-            k = codec.decode((parts[0], parts[1]), "k", dev)  # (n_layers, T, m)
-            v = codec.decode((parts[2], parts[3]), "v", dev)
-        return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
-
-    def index(self):
-        """The FAISS index of this version (ids are chunk rows)."""
-        if self._index is None:
-            raw = self.index_bytes()
-            try:
-                self._index = load_index_bytes(raw)
-            except RuntimeError as e:
-                raise StoreCorrupt(f"{self.backend}/{self.manifest.index}: unreadable FAISS index: "
-                                   f"{str(e).splitlines()[0]}") from e
-        return self._index
-
     def index_bytes(self) -> bytes:
+        """The search index file of this version (`layout.Indexer` made it; ids are chunk rows)."""
         if not self.manifest.index:
             raise StoreError(f"{self.backend}: version {self.version} has no index")
         try:
@@ -352,20 +308,14 @@ class Store:
             raise StoreCorrupt(f"{self.backend}/{self.manifest.index}: the FAISS index of version "
                                f"{self.version} is missing") from None
 
-    def search(self, query_embedding: np.ndarray, k: int,
-               documents: list[str] | None = None) -> list[tuple[ChunkInfo, float]]:
-        """The k live chunks nearest to a query embedding [dim], best first, with scores; with
-        `documents`, only among those documents' chunks (an unknown document id is an error)."""
-        within = None
-        if documents is not None:
-            live = self._doc_table()[0][self._rows]
-            unknown = sorted(set(documents) - set(live.tolist()))
-            if unknown:
-                raise StoreError(f"no document {', '.join(map(repr, unknown[:5]))} in version {self.version} of "
-                                 f"{self.backend}")
-            within = self._rows[np.isin(live, list(documents))]
-        return [(self.chunk(str(self._ids[row])), score)
-                for row, score in search(self.index(), query_embedding, k, within)]
+    def document_rows(self, documents: list[str]) -> np.ndarray:
+        """The live chunk rows of `documents` (an unknown document id is an error)."""
+        live = self._doc_table()[0][self._rows]
+        unknown = sorted(set(documents) - set(live.tolist()))
+        if unknown:
+            raise StoreError(f"no document {', '.join(map(repr, unknown[:5]))} in version {self.version} of "
+                             f"{self.backend}")
+        return self._rows[np.isin(live, list(documents))]
 
     def info(self) -> dict:
         """Versions, counts, bytes per array and compression ratios (see `sparsecache info`).

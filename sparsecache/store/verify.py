@@ -1,20 +1,25 @@
 """`verify`: read every chunk of every array of a version (CRC32C-checked) and check the
-manifest's meaning against the chunk table and the index."""
+manifest's meaning against the chunk table, the index and the dictionary copy."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
 from ..errors import StoreCorrupt, StoreError
-from ..index import index_ids
 from .backend import open_backend
-from .layout import CODE_ARRAYS, root_attrs
+from .layout import CODE_ARRAYS, Indexer, root_attrs
 from .reader import Store, chunk_key
 from .versions import read_manifest
 
 
-def verify(where, version: int | None = None) -> dict:
-    """Check one version (default: the latest) of the store at a path or URL.
+def verify(where, version: int | None = None, indexer: Indexer | None = None,
+           dictionary_fingerprint: Callable[[object], str] | None = None) -> dict:
+    """Check one version (default: the latest) of the store at a path or URL: every chunk of
+    every array, the manifest against the chunk table, and, where given what reads them, the
+    index (`indexer.rows`) and the dictionary copy (`dictionary_fingerprint` of its directory
+    must be the one recorded at creation; `kvstore.verify` passes both).
 
     Returns {"ok", "version", "problems": [str], "corrupt_chunks": [chunk ids]}.
     """
@@ -51,7 +56,7 @@ def verify(where, version: int | None = None) -> dict:
                     bad_tokens.append(span)
                 else:
                     bad_rows.append(_rows_of(store, name, span))
-    problems += _check_manifest(store)
+    problems += _check_manifest(store, indexer, dictionary_fingerprint)
     corrupt = _chunks_in(store, bad_tokens, bad_rows)
     return {"ok": not problems, "version": m.version, "problems": problems, "corrupt_chunks": corrupt}
 
@@ -94,7 +99,7 @@ def _rows_of(store: Store, name: str, span: tuple[int, int]) -> tuple[int, int]:
     return int(np.searchsorted(ends, span[0], side="right")), int(np.searchsorted(ends, span[1] - 1, side="right")) + 1
 
 
-def _check_manifest(store: Store) -> list[str]:
+def _check_manifest(store: Store, indexer: Indexer | None, dictionary_fingerprint) -> list[str]:
     m, out = store.manifest, []
     for name in (*CODE_ARRAYS, "tokens"):
         axis = 1 if name in CODE_ARRAYS else 0
@@ -104,21 +109,27 @@ def _check_manifest(store: Store) -> list[str]:
     if len(rows) and rows[-1] >= m.chunks:
         out.append(f"manifest names chunk rows beyond its extent {m.chunks}")
     try:
-        ids = index_ids(store.index())
-        if len(ids) != len(rows) or not np.array_equal(np.sort(ids), rows):
+        data = store.index_bytes()
+        ids = indexer.rows(data) if indexer is not None else None
+    except StoreError as e:
+        out.append(str(e))
+    except RuntimeError as e:
+        out.append(f"{m.index}: unreadable index: {str(e).splitlines()[0]}")
+    else:
+        if ids is not None and (len(ids) != len(rows) or not np.array_equal(np.sort(ids), rows)):
             extra, lost = np.setdiff1d(ids, rows), np.setdiff1d(rows, ids)
             out.append(f"index {m.index} holds {len(ids)} vectors for {len(rows)} live chunks "
                        f"({len(ids) - len(np.unique(ids))} duplicated, {len(extra)} not live, {len(lost)} missing)")
-    except StoreError as e:
-        out.append(str(e))
     try:
         out += _check_layout(store)
     except StoreCorrupt as e:
         out.append(str(e))
-    try:
-        store.dictionary
-    except Exception as e:  # a dictionary copy that does not load is corruption too
-        out.append(f"dictionary: {e}")
+    if dictionary_fingerprint is not None:
+        try:
+            if dictionary_fingerprint(store.dictionary_dir()) != store.attrs["dictionary"]:
+                out.append("dictionary: the copy does not match the fingerprint recorded at creation")
+        except Exception as e:  # a dictionary copy that does not load is corruption too
+            out.append(f"dictionary: {e}")
     try:
         store.prefix()
     except StoreCorrupt as e:

@@ -289,3 +289,9 @@ class Lease:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def writer_lock(backend: Backend):
+    """The writer's exclusion on `backend`: a context manager with `.stale` (a dead holder's
+    record or None): an flock on a local directory, a lease object on an object store."""
+    return Lock(backend.local_root) if backend.local_root is not None else Lease(backend)

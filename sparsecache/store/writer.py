@@ -15,20 +15,17 @@ import warnings
 from dataclasses import asdict
 
 import numpy as np
-import torch
 
-from ..codec import Codes
-from ..dictionary import Dictionary
+from ..codes import Codes
 from ..durable import is_temporary
 from ..errors import ConfigError, DictionaryMismatch, StoreError
 from ..failpoints import failpoint
-from ..index import build_index, index_kind, index_to_bytes
-from ..model import same_model
+from ..fingerprint import check_same_model
 from .backend import Backend, open_backend
-from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, StoreConfig, compressors,
-                     create_generation, legacy_strings, now, open_group, put, root_attrs, store_config,
+from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, DictionaryCopy, Indexer,
+                     StoreConfig, compressors, create_generation, legacy_strings, now, open_group, put, root_attrs, store_config,
                      write_strings)
-from .versions import Manifest, manifest_key, publish, read_manifest, versions
+from .versions import Manifest, manifest_key, publish, read_manifest, versions, writer_lock
 
 PENDING = "pending.json"
 
@@ -72,7 +69,7 @@ class Writer:
 
     def __init__(self, where):
         self.backend = open_backend(where)
-        self.lock = self.backend.lock()
+        self.lock = writer_lock(self.backend)
 
     @property
     def root(self):
@@ -120,10 +117,11 @@ class Writer:
     def initialised(self) -> bool:
         return bool(versions(self.backend))
 
-    def create(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict, prefix_ids: list[int],
-               prefix_kv: tuple[torch.Tensor, torch.Tensor], embed_dim: int) -> None:
+    def create(self, config: StoreConfig, dictionary: DictionaryCopy, model_fp: dict, prefix_ids: list[int],
+               prefix_kv: tuple[np.ndarray, np.ndarray], embed_dim: int, indexer: Indexer) -> None:
         """Lay out a new store and publish an empty version 1 (overwrites a half-created one:
-        `__enter__` has checked that this is a store sparsecache created)."""
+        `__enter__` has checked that this is a store sparsecache created). `prefix_kv` is the
+        shared prefix's (keys, values) [n_layers, P, m]."""
         b = self.backend
         for sub in ("data", "prefix", "dictionary", "manifests", "index"):
             b.delete_tree(sub)
@@ -132,22 +130,22 @@ class Writer:
         root = open_group(b, mode="a")  # not "w": that would delete the held .lock
         prefix = root.create_group("prefix")
         k, v = prefix_kv
-        for name, data in (("token_ids", np.asarray(prefix_ids, np.int32)), ("keys", k.float().cpu().numpy()),
-                           ("values", v.float().cpu().numpy())):
+        for name, data in (("token_ids", np.asarray(prefix_ids, np.int32)), ("keys", np.asarray(k, np.float32)),
+                           ("values", np.asarray(v, np.float32))):
             prefix.create_array(name, data=data, compressors=compressors("none"))
         self._save_dictionary(dictionary)
         failpoint("create")
-        create_generation(b, "g000001", config, dictionary, embed_dim)
+        create_generation(b, "g000001", config, dictionary.config, dictionary.model["layers"], embed_dim)
         root.attrs[ATTR] = {"format": FORMAT_VERSION, "config": asdict(config), "model": model_fp,
                             "dictionary": dictionary.fingerprint(), "dictionary_config": asdict(dictionary.config),
                             "embed_dim": embed_dim, "created": now()}
         failpoint("create")
         m = Manifest(1, "g000001", created=now(), note="created")
-        self.write_index(m, open_group(b, f"data/{m.generation}"), "auto")
+        self.write_index(m, open_group(b, f"data/{m.generation}"), indexer)
         self.sync()
         publish(b, m)  # an empty version with an (empty) index: every version can be searched
 
-    def _save_dictionary(self, dictionary: Dictionary) -> None:
+    def _save_dictionary(self, dictionary: DictionaryCopy) -> None:
         import tempfile
 
         if self.backend.local_root is not None:
@@ -159,20 +157,19 @@ class Writer:
     def attrs(self) -> dict:
         return root_attrs(self.backend)
 
-    def stored_dictionary(self) -> Dictionary:
-        """The dictionary copy this (initialised) store decodes with."""
-        return Dictionary.load(self.backend.fetch_dir("dictionary"))
+    def dictionary_dir(self):
+        """A local directory holding the dictionary copy this (initialised) store decodes with."""
+        return self.backend.fetch_dir("dictionary")
 
-    def check_compatible(self, config: StoreConfig, dictionary: Dictionary, model_fp: dict | None) -> None:
+    def check_compatible(self, config: StoreConfig, dictionary: DictionaryCopy, model_fp: dict | None) -> None:
         """Refuse to append codes that would not mean the same as the ones already stored
         (`model_fp` None: check all but the model, which need not be loaded for that)."""
         a = self.attrs()
         if a["dictionary"] != dictionary.fingerprint():
             raise DictionaryMismatch(f"{self.backend} was encoded with dictionary {a['dictionary']}; "
                                      f"the one given is {dictionary.fingerprint()} (use the same --dict or a new store)")
-        if model_fp and not same_model(model_fp, a["model"]):
-            raise DictionaryMismatch(f"{self.backend} was encoded with model {a['model'].get('name')}, "
-                                     f"not {model_fp.get('name')}")
+        if model_fp:
+            check_same_model(model_fp, a["model"], str(self.backend))
         stored = store_config(a)
         for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder"):
             if getattr(stored, key) != getattr(config, key):
@@ -287,11 +284,11 @@ class Writer:
 
     # -- publishing
 
-    def publish(self, documents: dict[str, dict], index_kind_name: str = "auto", note: str = "") -> Manifest:
+    def publish(self, documents: dict[str, dict], indexer: Indexer, note: str = "") -> Manifest:
         """Build the index of the live chunks, then publish a new version covering them."""
         m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks,
                      dict(sorted(documents.items())), created=now(), note=note)
-        self.write_index(m, self.group, index_kind_name)
+        self.write_index(m, self.group, indexer)
         failpoint("index")
         self.publish_manifest(m)
         return m
@@ -304,12 +301,12 @@ class Writer:
         failpoint("publish")
         self.backend.delete(PENDING)
 
-    def write_index(self, m: Manifest, group, kind: str) -> None:
+    def write_index(self, m: Manifest, group, indexer: Indexer) -> None:
         rows = m.live_rows()
         emb = group["embeddings"][: m.chunks][rows] if m.chunks else np.zeros((0, group["embeddings"].shape[1]))
-        index = build_index(emb, rows, kind)
-        m.index, m.index_kind = f"index/v{m.version:06d}.faiss", index_kind(index)
-        self.backend.put(m.index, index_to_bytes(index))
+        data, m.index_kind = indexer.build(emb, rows)
+        m.index = f"index/v{m.version:06d}.faiss"
+        self.backend.put(m.index, data)
 
     def prune(self, keep: int) -> list[int]:
         """Delete all but the newest `keep` versions, and generations/indexes none of them uses."""

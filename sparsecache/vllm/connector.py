@@ -75,7 +75,8 @@ from ..query_config import SCORERS, QueryConfig
 from ..serving import PARAMS_KEY
 from ..session import _raw_dir, raw_chunks, raw_file, read_raw
 from ..stopwatch import Stopwatch
-from ..store import LatestVersion, Store, open_backend
+from ..kvstore import KVStore
+from ..store import LatestVersion, open_backend
 from .plugin import loaded_model
 from .stack import UnsupportedModel, VLLMStack
 
@@ -193,7 +194,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.blend = blend_config(QueryConfig(), extra, "kv_connector_extra_config")
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
-        self._stores: dict[int, Store] = {}
+        self._stores: dict[int, KVStore] = {}
         # a nightly re-index is followed within version_check_s seconds of publishing
         every = extra.get("version_check_s", 1.0)
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
@@ -216,13 +217,13 @@ class SparsecacheConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------------ scheduler side
 
-    def _store(self, version: int | None = None) -> Store:
+    def _store(self, version: int | None = None) -> KVStore:
         """The store at `version` (default: the latest published), opened once per version."""
         if version is None:
             version = self._latest()
         store = self._stores.get(version)
         if store is None:
-            store = self._stores[version] = Store.open(self.where, version)
+            store = self._stores[version] = KVStore.open(self.where, version)
             for old in sorted(self._stores)[:-KEEP_OPEN]:  # a server outlives many nightly versions
                 del self._stores[old]
         return store
@@ -271,7 +272,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
                         prompt[len(expected):] if blend.recomputes else [])
 
-    def _raw_dir(self, store: Store) -> Path:
+    def _raw_dir(self, store: KVStore) -> Path:
         return Path(self.raw_dir) if self.raw_dir else _raw_dir(store)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):

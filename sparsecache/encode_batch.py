@@ -1,0 +1,27 @@
+"""One batch of chunks to codes: the model's forward (pre-RoPE K/V after the shared prefix),
+then Batch-OMP. The local encode loop (`encoder`) and the Ray actors (`distributed`) both
+code through here, so the two paths cannot drift apart."""
+
+from __future__ import annotations
+
+import torch
+
+from .codec import Codec
+from .model import KVModel, extract_kv
+
+
+def code_batch(model: KVModel, codec: Codec, token_lists: list[list[int]], prefix: list[int], batch_tokens: int,
+               step, on_tokens=None):
+    """One batch of chunks through the model and Batch-OMP: (K codes, V codes) of their tokens
+    in order, timed as "forward" and "omp" by `step(name)`; `on_tokens(n)` is told as OMP's
+    blocks finish how many tokens' worth of signals are coded (a CPU batch codes for minutes).
+    The local loop and the Ray actors both encode through here."""
+    with step("forward"):
+        kv = extract_kv(model, token_lists, prefix, batch_tokens)
+        keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
+        values = torch.cat([v for _, v in kv], dim=1)
+        del kv
+    signals = 2 * keys.shape[1] * keys.shape[0] // codec.config.layers_per_signal  # K and V
+    advance = None if on_tokens is None else (lambda n: on_tokens(n * keys.shape[1] / signals))
+    with step("omp"):
+        return codec.encode(keys, "k", advance), codec.encode(values, "v", advance)

@@ -1,0 +1,92 @@
+"""A store read as K/V: the storage of `sparsecache.store` with what decodes and searches it.
+
+`store` keeps bytes, arrays, manifests and versions and hands back codes and the index file
+as bytes; it never interprets either. `KVStore` adds the dictionary copy and its `Codec`
+(codes → pre-RoPE K/V on any device) and the FAISS index (`index`), which is what the
+session, blending, serving and the vLLM connector read through. `verify` and `compact` here
+are the store's, given FAISS and the dictionary format to check and rebuild with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import store as storage
+from .codec import Codec
+from .dictionary import Dictionary
+from .errors import StoreCorrupt
+from .index import FaissIndexer, load_index_bytes, search
+from .stopwatch import Stopwatch
+from .store import ChunkCodes, ChunkInfo, Manifest
+
+
+class KVStore(storage.Store):
+    """A read-only view of one published version that decodes K/V and answers searches."""
+
+    _carried = (*storage.Store._carried, "_dictionary", "_codec")  # never change over a store's life
+    _dictionary: Dictionary | None = None
+    _codec: Codec | None = None
+    _index = None
+
+    @property
+    def dictionary(self) -> Dictionary:
+        if self._dictionary is None:
+            d = Dictionary.load(self.dictionary_dir())
+            if d.fingerprint() != self.attrs["dictionary"]:
+                raise StoreCorrupt(f"{self.backend}: the dictionary copy does not match the fingerprint recorded at creation")
+            self._dictionary = d
+        return self._dictionary
+
+    def codec(self) -> Codec:
+        if self._codec is None:
+            self._codec = Codec(self.dictionary, self.config.coef_dtype, indices=self.config.index_coding)
+        return self._codec
+
+    def load_kv(self, chunk_ids: list[str], device="cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Decoded pre-RoPE (keys, values) per chunk, each [n_layers, T_chunk, m] float32 on `device`."""
+        return self.decode_codes(self.read_codes(chunk_ids), device)
+
+    def decode_codes(self, codes: ChunkCodes, device="cpu", watch: Stopwatch | None = None,
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) per chunk of `codes` on `device`, in one batched decode per K and V.
+        `watch` times the transfer (host → device) and the reconstruction apart."""
+        dev = torch.device(device)
+        watch = watch if watch is not None else Stopwatch(dev)
+        with watch.step("transfer"):
+            parts = [torch.from_numpy(x).to(dev, non_blocking=True)
+                     for x in (codes.k.indices, codes.k.coefficients, codes.v.indices, codes.v.coefficients)]
+        with watch.step("reconstruct"):
+            codec = self.codec()
+            k = codec.decode((parts[0], parts[1]), "k", dev)  # (n_layers, T, m)
+            v = codec.decode((parts[2], parts[3]), "v", dev)
+        return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
+
+    def index(self):
+        """The FAISS index of this version (ids are chunk rows)."""
+        if self._index is None:
+            raw = self.index_bytes()
+            try:
+                self._index = load_index_bytes(raw)
+            except RuntimeError as e:
+                raise StoreCorrupt(f"{self.backend}/{self.manifest.index}: unreadable FAISS index: "
+                                   f"{str(e).splitlines()[0]}") from e
+        return self._index
+
+    def search(self, query_embedding: np.ndarray, k: int,
+               documents: list[str] | None = None) -> list[tuple[ChunkInfo, float]]:
+        """The k live chunks nearest to a query embedding [dim], best first, with scores; with
+        `documents`, only among those documents' chunks (an unknown document id is an error)."""
+        within = None if documents is None else self.document_rows(documents)
+        return [(self.chunk(self.chunk_ids([row])[0]), score)
+                for row, score in search(self.index(), query_embedding, k, within)]
+
+
+def verify(where, version: int | None = None) -> dict:
+    """`store.verify` with the FAISS index's rows and the dictionary copy's fingerprint checked."""
+    return storage.verify(where, version, FaissIndexer(), lambda d: Dictionary.load(d).fingerprint())
+
+
+def compact(where, keep: int = 2, index_kind: str = "auto") -> Manifest:
+    """`store.compact` with a FAISS index of `index_kind` ("auto", "flat" or "hnsw")."""
+    return storage.compact(where, FaissIndexer(index_kind), keep)

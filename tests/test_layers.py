@@ -1,0 +1,141 @@
+"""The package's layering: no import cycles (lazy imports inside functions included), storage
+below decoding, and every module importable on its own."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sparsecache"
+# What the storage package may import from sparsecache: nothing that decodes, searches or
+# loads a model (`kvstore` adds those above it).
+STORAGE_MAY_IMPORT = {"sparsecache", "sparsecache.errors", "sparsecache.durable", "sparsecache.failpoints",
+                      "sparsecache.paths", "sparsecache.codes", "sparsecache.bitpack", "sparsecache.fingerprint",
+                      "sparsecache.dict_config"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """sparsecache modules `name` imports anywhere in its source (top level or in functions)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t not in modules and "." in t:
+                t = t.rsplit(".", 1)[0]
+            if t in modules and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), iteratively."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(root):
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on:
+                    low[v] = min(low[v], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_even_through_lazy_imports():
+    graph = _graph()
+    assert "sparsecache.kvstore" in graph and graph["sparsecache.kvstore"]  # the graph is really read
+    # a package's __init__ importing its own modules is how packages work, not a cycle
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    assert _cycles(graph) == []
+
+
+def test_storage_is_below_decoding():
+    graph = _graph()
+    storage = {m: deps for m, deps in graph.items() if m == "sparsecache.store" or m.startswith("sparsecache.store.")}
+    assert len(storage) >= 7
+    upward = {m: sorted(d for d in deps if not d.startswith("sparsecache.store") and d not in STORAGE_MAY_IMPORT)
+              for m, deps in storage.items()}
+    assert {m: d for m, d in upward.items() if d} == {}
+
+
+def test_every_module_imports_on_its_own():
+    """Each module imported first, in one interpreter with sparsecache's modules dropped between
+    imports (third-party libraries stay loaded: what is checked is our import order)."""
+    names = sorted(_graph())
+    script = f"""
+import importlib, sys
+failed = []
+for name in {names!r}:
+    for m in [m for m in sys.modules if m == "sparsecache" or m.startswith("sparsecache.")]:
+        del sys.modules[m]
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("sparsecache"):
+            continue  # an optional dependency (vllm, ray) this machine does not have
+        failed.append(f"{{name}}: {{e!r}}")
+    except Exception as e:
+        failed.append(f"{{name}}: {{e!r}}")
+print("\\n".join(failed))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == ""
