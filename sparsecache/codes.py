@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bitpack import ef_row_bytes, row_bytes
-
 # The coefficient formats a store holds, and the numpy dtype each is stored as: numpy has no
 # fp8, so e4m3 coefficients are stored as their bytes.
 STORAGE_DTYPES = {"float16": "float16", "float32": "float32", "float8": "uint8"}
@@ -22,6 +20,8 @@ INDEX_CODINGS = ("packed", "elias-fano")
 
 def index_row_bytes(config, indices: str) -> int:
     """Bytes of one signal's atom indices for a DictConfig under an index coding."""
+    from .bitpack import ef_row_bytes, row_bytes  # torch: not needed for the names above (the CLI's choices)
+
     if indices == "elias-fano":
         return ef_row_bytes(config.sparsity, config.atoms)
     return row_bytes(config.sparsity, config.index_bits)

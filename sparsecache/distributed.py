@@ -275,7 +275,7 @@ def _encode_round(w, regions, end, hashes, actor: dict, n, report, timer, bar) -
     """Run one round's regions on the actor pool; record each region's documents as it finishes."""
     by_id = {r.id: r for r in regions}
     def own() -> float:  # the driver's own writes and commits
-        return timer.get("write", 0.0) + timer.get("commit", 0.0)
+        return timer["write"] + timer["commit"]
 
     t0, before = time.perf_counter(), own()
     try:
@@ -293,7 +293,7 @@ def _encode_round(w, regions, end, hashes, actor: dict, n, report, timer, bar) -
     except Exception as e:
         raise EncodeFailed(_failure(w, by_id, e)) from e
     finally:  # the wait for the workers: the round's wall time less the driver's own writes and commits
-        timer["encode (ray)"] = timer.get("encode (ray)", 0.0) + time.perf_counter() - t0 - (own() - before)
+        timer["encode (ray)"] += time.perf_counter() - t0 - (own() - before)
 
 
 def _allocate(w, regions: list[Region]) -> tuple[int, int]:

@@ -263,6 +263,7 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
         open_docs[o["id"]] = {k: o[k] for k in ("first", "count", "tokens", "token_offset")}
         skip[o["id"]] = o["count"]
     end = (w.finished_tokens, w.finished_chunks)  # extents after the last finished document
+    hashes = {s.id: s.hash for s in plan.work}
     for batch, finished in _batches(plan.work, model.tokenizer, run.config.chunk_tokens, run.batch_tokens, skip,
                                     timer):
         if batch:
@@ -274,7 +275,6 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
             d = open_docs.pop(s.id, None) or {"first": end[1], "count": 0, "tokens": 0, "token_offset": end[0]}
             done[s.id] = {**d, "hash": s.hash}
             end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
-        hashes = {s.id: s.hash for s in plan.work}
         with timer.step("commit"):  # fsync of the batch's files + pending.json
             w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
         busy = sum(v for k, v in timer.items() if k != "load") or 1.0

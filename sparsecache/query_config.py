@@ -11,6 +11,8 @@ SCORERS = ("a3", "infoflow", "cacheblend", "cacheclip")
 METHODS = ("none", *SCORERS, "cake", "full", "raw")
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
+TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
+MAX_NEW_TOKENS = 64  # tokens a query generates
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
 from .model import KVModel, extract_kv, load_model
 from .overlap import Rates, cake_context
-from .query_config import QueryConfig
+from .query_config import MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .stopwatch import Stopwatch
 from .kvstore import KVStore
 from .store.versions import READ_ATTEMPTS
@@ -121,7 +121,7 @@ class Session:
         return retrieve(self.store, self.embedder, question, top_k)
 
     def compare(self, question: str, answer: Answer, config: QueryConfig | None = None,
-                max_new_tokens: int = 64) -> dict:
+                max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
         """How `answer` (this session's answer to `question` under `config`) compares with full
         prefill of the same chunks in the same order: full prefill's answer and TTFT, whether
         the texts are the same, and the share of full prefill's tokens this context predicts
@@ -135,8 +135,8 @@ class Session:
                 "token_agreement": forced.agreement, "tokens": len(ref.tokens)}
 
     @_at_a_live_version
-    def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = 8,
-              chunks: list[str] | None = None, max_new_tokens: int = 64, answer_prefix: str = "",
+    def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = TOP_K,
+              chunks: list[str] | None = None, max_new_tokens: int = MAX_NEW_TOKENS, answer_prefix: str = "",
               reference: list[int] | None = None, **changes) -> Answer:
         """Answer `question` from the top_k retrieved chunks (or the given chunk ids), fused as
         `config` says; keyword `changes` override its fields (`method="none"`, `order="reverse"`).

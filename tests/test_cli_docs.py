@@ -26,7 +26,7 @@ def test_every_command_is_documented_and_has_help():
 
 
 def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other():
-    # the choices are spelled out so that `--help` does not import torch; this keeps them honest
+    # the choices come from a torch-free module so that `--help` does not import torch; this keeps them honest
     from sparsecache.codec import COEF_DTYPES
 
     params = {p.name: p for cmd in (cli.commands["eval-dict"], cli.commands["encode-corpus"]) for p in cmd.params}
@@ -50,3 +50,22 @@ def test_a_fidelity_run_of_no_passages_is_refused_before_any_work():
     for args in (["eval-dict", "dictionaries/smollm2-135m-n8192-s80-L10"], ["bench", "quality"]):
         r = CliRunner().invoke(cli, [*args, "--passages", "0"])
         assert r.exit_code == 2 and "--passages" in r.output, r.output
+
+
+def test_cli_defaults_are_the_librarys():
+    """Where a default is a library function's parameter (not a config dataclass field, which
+    the CLI reads directly), the CLI states the same value: a notebook and the CLI agree."""
+    import inspect
+
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.kvstore import compact
+
+    def default(cmd, name):
+        return next(p.default for p in cli.commands[cmd].params if p.name == name)
+
+    enc = inspect.signature(encode_corpus).parameters
+    assert default("encode-corpus", "batch_tokens") == enc["batch_tokens"].default
+    assert default("encode-corpus", "keep") == enc["keep"].default
+    assert default("encode-corpus", "index_kind") == enc["index"].default
+    assert default("compact", "keep") == inspect.signature(compact).parameters["keep"].default
+    assert default("compact", "index_kind") == inspect.signature(compact).parameters["index_kind"].default

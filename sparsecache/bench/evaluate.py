@@ -10,26 +10,17 @@ KL(exact ‖ reconstructed) of next-token distributions, top-1 agreement, compre
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from tqdm import tqdm
 
 from ..codec import Codec
+from .config import EvalConfig
 from ..dictionary import Dictionary
 from ..errors import TextError
 from ..model import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
-from ..omp import Screening
 from ..text import read_documents, token_chunks
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    passages: int = 16
-    prefix_tokens: int = 512
-    continuation_tokens: int = 64
-    coef_dtype: str = "float16"
-    screening: Screening | None = None  # None: as the CPU encoder codes by default (omp.EXACT: exact Batch-OMP)
 
 
 def passages(model: KVModel, texts, cfg: EvalConfig) -> list[list[int]]:

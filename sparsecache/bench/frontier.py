@@ -38,7 +38,8 @@ from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, META_FILE
 from ..learn import TrainConfig, learn_dict
 from ..durable import locked, write_atomic
 from ..errors import ConfigError
-from .evaluate import EvalConfig, domain_name, fidelity, passages
+from .config import EvalConfig, FrontierConfig
+from .evaluate import domain_name, fidelity, passages
 from ..model import KVModel, default_prefix_ids, extract_kv
 from ..paths import cache_root
 
@@ -52,24 +53,6 @@ MIXED = (((1, 8), (1, 16)), ((1, 8), (1, 32)), ((1, 16), (1, 32)),  # (K config,
 COEF_SUFFIX = {"float16": "", "float8": "-fp8", "int8": "-int8"}
 INDEX_SUFFIX = {"packed": "", "elias-fano": "+ef", "rice": "+rice"}
 INDEX_NAMES = {"packed": "packed", "elias-fano": "Elias–Fano", "rice": "Rice"}
-
-
-@dataclass(frozen=True)
-class FrontierConfig:
-    """What `bench quality` evaluates on; serialised into its JSON."""
-
-    passages: int = 8
-    prefix_tokens: int = 512  # also the chunk length T the per-chunk bytes are counted for
-    continuation_tokens: int = 64
-    trials: int = 16
-    needle_chunks: int = 4
-    needle_chunk_tokens: int = 128
-    fusion: str = "infoflow"  # the recomputation method the query issue measured best
-    recompute_ratio: float = 0.15
-    corpus_tokens: int = 1_000_000  # what dictionary/basis overhead is spread over
-    learn_steps: int = 300  # for dictionaries neither shipped nor cached
-    atoms: int = 8192
-    seed: int = 0
 
 
 # ---------------------------------------------------------------- sparsecache methods

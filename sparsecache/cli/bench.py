@@ -2,6 +2,8 @@
 
 import click
 
+from sparsecache.bench.config import FrontierConfig
+
 from .options import device_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
 
@@ -232,18 +234,23 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
 @click.option("--dict", "dicts", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="A dictionary to compare as it is, as the configuration of its own L and s (e.g. ones learned "
                    "for a model without shipped dictionaries); repeatable. With --dict and no --config, only these.")
-@click.option("--passages", type=click.IntRange(min=1), default=8, show_default=True, help="Held-out passages for NMSE/perplexity/KL/top-1.")
-@click.option("--prefix-tokens", default=512, show_default=True, help="Passage (= chunk) length in tokens.")
-@click.option("--continuation-tokens", default=64, show_default=True)
-@click.option("--trials", default=16, show_default=True, help="Needle trials per method.")
-@click.option("--needle-chunks", default=4, show_default=True, help="Chunks per needle trial (k).")
-@click.option("--needle-chunk-tokens", default=128, show_default=True)
-@click.option("--recompute-ratio", default=0.15, show_default=True, help="For the recomputation (infoflow) column.")
-@click.option("--corpus-tokens", default=1_000_000, show_default=True,
+@click.option("--passages", type=click.IntRange(min=1), default=FrontierConfig.passages, show_default=True,
+              help="Held-out passages for NMSE/perplexity/KL/top-1.")
+@click.option("--prefix-tokens", default=FrontierConfig.prefix_tokens, show_default=True,
+              help="Passage (= chunk) length in tokens.")
+@click.option("--continuation-tokens", default=FrontierConfig.continuation_tokens, show_default=True)
+@click.option("--trials", default=FrontierConfig.trials, show_default=True, help="Needle trials per method.")
+@click.option("--needle-chunks", default=FrontierConfig.needle_chunks, show_default=True,
+              help="Chunks per needle trial (k).")
+@click.option("--needle-chunk-tokens", default=FrontierConfig.needle_chunk_tokens, show_default=True)
+@click.option("--recompute-ratio", default=FrontierConfig.recompute_ratio, show_default=True,
+              help="For the recomputation (infoflow) column.")
+@click.option("--corpus-tokens", default=FrontierConfig.corpus_tokens, show_default=True,
               help="Corpus size the dictionary/basis overhead is spread over in the total ratio.")
-@click.option("--learn-steps", default=300, show_default=True,
+@click.option("--learn-steps", default=FrontierConfig.learn_steps, show_default=True,
               help="Training steps for a dictionary that is neither shipped nor cached (learned once, then cached).")
-@click.option("--atoms", default=8192, show_default=True, help="Dictionary size of the sparsecache configurations.")
+@click.option("--atoms", default=FrontierConfig.atoms, show_default=True,
+              help="Dictionary size of the sparsecache configurations.")
 @click.option("--no-baselines", is_flag=True, help="Only sparsecache configurations.")
 @click.option("--skip-needles", is_flag=True,
               help="Measure fidelity only for methods not cached yet (a later run adds their needle trials).")
@@ -261,14 +268,15 @@ def quality_cmd(model_path, texts, configs, dicts, passages, prefix_tokens, cont
     Quality results are cached per method under the user cache, so a re-run only evaluates
     what is new; dictionaries missing from dictionaries/ and the cache are learned first.
     """
-    from sparsecache.bench.frontier import SPARSE_CONFIGS, FrontierConfig, plot_frontier, run_frontier
+    from sparsecache.bench.frontier import SPARSE_CONFIGS, plot_frontier, run_frontier
     from sparsecache.model import load_model
 
     parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or (() if dicts else SPARSE_CONFIGS)
     if any(len(c) != 2 for c in parsed):
         raise click.BadParameter("each --config is L,S (e.g. 2,32)", param_hint="--config")
     cfg = FrontierConfig(passages, prefix_tokens, continuation_tokens, trials, needle_chunks, needle_chunk_tokens,
-                         recompute_ratio=recompute_ratio, corpus_tokens=corpus_tokens, learn_steps=learn_steps, atoms=atoms)
+                         recompute_ratio=recompute_ratio, corpus_tokens=corpus_tokens, learn_steps=learn_steps,
+                         atoms=atoms)
     dev = resolve_device(device)
     model = load_model(model_path, device=dev)
     r = run_frontier(model, cfg, parsed, [] if no_baselines else None, texts, dev,

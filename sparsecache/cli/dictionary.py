@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from sparsecache.bench.config import EvalConfig
+from sparsecache.codes import COEF_DTYPE_NAMES
 from sparsecache.dict_config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
@@ -95,10 +97,11 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
 @click.option("--text", "texts", multiple=True, default=("builtin",), show_default=True,
               help="Evaluation text ('builtin' = the held-out split of Python's docs). Repeatable: each "
                    "--text is a domain, reported on its own; the headline figures are the worst domain's.")
-@click.option("--passages", type=click.IntRange(min=1), default=16, show_default=True, help="Prefix/continuation passages per domain.")
-@click.option("--prefix-tokens", default=512, show_default=True)
-@click.option("--continuation-tokens", default=64, show_default=True)
-@click.option("--coef", type=click.Choice(["float16", "float8", "float32"]), default="float16", show_default=True,
+@click.option("--passages", type=click.IntRange(min=1), default=EvalConfig.passages, show_default=True,
+              help="Prefix/continuation passages per domain.")
+@click.option("--prefix-tokens", default=EvalConfig.prefix_tokens, show_default=True)
+@click.option("--continuation-tokens", default=EvalConfig.continuation_tokens, show_default=True)
+@click.option("--coef", type=click.Choice(COEF_DTYPE_NAMES), default=EvalConfig.coef_dtype, show_default=True,
               help="Coefficient format the codes are rounded to (a store writes float8 by default).")
 @click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
 @exact_omp_option
@@ -114,7 +117,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     tokens scored with the exact vs the reconstructed context.
     """
     from sparsecache.dictionary import Dictionary, dictionary_dir
-    from sparsecache.bench.evaluate import EvalConfig, evaluate_dictionary, record_eval
+    from sparsecache.bench.evaluate import evaluate_dictionary, record_eval
     from sparsecache.model import load_model
 
     d = Dictionary.load(dictionary)

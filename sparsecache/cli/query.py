@@ -5,13 +5,13 @@ from __future__ import annotations
 import click
 
 from .options import device_option, emit, json_option, library_errors, model_option, resolve_device
-from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
+from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
 
 @click.command("query")
 @click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 @click.argument("question")
-@click.option("--top-k", default=8, show_default=True, help="Chunks to retrieve.")
+@click.option("--top-k", default=TOP_K, show_default=True, help="Chunks to retrieve.")
 @click.option("--method", type=click.Choice(METHODS), default=QueryConfig.method, show_default=True,
               help="none: decoded KV as is; a3 / infoflow / cacheblend / cacheclip: recompute the top "
                    "--recompute-ratio tokens they select; cake: prefill the first chunks while the last ones load, on two threads; "
@@ -24,7 +24,7 @@ from sparsecache.query_config import METHODS, ORDERS, REORDERS, QueryConfig
                    "windows holding at least M selected tokens.")
 @click.option("--score-layer", type=int, default=None, help="Layer the scorer reads (default: a3/cacheblend 1, "
               "infoflow 3/4 of the depth).")
-@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--max-new-tokens", default=MAX_NEW_TOKENS, show_default=True)
 @click.option("--chunks", "chunk_list", default=None, help="Comma-separated chunk ids: skip retrieval.")
 @click.option("--order", type=click.Choice(ORDERS), default=QueryConfig.order, show_default=True,
               help="Context order: given (best chunk first) or reverse (best chunk next to the question; "

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from sparsecache.codes import COEF_DTYPE_NAMES
+
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
 
@@ -31,7 +33,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory.  [default: default]")
 @click.option("--compressor", type=click.Choice(["none", "zstd"]), default=None,
               help="Compressor of the code arrays.  [default: none]")
-@click.option("--coefficients", "coef_dtype", type=click.Choice(["float16", "float8", "float32"]), default=None,
+@click.option("--coefficients", "coef_dtype", type=click.Choice(COEF_DTYPE_NAMES), default=None,
               help="How code coefficients are stored; see BENCHMARKS.md.  [default: float8]")
 @click.option("--indices", "index_coding", type=click.Choice(["elias-fano", "packed"]), default=None,
               help="Atom indices as Elias-Fano sorted sets (10 bits each at s=32) or 13-bit packed in OMP "
