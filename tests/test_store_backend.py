@@ -85,9 +85,10 @@ class TestS3Backend(BackendTests):
     def later(self, monkeypatch):
         """later(s): the leases' clock (wall time, as lease.json records it) moves s seconds on,
         so expiry is tested without sleeping through a ttl that a loaded machine might eat."""
+        import importlib
         import types
 
-        from sparsecache.store import versions
+        versions = importlib.import_module("sparsecache.store.versions")  # the package's `versions` is a function
 
         offset = [0.0]
         monkeypatch.setattr(versions, "time", types.SimpleNamespace(
