@@ -85,7 +85,8 @@ def _no_fsync(monkeypatch):
 @pytest.mark.parametrize("backend,start,points", [
     (LOCAL, "creating", "every"),
     (LOCAL, "re-indexing", "every"),
-    # moto answers slowly (~11 s a point): by default the first and last hit of each failpoint name
+    # moto answers slowly (~11 s a point): by default the first hit of each failpoint name (the
+    # local runs above crash at every hit; what S3 adds is its backend under each kind of point)
     (S3, "re-indexing", "each-name"),
     pytest.param(S3, "re-indexing", "every", marks=pytest.mark.long),
 ])
@@ -109,8 +110,7 @@ def test_crash_at_every_failpoint_then_change_the_corpus(backend, start, points,
     names = {p.split(":")[0] for p in hits}
     assert names >= {"append", "commit", "sync", "index", "publish"} | (set() if incremental else {"create"})
     if points == "each-name":
-        hits = sorted({p for n in names for p in (next(q for q in hits if q.startswith(n + ":")),
-                                                  [q for q in hits if q.startswith(n + ":")][-1])})
+        hits = sorted({next(q for q in hits if q.startswith(n + ":")) for n in names})
     final = Corpus(tmp_path / "final", random.Random(8))
     for name, text in base.docs.items():
         final.write(name, text)
