@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .bitpack import (ef_low_bits, ef_row_bytes, pack_rows, pack_sorted_rows, row_bytes, unpack_rows_torch,
-                      unpack_sorted_rows_torch)
+from .bitpack import ef_low_bits, pack_rows, pack_sorted_rows, unpack_rows_torch, unpack_sorted_rows_torch
 from .codes import COEF_DTYPE_NAMES, INDEX_CODINGS, Codes, index_row_bytes
 from .dictionary import Dictionary
 from .errors import ConfigError
