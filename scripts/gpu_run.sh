@@ -20,11 +20,13 @@ stamp() { echo "== $(date -u +%FT%TZ) $*"; }
 
 stage() {  # unpack the staged parts once per machine
   if [ ! -e /tmp/stage/.done ]; then
-    mkdir -p /tmp/stage && cat /tmp/parts/part* | tar x -C /tmp/stage && touch /tmp/stage/.done || exit 1
+    mkdir -p /tmp/stage && cat /tmp/parts/part* > /tmp/stage.tar && tar xf /tmp/stage.tar -C /tmp/stage || exit 1
+    rm /tmp/stage.tar; touch /tmp/stage/.done  # (tar finds a gzipped tar's compression itself)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/stage/whl/*.whl || exit 1
-    cp -r /tmp/stage/pkgs/* /tmp/site/
+    [ -d /tmp/stage/pkgs ] && cp -r /tmp/stage/pkgs/* /tmp/site/
   fi
-  mkdir -p dictionaries && cp -rn /tmp/stage/dictionaries/* dictionaries/
+  [ -d /tmp/stage/dictionaries ] && mkdir -p dictionaries && cp -rn /tmp/stage/dictionaries/* dictionaries/
+  return 0
 }
 
 case "${1:-}" in
@@ -119,5 +121,37 @@ EOF
   wait "${pids[@]}"; kill $merger; merge; stamp done
   grep -a "same answer\|Error" $R/log.txt | tail -40; nvidia-smi --query-gpu=name --format=csv,noheader
   ;;
-*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]"; exit 2 ;;
+gemma-dict)  # #38: Gemma 3 270M's dictionary (the rule's L9-s100) learned and evaluated on the GPU. Staged:
+  # whl/, gemma/gemma-3-270m-q4_k_m.gguf, calib/{train,heldout} (scripts/calibration_text.py). A 10-step
+  # probe times a step; the run takes as many steps as fit in SECONDS (50 to 1000, a multiple of 50),
+  # since the cosine schedule needs its length up front. The atoms come back in 16 MB pieces
+  # (/tmp/gemma-dict/piece*): the first three with this call, the rest with `piece-back`. The GPU image's
+  # transformers (5.17) computes Gemma 3 wrongly (perplexity 4,910 where 5.19 gives 81, same weights):
+  # stage transformers>=5.19's wheel in whl/.
+  stage
+  G=/tmp/stage/gemma/gemma-3-270m-q4_k_m.gguf C=/tmp/stage/calib D=/tmp/gemma-dict B=${2:-240}
+  TXT=$(for d in python-docs python-source manual manual-de manual-fr manual-es fortunes; do echo --text $C/train/$d; done)
+  HELD=$(for d in python-docs python-source manual fortunes manual-de manual-fr manual-es licences git-docs; do echo --text $C/heldout/$d; done)
+  RECIPE="--layers-per-signal 9 --sparsity 100 --batch 1024 --lr 0.1 --lr-v 0.02 --max-tokens 300000 --seed 1 --device cuda"
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | grep 'Model name'
+    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$OUT/gpu.txt" 2>&1
+  stamp convert; python3 -c "from sparsecache.model import load_model; print(load_model('$G').fingerprint())" | tee -a "$OUT/gpu.txt" || exit 1
+  [ -n "${GEMMA_STEPS:-}" ] && steps=$GEMMA_STEPS || {  # (GEMMA_STEPS skips the probe)
+  stamp probe; $SC learn-dict --model $G $TXT $RECIPE --steps 10 --out /tmp/probe > "$OUT/probe.log" 2>&1 || { tail -c 2000 "$OUT/probe.log"; exit 1; }
+  steps=$(python3 -c "
+import re, sys
+rate = re.findall(r'([0-9.]+)(step/s|s/step)', open(sys.argv[1]).read())[-1]
+per_s = float(rate[0]) if rate[1] == 'step/s' else 1 / float(rate[0])
+print(max(50, min(1000, int(float(sys.argv[2]) * per_s) // 50 * 50)))" "$OUT/probe.log" "$B"); }
+  stamp "learn-dict: $steps steps"; timeout $(( B * 3 / 2 + 60 )) $SC learn-dict --model $G $TXT $RECIPE --steps $steps --out $D > "$OUT/learn.log" 2>&1
+  tail -c 300 "$OUT/learn.log"; [ -e $D/atoms.safetensors ] || exit 1
+  cd $D && split -b 16000000 -a 1 atoms.safetensors piece && sha256sum atoms.safetensors > "$OUT/sha256.txt" && cp piecea pieceb piecec "$OUT/"
+  [ "${GEMMA_EVAL:-1}" = 1 ] || { cp $D/dictionary.json "$OUT/"; exit 0; }  # (GEMMA_EVAL=0: atoms only)
+  stamp eval-dict; timeout 200 $SC eval-dict $D --model $G $HELD --passages 16 --coef float8 --record --device cuda --json > "$OUT/eval.json" 2> "$OUT/eval.err"
+  tail -c 300 "$OUT/eval.err"; cp $D/dictionary.json "$OUT/"; ls -la $D; stamp done
+  ;;
+piece-back)  # the gemma-dict atoms' pieces after the third
+  cp /tmp/gemma-dict/piece[d-z] "$OUT/" && ls -la "$OUT"
+  ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back"; exit 2 ;;
 esac

@@ -15,7 +15,7 @@ from . import __version__
 from .durable import publish_file, write_atomic
 from .dict_config import DictConfig, check_atoms_dtype
 from .errors import DictionaryError, DictionaryMismatch
-from .fingerprint import FINGERPRINT_FIELDS
+from .fingerprint import FINGERPRINT_FIELDS, same_model
 
 FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that have them)
 ATOMS_FILE = "atoms.safetensors"
@@ -151,12 +151,30 @@ DEFAULT_DICTIONARY = "smollm2-135m-n8192-s80-L10"
 SHIPPED_DIR = Path(__file__).parent / "dictionaries"
 
 
+# Each other model's pick, found by its fingerprint (the repository's dictionaries/ only: a wheel
+# carries the default's alone). Gemma 3 270M: bench quality's rule at ≥ 20×, BENCHMARKS.md.
+MODEL_DICTIONARIES = ("gemma-3-270m-n8192-s100-L9",)
+
+
 def default_dictionary() -> Path:
     """The shipped dictionary for the default model (in the repository's dictionaries/, or in the wheel)."""
     path = SHIPPED_DIR / DEFAULT_DICTIONARY
     if not (path / META_FILE).exists():
         raise DictionaryError(f"shipped dictionary not found at {path}; pass --dict")
     return path
+
+
+def shipped_dictionary(fingerprint: dict | None = None) -> Path:
+    """The shipped dictionary for the model `fingerprint` describes (`model.model_fingerprint`;
+    None: the default model's). Raises DictionaryError where none ships for that model."""
+    if fingerprint is None:
+        return default_dictionary()
+    for name in (DEFAULT_DICTIONARY, *MODEL_DICTIONARIES):
+        meta = SHIPPED_DIR / name / META_FILE
+        if meta.exists() and same_model(fingerprint, json.loads(meta.read_text()).get("model", {})):
+            return meta.parent
+    raise DictionaryError(f"no dictionary ships for model {fingerprint.get('name')} (in {SHIPPED_DIR}): learn one "
+                          "with `sparsecache learn-dict --model MODEL --out DIR` and pass --dict DIR")
 
 
 def dictionary_dir(path: str | Path) -> Path:

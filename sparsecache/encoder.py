@@ -91,15 +91,17 @@ class EncodeRun:
     progress: bool
 
 
-def dictionary_for(store, given: str | None = None) -> Dictionary:
-    """The dictionary an encode of `store` uses: `given` (a directory; "default" is the shipped
-    default), or with none given the store's own copy where the store exists (a re-index keeps
-    its dictionary), else the shipped default."""
-    from .dictionary import default_dictionary
+def dictionary_for(store, given: str | None = None, model_path: str = "default") -> Dictionary:
+    """The dictionary an encode of `store` with `model_path` uses: `given` (a directory;
+    "default" is the model's shipped one), or with none given the store's own copy where the
+    store exists (a re-index keeps its dictionary), else the one shipped for the model."""
+    from .dictionary import shipped_dictionary
+    from .model import DEFAULT, model_fingerprint
     from .store import existing_dictionary
 
     if given in (None, "default"):
-        given = (given is None and existing_dictionary(store)) or default_dictionary()
+        given = (given is None and existing_dictionary(store)) or shipped_dictionary(
+            None if model_path == DEFAULT else model_fingerprint(model_path))
     return Dictionary.load(given)
 
 

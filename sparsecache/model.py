@@ -157,8 +157,23 @@ def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot load model: {str(e).splitlines()[0]}") from e
     hf.to(device).eval()
-    name = DEFAULT_NAME if name_or_path == DEFAULT else (config._name_or_path or path.name)
-    return KVModel(hf=hf, tokenizer=tok, name=Path(str(name)).name)
+    return KVModel(hf=hf, tokenizer=tok, name=_model_name(name_or_path, config, path))
+
+
+def _model_name(name_or_path, config, path: Path) -> str:
+    return DEFAULT_NAME if name_or_path == DEFAULT else Path(str(config._name_or_path or path.name)).name
+
+
+def model_fingerprint(name_or_path: str = DEFAULT) -> dict:
+    """The fingerprint `load_model(name_or_path).fingerprint()` gives, from the config alone
+    (a GGUF file is converted first, as `load_model` would)."""
+    from transformers import AutoConfig
+
+    path = model_dir(name_or_path)
+    if not (path / "config.json").exists():
+        raise ModelError(f"{path}: no config.json (not a HuggingFace model directory)")
+    config = AutoConfig.from_pretrained(path)
+    return config_fingerprint(config, _model_name(name_or_path, config, path))
 
 
 def default_prefix_ids(model: KVModel) -> list[int]:

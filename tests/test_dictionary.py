@@ -153,3 +153,20 @@ def test_learn_config_continues_a_dictionary_with_its_sizes(tiny_dictionary):
     assert tcfg.atoms_dtype == tiny_dictionary.atoms_dtype  # a continuation is stored as compactly as its start
     with pytest.raises(ConfigError, match="drop --atoms 64"):
         learn_config(tiny_dictionary, atoms=64)
+
+
+def test_each_shipped_dictionary_is_found_by_its_models_fingerprint(tiny_model, tmp_path):
+    from sparsecache.dictionary import (DEFAULT_DICTIONARY, META_FILE, MODEL_DICTIONARIES, SHIPPED_DIR,
+                                        shipped_dictionary)
+    from sparsecache.encoder import dictionary_for
+
+    assert shipped_dictionary() == SHIPPED_DIR / DEFAULT_DICTIONARY
+    for name in (DEFAULT_DICTIONARY, *MODEL_DICTIONARIES):
+        model = json.loads((SHIPPED_DIR / name / META_FILE).read_text())["model"]
+        assert shipped_dictionary({**model, "name": "renamed"}) == SHIPPED_DIR / name  # names are for messages
+    with pytest.raises(DictionaryError, match="no dictionary ships for model .*learn-dict"):
+        shipped_dictionary(tiny_model.fingerprint())
+    tiny_dir = tmp_path / "tiny"
+    tiny_model.hf.save_pretrained(tiny_dir)
+    with pytest.raises(DictionaryError, match="no dictionary ships"):  # what encode-corpus --model asks
+        dictionary_for(tmp_path / "store", None, str(tiny_dir))

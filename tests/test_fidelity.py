@@ -154,6 +154,8 @@ def test_bench_fidelity_answers_the_first_questions_of_some_of_a_workdirs_ks(ses
     assert [(x["k"], x["label"], x["questions"]) for x in r["rows"]] == [(8, "full", 2), (8, "none", 2)]
     saved = json.loads((work / "results.json").read_text())["rows"]
     assert {x["question"] for x in saved} == {q.id for q in made[8][:2]}
+    bench.bench_fidelity(work, ks=(8,), questions=50, methods=parse_methods("none"), limit=2, model_path="other")
+    assert seen[-1] == {"ks": [8], "questions": 50, "model": "other"}  # not the default model's suite
 
 
 def test_the_rule_picks_the_best_agreement_within_half_of_full_prefills_ttft():

@@ -36,6 +36,30 @@ def test_check_model_passes_with_a_sample_the_window_cuts(gemma, monkeypatch):
     assert asked == [512 + check.WINDOW_OVERHANG]
 
 
+def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_answer(gemma, embedder, tmp_path):
+    """`encode-corpus --model GEMMA` with no --dict codes with the shipped L9-s100 dictionary,
+    found by the model's fingerprint; its codes, with the default recomputation, predict full
+    prefill's answer (teacher-forced along it, as `query --compare` measures)."""
+    from pydoc_data.topics import topics
+
+    from sparsecache.dictionary import MODEL_DICTIONARIES, SHIPPED_DIR, Dictionary
+    from sparsecache.encoder import dictionary_for, encode_corpus
+    from sparsecache.session import Session
+
+    path, model = gemma
+    d = dictionary_for(tmp_path / "store", None, path)
+    assert d.fingerprint() == Dictionary.load(SHIPPED_DIR / MODEL_DICTIONARIES[0]).fingerprint()
+    (tmp_path / "corpus").mkdir()
+    for t in ("pass", "assert"):
+        (tmp_path / "corpus" / f"{t}.txt").write_text(topics[t][:2000])
+    encode_corpus([str(tmp_path / "corpus")], tmp_path / "store", d, model, embedder=embedder, progress=False)
+    session = Session(tmp_path / "store", model)
+    answer = session.query(QUESTION, top_k=2, max_new_tokens=16)
+    compared = session.compare(QUESTION, answer, max_new_tokens=16)
+    assert answer.answer and compared["tokens"] > 0
+    assert compared["token_agreement"] >= 0.5, (answer.answer, compared)
+
+
 @pytest.fixture(scope="module")
 def store(gemma, embedder, tmp_path_factory):
     """Six Python-doc topics (~1,100 tokens with the prefix: the 512 window cuts) coded with

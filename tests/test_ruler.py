@@ -166,6 +166,10 @@ def test_bench_ruler_refuses_a_workdir_made_with_other_settings(tmp_path):
     (tmp_path / "suite.json").write_text(json.dumps({"tasks": ["single"], "trials": 5, "k": 8, "tokens_per_chunk": 200}))
     r = CliRunner().invoke(cli, ["bench", "ruler", "--workdir", str(tmp_path), "--trials", "20"])
     assert r.exit_code == 1 and "holds a suite made with" in r.output and "Traceback" not in r.output
+    (tmp_path / "suite.json").write_text(json.dumps({"tasks": ["single"], "trials": 20, "k": 8, "tokens_per_chunk": 200}))
+    r = CliRunner().invoke(cli, ["bench", "ruler", "--workdir", str(tmp_path), "--tasks", "single",
+                                 "--model", str(tmp_path / "other-model")])  # the default model's suite and store
+    assert r.exit_code == 1 and "holds a suite made with" in r.output and "Traceback" not in r.output
 
 
 def test_the_default_suite_fits_the_held_out_text(tiny_model, tmp_path):

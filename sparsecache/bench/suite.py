@@ -442,9 +442,10 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
 
 
 def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200, methods=None,
-                device="cpu") -> dict:
+                device="cpu", model_path: str = "default", dictionary: str | None = None) -> dict:
     """Accuracy (± Wilson 95%), recall and mean TTFT of every method on every task of the
-    RULER-style suite (`ruler.py`), same trials, default model and store configuration.
+    RULER-style suite (`ruler.py`), same trials, default store configuration; the model's
+    shipped dictionary unless `dictionary` names one.
 
     The suite and its store are made once per workdir (the store encodes incrementally, so a
     killed encode resumes); every finished (task, method) cell is saved to results.json at
@@ -455,14 +456,16 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
 
     check_suite(tasks, k)
     work = Path(workdir)
-    settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk}
+    settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk,
+                **_model_settings(model_path, dictionary)}
     session = _suite_session(work, settings, lambda model: make_suite(model.tokenizer, work, tasks, trials, k,
                                                                       tokens_per_chunk), device)
     rows = run_suite(session, load_suite(work), methods or METHODS, work / "results.json")
     return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
 
 
-def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None) -> dict:
+def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,
+                   model_path: str = "default", dictionary: str | None = None) -> dict:
     """Agreement with full prefill's answer, accuracy and mean TTFT of every method on the
     fidelity suite (`fidelity.py`): ordinary questions about generated documents, k chunks.
 
@@ -476,11 +479,12 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
 
     check_suite(ks, questions)
     work = Path(workdir)
-    settings = {"ks": list(ks), "questions": questions}
+    settings = {"ks": list(ks), "questions": questions, **_model_settings(model_path, dictionary)}
     made = work / "suite.json"
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
-        if saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ())):
+        if (saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ()))
+                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary"))):
             settings = saved
     session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions), device)
     suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
@@ -490,13 +494,21 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
             "rows": table([r for r in rows if (r["k"], r["question"]) in asked])}
 
 
+def _model_settings(model_path: str, dictionary: str | None) -> dict:
+    """What a suite's settings record of its model and dictionary (nothing for the defaults, so
+    suites made before these options stay valid)."""
+    return {**({"model": str(model_path)} if model_path != "default" else {}),
+            **({"dictionary": str(dictionary)} if dictionary else {})}
+
+
 def _suite_session(work, settings: dict, make, device):
     """A Session over a generated suite's store in `work`: the suite made once (`make(model)`
     writes its corpus.jsonl), refused if `work` holds one made with other settings; the store
-    encoded incrementally, so a killed encode resumes."""
+    encoded incrementally, so a killed encode resumes. The model and dictionary are the
+    settings' (`_model_settings`): the default model, the model's shipped dictionary."""
     import json
 
-    from ..dictionary import default_dictionary
+    from ..dictionary import shipped_dictionary
     from ..encoder import encode_corpus
     from ..model import load_model
     from ..session import Session
@@ -505,11 +517,12 @@ def _suite_session(work, settings: dict, make, device):
     made = work / "suite.json"
     if made.exists() and json.loads(made.read_text()) != settings:
         raise ConfigError(f"{work} holds a suite made with {made.read_text().strip()}; use another --workdir")
-    model = load_model(device=device)
+    model = load_model(settings.get("model", "default"), device=device)
+    dictionary = settings.get("dictionary") or shipped_dictionary(model.fingerprint() if "model" in settings else None)
     if not made.exists():
         make(model)
         write_atomic(made, json.dumps(settings))
-    encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(default_dictionary()), model,
+    encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
                   StoreConfig(), device=device)
     return Session(work / "store", model, device)
 

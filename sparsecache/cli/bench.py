@@ -134,6 +134,12 @@ def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
     emit(r, as_json, lines)
 
 
+def suite_dict_option(f):
+    return click.option("--dict", "dictionary", default=None, type=click.Path(file_okay=False),
+                        help="Dictionary the suite's store is encoded with.  [default: the one shipped for "
+                             "--model]")(f)
+
+
 @bench.command("ruler")
 @click.option("--workdir", default="bench-ruler", show_default=True, type=click.Path(file_okay=False),
               help="Where the suite, its store and results.json go; a rerun resumes there.")
@@ -146,10 +152,12 @@ def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
               show_default=True, help="Labels, or method:ratio (append +reorder to reorder by attention).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Write accuracy vs TTFT here (PNG), one panel per task.")
+@model_option
+@suite_dict_option
 @device_option
 @json_option
 @library_errors
-def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device, as_json):
+def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, model_path, dictionary, device, as_json):
     """A RULER-style suite over k retrieved chunks: single and multi-key needles, multi-value
     needles, variable tracking and common-words extraction, generated with a seed from
     held-out text. Every method on the same trials: accuracy with its Wilson 95% interval,
@@ -158,7 +166,7 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device
     from sparsecache.bench.suite import bench_ruler
 
     r = bench_ruler(workdir, [t.strip() for t in tasks.split(",") if t.strip()], trials, k, tokens_per_chunk,
-                    parse_methods(methods), resolve_device(device))
+                    parse_methods(methods), resolve_device(device), model_path, dictionary)
     if plot:
         plot_suite(r["rows"], plot)
     emit(r, as_json, [f"{x['task']:>10} {x['label']:>16}  accuracy {x['accuracy']:.2f} "
@@ -176,10 +184,12 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, device
                    "where every method on every question takes hours.")
 @click.option("--methods", default=None, help="Labels, or method:ratio (append +reorder to reorder by attention). "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
+@model_option
+@suite_dict_option
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, questions, limit, methods, device, as_json):
+def fidelity_cmd(workdir, ks, questions, limit, methods, model_path, dictionary, device, as_json):
     """Does the compressed path give full prefill's answer to ordinary questions? Documents
     about fictional entities, one fact per question (some need two chunks), k chunks with the
     answer's at a random rank. Per method: same answer as full prefill's (with its Wilson 95%
@@ -188,7 +198,8 @@ def fidelity_cmd(workdir, ks, questions, limit, methods, device, as_json):
     from sparsecache.bench.suite import bench_fidelity
 
     r = bench_fidelity(workdir, ks, questions,
-                       parse_methods(methods) if methods else None, resolve_device(device), limit)
+                       parse_methods(methods) if methods else None, resolve_device(device), limit,
+                       model_path, dictionary)
     emit(r, as_json, [f"k={x['k']} {x['label']:>22}  same answer {x.get('same_answer', 1.0):.2f} "
                       f"{x.get('same_answer_ci95', '')}  tokens {x.get('token_agreement', 1.0):.2f}  "
                       f"correct {x['correct']:.2f}  ttft {x['ttft_ms']:.0f} ms" for x in r["rows"]])

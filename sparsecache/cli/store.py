@@ -21,7 +21,8 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               "endpoint from the standard environment variables, e.g. AWS_ENDPOINT_URL). Created on first use.")
 @click.option("--dict", "dictionary", default=None,
               help="Dictionary directory from learn-dict. Default: the store's own for an existing store, "
-              "else the shipped L5 s32 one for the default model.")
+              "else the one shipped for --model (the default model's L10 s80; Gemma 3 270M's L9 s100 in a "
+              "repository checkout).")
 @model_option
 @click.option("--chunk-tokens", type=int, default=None, help="Most tokens per chunk.  [default: 512]")
 @click.option("--prefix", default=None, help="Shared prefix text every chunk is encoded after "
@@ -79,7 +80,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, coef_dtype=coef_dtype,
                         index_coding=index_coding, compressor=compressor, embedder=embedder)
     dev = resolve_device(device)
-    d = dictionary_for(store, dictionary)
+    d = dictionary_for(store, dictionary, model_path)
 
     def model():  # called only when there is something to encode
         if not as_json:
