@@ -19,4 +19,4 @@ def check_same_model(fingerprint: dict, recorded: dict, what: str) -> None:
     model `fingerprint` describes."""
     if not same_model(fingerprint, recorded):
         raise DictionaryMismatch(f"{what} was encoded with model {recorded.get('name')}, "
-                                 f"not {fingerprint.get('name')}")
+                                 f"not {fingerprint.get('name')}: pass that model with --model")

@@ -45,7 +45,7 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     r = run(cli, base + ["--recompute-ratio", "2"])
     assert r.exit_code == 1 and "--recompute-ratio must be in [0, 1]" in r.output
     r = run(cli, ["query", str(store), "q", "--device", "cpu"])  # the default model is not the tiny one
-    assert r.exit_code == 1 and "was encoded with model" in r.output
+    assert r.exit_code == 1 and "was encoded with model" in r.output and "pass that model with --model" in r.output
 
 
 def test_a_bug_keeps_its_traceback_and_a_library_error_is_one_line(tmp_path, monkeypatch):
