@@ -44,6 +44,13 @@ def _check_config(config, where: str) -> None:
                 f"{where}: rope type {rope_type!r} depends on sequence length; "
                 f"supported: {', '.join(STATIC_ROPE_TYPES)}"
             )
+    if config.model_type == "gemma3_text":  # measured: 5.17 gives perplexity 4,910 where 5.19 gives 81, same weights
+        import transformers
+        from packaging.version import Version
+
+        if Version(transformers.__version__) < Version("5.19"):
+            raise ModelError(f"{where}: Gemma 3 needs transformers >= 5.19 (found {transformers.__version__}, "
+                             "which computes it wrongly)")
 
 
 def _rope_types(config) -> list[str]:

@@ -107,3 +107,16 @@ def test_a_gguf_file_or_a_directory_holding_one_is_a_model(tiny_gguf, tmp_path):
     (tmp_path / "notes.txt").write_text("not a model")
     with pytest.raises(ModelError, match="a HuggingFace directory or a .gguf file"):
         model_dir(tmp_path / "notes.txt")
+
+
+def test_gemma3_is_refused_with_a_transformers_that_computes_it_wrongly(monkeypatch):
+    import transformers
+
+    from sparsecache.errors import ModelError
+    from sparsecache.model import _check_config
+
+    config = transformers.Gemma3TextConfig(num_hidden_layers=2)
+    _check_config(config, "here")  # the installed transformers (>= 5.19, as pyproject pins)
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(ModelError, match="Gemma 3 needs transformers >= 5.19"):
+        _check_config(config, "here")
