@@ -8,7 +8,7 @@
 # with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
 # out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
