@@ -23,6 +23,8 @@ def test_missing_index_file_is_one_line(corpus_dir, tmp_path, tiny_model_dir, ti
 
 
 def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    from sparsecache.dictionary import default_dictionary
+
     store = tmp_path / "store"
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -30,7 +32,9 @@ def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     assert r.exit_code == 1 and r.output.strip().startswith("Error: no documents in") and "Traceback" not in r.output
     r = cli_encode(corpus_dir, store, tiny_model_dir, tmp_path / "no-dict")
     assert r.exit_code == 1 and "no dictionary at" in r.output
-    r = cli_encode(corpus_dir, store, tiny_model_dir, "default")  # the shipped one is for SmolLM2, not the tiny model
+    r = cli_encode(corpus_dir, store, tiny_model_dir, "default")  # none ships for the tiny model
+    assert r.exit_code == 1 and "no dictionary ships for model" in r.output and "learn-dict" in r.output
+    r = cli_encode(corpus_dir, store, tiny_model_dir, default_dictionary())  # SmolLM2's, not the tiny model's
     assert r.exit_code == 1 and "dictionary was learned for" in r.output
     assert cli_encode(corpus_dir, store, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     with Writer(store):
