@@ -143,16 +143,11 @@ def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> KVModel:
     """Load the default model, a local HuggingFace causal-LM directory or a GGUF file
     (`model_dir`), in eval mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ours report progress; a 0.1 s bar per load is noise
-    path = model_dir(name_or_path)
-    if not path.is_dir():
-        raise ModelError(f"model directory not found: {path}")
-    if not (path / "config.json").exists():
-        raise ModelError(f"{path}: no config.json (not a HuggingFace model directory)")
-    config = AutoConfig.from_pretrained(path)
+    path, config = _hf_config(name_or_path)
     _check_config(config, str(path))
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelError(f"{path}: no weights (*.safetensors or *.bin)")
@@ -171,15 +166,22 @@ def _model_name(name_or_path, config, path: Path) -> str:
     return DEFAULT_NAME if name_or_path == DEFAULT else Path(str(config._name_or_path or path.name)).name
 
 
-def model_fingerprint(name_or_path: str = DEFAULT) -> dict:
-    """The fingerprint `load_model(name_or_path).fingerprint()` gives, from the config alone
-    (a GGUF file is converted first, as `load_model` would)."""
+def _hf_config(name_or_path) -> tuple[Path, object]:
+    """The HuggingFace directory `--model` names (`model_dir`) and its config."""
     from transformers import AutoConfig
 
     path = model_dir(name_or_path)
+    if not path.is_dir():
+        raise ModelError(f"model directory not found: {path}")
     if not (path / "config.json").exists():
         raise ModelError(f"{path}: no config.json (not a HuggingFace model directory)")
-    config = AutoConfig.from_pretrained(path)
+    return path, AutoConfig.from_pretrained(path)
+
+
+def model_fingerprint(name_or_path: str = DEFAULT) -> dict:
+    """The fingerprint `load_model(name_or_path).fingerprint()` gives, from the config alone
+    (a GGUF file is converted first, as `load_model` would)."""
+    path, config = _hf_config(name_or_path)
     return config_fingerprint(config, _model_name(name_or_path, config, path))
 
 

@@ -518,7 +518,7 @@ def _suite_session(work, settings: dict, make, device):
     if made.exists() and json.loads(made.read_text()) != settings:
         raise ConfigError(f"{work} holds a suite made with {made.read_text().strip()}; use another --workdir")
     model = load_model(settings.get("model", "default"), device=device)
-    dictionary = settings.get("dictionary") or shipped_dictionary(model.fingerprint() if "model" in settings else None)
+    dictionary = settings.get("dictionary") or shipped_dictionary(model.fingerprint())
     if not made.exists():
         make(model)
         write_atomic(made, json.dumps(settings))
