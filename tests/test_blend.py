@@ -297,3 +297,21 @@ def test_cake_splits_by_the_closed_form_once_the_session_has_measured_its_rates(
     lengths = [session.store.chunk(c).token_length for c in a.context_ids]
     assert a.recomputed_tokens == sum(lengths[: session.rates.split(lengths)])
     assert 0 < a.recomputed_tokens < sum(lengths)
+
+
+@pytest.mark.parametrize("method", ["none", "infoflow"])
+def test_a_bfloat16_session_answers_from_the_same_store_close_to_float32(session, chunk_ids, tiny_model_dir, method):
+    """`--dtype bfloat16` (the GPU's default): decoded K/V, recomputation and prefill in bf16,
+    each method's first logits within bf16's rounding of float32's, and recomputing everything
+    is still full prefill (of the bf16 model)."""
+    half = Session(session.store, str(tiny_model_dir), dtype="bfloat16")
+    half._embedder = session._embedder
+    assert half.model.dtype == torch.bfloat16 and session.model.dtype == torch.float32
+    ratio = 0.3 if method != "none" else 0.0
+    got, want = (first_logits(s, chunk_ids, method, ratio) for s in (half, session))
+    assert got.dtype == torch.float32
+    scale = want.abs().max()
+    assert (got - want).abs().max() < 0.05 * scale
+    if method != "none":
+        torch.testing.assert_close(first_logits(half, chunk_ids, method, 1.0), first_logits(half, chunk_ids, "full"),
+                                   atol=0.02 * float(scale), rtol=0.02)

@@ -81,7 +81,7 @@ def test_gpu_encoded_store_holds_the_same_chunks(cuda_store):
 def test_recomputing_everything_on_cuda_reproduces_full_prefill(cuda_store, tiny_model_dir, method):
     from sparsecache.session import Session
 
-    s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda")
+    s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda", dtype="float32")
     ids = [c.id for c in s.store.chunks()][:4]
 
     def logits(m, r=0.0, **cfg):
@@ -102,7 +102,7 @@ def test_cake_on_cuda_overlaps_into_the_same_context(cuda_store, tiny_model_dir)
     """The loader decodes on its own CUDA stream: every split gives what the fixed methods give."""
     from sparsecache.session import Session
 
-    s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda")
+    s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda", dtype="float32")
     ids = [c.id for c in s.store.chunks()][:4]
 
     def logits(**cfg):
@@ -149,3 +149,18 @@ def test_default_model_kv_on_cuda_matches_cpu(default_model):
     (kc, vc), = extract_kv(default_model, [ids])
     (kg, vg), = extract_kv(gpu, [ids])
     assert nmse(kg.cpu(), kc) < 1e-6 and nmse(vg.cpu(), vc) < 1e-6
+
+
+def test_the_gpu_default_dtype_is_bfloat16_and_close_to_float32(cuda_store, tiny_model_dir):
+    """A CUDA session's model runs in bfloat16 unless told otherwise; its answers from the
+    same store are within bf16's rounding of the float32 reference's."""
+    from sparsecache.session import Session
+
+    half = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda")
+    ref = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda", dtype="float32")
+    assert half.model.dtype == torch.bfloat16
+    ids = [c.id for c in ref.store.chunks()][:4]
+    for method in ("none", "infoflow"):
+        got, want = (s.query(QUESTION, chunks=ids, method=method, recompute_ratio=0.3, max_new_tokens=1).logits
+                     for s in (half, ref))
+        assert (got - want).abs().max() < 0.05 * want.abs().max()

@@ -615,7 +615,7 @@ TTFT_QUESTION = "Summarise what these sections say about special method names."
 
 
 def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu", cold: bool = True,
-               busy: bool = False, min_tokens: int = 480) -> dict:
+               busy: bool = False, min_tokens: int = 480, dtype: str = "auto") -> dict:
     """TTFT breakdown of every method for k chunks of >= `min_tokens` tokens (a `bench
     store` store's are 480–512), in one run.
 
@@ -626,7 +626,7 @@ def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu",
     `busy`, another CPU-heavy process (`COMPETING_LOAD`) runs throughout.
     """
     with competing_load() if busy else contextlib.nullcontext():
-        result = _bench_ttft(store_path, ks, repeats, device, cold, min_tokens)
+        result = _bench_ttft(store_path, ks, repeats, device, cold, min_tokens, dtype)
     return {**result, "competing_load": COMPETING_LOAD if busy else None, "min_chunk_tokens": min_tokens}
 
 
@@ -650,11 +650,11 @@ def competing_load():
         child.wait(timeout=30)
 
 
-def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: int) -> dict:
-    from ..model import load_model
+def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: int, dtype: str) -> dict:
+    from ..model import load_model, query_dtype
     from ..session import STEPS, Session
 
-    model = load_model(device=device)
+    model = load_model(device=device, dtype=query_dtype(dtype, device))
     session = Session(store_path, model, device)
     full_chunks = sorted((c for c in session.store.chunks() if c.token_length >= min_tokens), key=lambda c: c.id)
     rows = []
@@ -683,7 +683,8 @@ def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: in
                 print(f"k={k:<3} {method:>10} cold ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
     q = session.embedder.embed([TTFT_QUESTION])[0]
     retrieve_ms = 1e3 * _median_time(lambda: session.retrieve(TTFT_QUESTION, 8), 5)
-    return {"device": str(device), "question": TTFT_QUESTION, "retrieve_top8_ms": retrieve_ms, "rows": rows,
+    return {"device": str(device), "dtype": str(model.dtype).removeprefix("torch."), "question": TTFT_QUESTION,
+            "retrieve_top8_ms": retrieve_ms, "rows": rows,
             "cold_method": "posix_fadvise(POSIX_FADV_DONTNEED) on the store's data and the raw files before each query",
             "embed_dim": int(q.shape[0])}
 

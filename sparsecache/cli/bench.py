@@ -4,7 +4,7 @@ import click
 
 from sparsecache.bench.config import FrontierConfig
 
-from .options import device_option, emit, int_list, json_option, library_errors, model_option, resolve_device
+from .options import device_option, dtype_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
 
 @click.group()
@@ -217,14 +217,15 @@ def fidelity_cmd(workdir, ks, questions, limit, methods, model_path, dictionary,
               help="Use chunks of at least this many tokens (a store of shorter chunks measures shorter contexts).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None, help="Write the PNG here.")
 @device_option
+@dtype_option
 @json_option
 @library_errors
-def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device, as_json):
+def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device, dtype, as_json):
     """TTFT breakdown of full / raw / none / a3 / infoflow / cacheblend (r = 0.15) vs chunk count."""
     from sparsecache.bench.suite import bench_ttft, plot_ttft
     from sparsecache.session import STEPS
 
-    r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy, min_chunk_tokens)
+    r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy, min_chunk_tokens, dtype)
     if plot:
         plot_ttft(r, plot)
     emit(r, as_json, [f"k={x['k']:<3} {x['method']:>10} {x['page_cache']}: ttft {x['ttft']:.0f} ms  "

@@ -21,6 +21,13 @@ def device_option(f):
                         help="auto (cuda when present, else cpu), cpu, cuda or cuda:N.")(f)
 
 
+def dtype_option(f):
+    return click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+                        show_default=True,
+                        help="The model's dtype for the query (decode, recomputation, prefill, generation): auto is "
+                             "float32 on a CPU, bfloat16 on a GPU. The store's K/V are float32 whatever this says.")(f)
+
+
 def exact_omp_option(f):
     return click.option("--exact-omp", is_flag=True,
                         help="Code with exact Batch-OMP (the reference) instead of the CPU kernel's candidate "

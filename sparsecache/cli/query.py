@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import device_option, emit, json_option, library_errors, model_option, resolve_device
+from .options import device_option, dtype_option, emit, json_option, library_errors, model_option, resolve_device
 from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
 
@@ -44,11 +44,12 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
 @device_option
+@dtype_option
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
               max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, compare,
-              model_path, device, as_json):
+              model_path, device, dtype, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
@@ -57,7 +58,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
 
     cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
                       selector_model, selector_layers)
-    s = Session(store, model_path, resolve_device(device))
+    s = Session(store, model_path, resolve_device(device), dtype=dtype)
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
     t = a.timings_ms
