@@ -156,8 +156,10 @@ default)  # #55: the current default (L10-s80 dictionary) in one call of at most
   # beside bf16's answers against fp32's on the fidelity suite (the two share the GPU: neither one's timings
   # are reported), then alone on the GPU: bench omp, the main job's encode, bench store, decode of 32
   # chunks, bench ttft in float32 and bfloat16, and a profile of recomputation. Staged: whl/, pkgs/ and
-  # dictionaries/smollm2-135m-n8192-s80-L10. Every phase is cut to the time left; what finished comes back.
+  # dictionaries/smollm2-135m-n8192-s80-L10. Every phase is cut to the time left; what finished comes back,
+  # as one default.tgz (the tool returns at most 8 files: the first run lost most of its JSON that way).
   stage
+  BACK=$OUT OUT=/tmp/default-out; mkdir -p "$OUT"; trap 'tar czf "$BACK/default.tgz" -C "$OUT" .' EXIT
   END=$(( SECONDS + ${2:-540} ))
   lim() { local l=$(( END - SECONDS - 5 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }  # a phase's timeout
   run() { local t; t=$(lim "$1"); shift; [ "$t" -ge 10 ] && timeout "$t" "$@"; }  # skipped under 10 s
@@ -167,7 +169,7 @@ default)  # #55: the current default (L10-s80 dictionary) in one call of at most
   stamp convert; python3 -c "from sparsecache.model import load_model; from sparsecache.index import Embedder; load_model(); Embedder()" || exit 1
   stamp "tests | agreement"
   run 200 python3 -m pytest -q -m cuda -p no:cacheprovider > "$OUT/pytest-cuda.log" 2>&1 & tests=$!
-  run 200 python3 scripts/experiments/gpu_query.py agree --work /tmp/fid --limit "${AGREE_LIMIT:-30}" \
+  run 260 python3 scripts/experiments/gpu_query.py agree --work /tmp/fid --limit "${AGREE_LIMIT:-30}" \
     --out "$OUT/dtype-agreement.json" > "$OUT/agree.log" 2>&1; wait $tests; tail -4 "$OUT/pytest-cuda.log"; tail -5 "$OUT/agree.log"
   stamp bench omp; run 80 $SC bench omp --dict dictionaries/smollm2-135m-n8192-s80-L10 --sparsity 80 --n 16384 \
     --sklearn-n 4 --device cuda --json > "$OUT/bench-omp.json" 2> "$OUT/bench-omp.err"; tail -c 600 "$OUT/bench-omp.json"; echo

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import torch
 
+from ..codec import GRAPH_MAX_DIM
 from ..dictionary import Dictionary
 from ..learn import initial_atoms
 from ..durable import write_atomic
@@ -64,7 +65,7 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def run():
-        out = batch_omp(y_dev, D_dev, sparsity, G, graphed=True)  # as the codec runs it
+        out = batch_omp(y_dev, D_dev, sparsity, G, graphed=y_dev.shape[1] <= GRAPH_MAX_DIM)  # as the codec runs it
         sync()
         return out
 
@@ -109,14 +110,20 @@ def bench_omp(dict_path, atoms: int, sparsity: int, count: int, sklearn_n: int, 
     return out
 
 
+FORMULATION_SIGNALS = 4096  # per formulation, each run 4 times: the slow ones at s = 80 took minutes on 16K
+
+
 def bench_formulations(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int) -> dict:
-    """signals/s of each torch OMP on one device, and its residual energy relative to the fp32
-    GEMM form's on the same signals (> 1: worse codes)."""
+    """signals/s of each torch OMP on one device (on the first `FORMULATION_SIGNALS` of `y`), and
+    its residual energy relative to the fp32 GEMM form's on the same signals (> 1: worse codes).
+    The CUDA-graph form only where the codec replays graphs (signals of <= GRAPH_MAX_DIM values:
+    at 1,920 values and s = 80 its captured intermediates filled an H200's 140 GB)."""
+    y = y[:FORMULATION_SIGNALS]
     sync = torch.cuda.synchronize if y.device.type == "cuda" else (lambda: None)
     n = D.shape[1]
     variants = {f"gemm-{dt}": (lambda b, dt=dt: _omp_block_gemm(b, D, G, s, dt), gemm_batch_size_for(n))
                 for dt in ("float32", "float16", "bfloat16")}
-    if y.device.type == "cuda":  # the same fp16 form replayed as a CUDA graph (what the codec runs)
+    if y.device.type == "cuda" and D.shape[0] <= GRAPH_MAX_DIM:  # the fp16 form replayed as a CUDA graph
         variants["gemm-float16-graph"] = (lambda b: batch_omp(b, D, s, G, graphed=True), gemm_batch_size_for(n))
     for bs in (batch_size_for(n, s), 1024):
         variants[f"batch-omp-B{bs}"] = (lambda b: _omp_block(b @ D, G, s), bs)
