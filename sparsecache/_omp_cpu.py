@@ -17,6 +17,10 @@ import math
 import numba
 import numpy as np
 
+from . import _numba_pool
+
+_numba_pool.start()  # before any kernel runs: see _numba_pool
+
 
 TILE = 256  # α entries kept in L1 while the support's G rows stream past (256 measured fastest of 64/128/256)
 

@@ -30,3 +30,20 @@ def test_a_users_setting_is_kept():
 
 def test_the_cli_imports_sparsecache_before_torch():
     assert _run("import sys, sparsecache.cli.main, sparsecache.session; print(sys.modules['sparsecache'].OPENMP_SPINS)") == "False"
+
+
+KERNELS = """
+import sparsecache, torch
+before = torch.get_num_threads()
+from sparsecache.omp import batch_omp, gram
+D = torch.nn.functional.normalize(torch.randn(32, 256), dim=0)
+batch_omp(torch.randn(64, 32), D, 4, gram(D))  # the fused CPU OMP: numba's first parallel kernel
+print(before, torch.get_num_threads())
+"""
+
+
+def test_the_cpu_kernels_leave_the_callers_openmp_thread_count_alone():
+    """numba's OpenMP pool shares torch's runtime; starting it set the starting thread's count to
+    numba's own. vLLM's CPU worker (pinned to 1 CPU, OpenMP planned for 2) then ran its next
+    attention with 1 thread and aborted on its own check (`_numba_pool`)."""
+    assert _run(KERNELS, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="2").split() == ["2", "2"]
