@@ -87,6 +87,7 @@ class RagPrompts:
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model_config = config
         self.device = device
         self._embedder = None
         self._latest = None if follow_s is None else LatestVersion(self.store.backend, follow_s)

@@ -87,11 +87,13 @@ def server(tmp_path_factory):
     out, _ = encode(root / "corpus", root / "store").communicate(timeout=600)
     assert "published version" in out, out
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    # as a user starts it: none of vLLM's variables (its default thread binding, its KV-cache sizing
+    # left to serve), and vLLM's compiled forward (no --enforce-eager)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     log = root / "serve.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "sparsecache.cli.main", "serve", str(root / "store"), "--port", str(port),
-                                 "--top-k", "2", "--api-key", KEY, "--", "--max-model-len", "4096", "--enforce-eager"],
+                                 "--top-k", "2", "--api-key", KEY, "--", "--max-model-len", "4096"],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -179,12 +181,14 @@ def test_the_api_key_guards_the_api_but_not_health(server):
     assert urllib.request.urlopen(server.base + "/health", timeout=10).status == 200
 
 
-def test_metrics_count_requests_retrieval_and_injection(server):
-    def value(text, name, **labels):
-        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith(name) and want in line and not line.startswith("#"))
+def value(text: str, name: str, **labels) -> float:
+    """The sum of a Prometheus metric's samples with these labels."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and want in line and not line.startswith("#"))
 
+
+def test_metrics_count_requests_retrieval_and_injection(server):
     before = server.metrics()
     server.chat(QUESTIONS[2], max_tokens=2)
     server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]})
@@ -197,6 +201,56 @@ def test_metrics_count_requests_retrieval_and_injection(server):
         value(before, "sparsecache_server_retrieval_seconds_count") + 1
     assert value(after, "vllm:sparsecache_requests_total") == value(before, "vllm:sparsecache_requests_total") + 1
     assert value(after, "vllm:sparsecache_recomputed_total") > value(before, "vllm:sparsecache_recomputed_total")
+
+
+def test_the_compiled_server_answers_as_sparsecaches_own_loop(server):
+    """The server runs vLLM's compiled forward (its default) while the connector blends with
+    vLLM's layers in eager Python: each answer is `sparsecache query`'s over the same chunks."""
+    from sparsecache.session import Session
+
+    ours = Session(server.root / "store")
+    for q in QUESTIONS[:3]:
+        ids = [c["id"] for c in server.chat(q, max_tokens=1).model_extra["sparsecache"]["chunks"]]
+        for method in ("none", "infoflow"):
+            served = server.chat(q, chunks=ids, method=method, max_tokens=12).choices[0].message.content
+            assert served == ours.query(q, chunks=ids, method=method, max_new_tokens=12).answer, (q, method)
+
+
+def test_the_prefix_cache_shares_blocks_only_where_the_kv_is_the_same(server):
+    """vLLM's prefix cache reuses a request's blocks by its tokens and cache salt. Blended KV
+    depends on the question, the method and the ratio; decoded KV (method none) on none of them."""
+    ids = [c["id"] for c in server.chat(QUESTIONS[2], max_tokens=1).model_extra["sparsecache"]["chunks"]]
+    ask, other = "Who founded Quenmir Lanterns?", "In which year did Quenmir Lanterns open its first workshop?"
+
+    def hits(question, **options) -> float:
+        before = value(server.metrics(), "vllm:prefix_cache_hits_total")
+        server.chat(question, chunks=ids, max_tokens=1, **options)
+        return value(server.metrics(), "vllm:prefix_cache_hits_total") - before
+
+    server.chat(ask, chunks=ids, max_tokens=1, method="none")  # the decoded KV of these chunks, cached
+    assert hits(ask) == 0  # a blend reuses neither that nor anything else: none made with this question
+    assert hits(ask) > 0  # the same blend again: the same KV, reused
+    assert hits(other) == 0  # another question blends other KV
+    assert hits(ask, recompute_ratio=0.5) == 0 and hits(ask, method="a3") == 0
+    assert hits(other, method="none") > 0  # decoded KV is the same whatever the question
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-cache-gb", "100000"], "GiB free on NUMA node"),
+    (["--max-model-len", "100000"], "more than the model's 8192 positions"),
+    (["--port", "SERVER"], "cannot listen on 127.0.0.1:"),
+])
+def test_a_server_that_cannot_start_says_why_in_one_line(server, args, message):
+    """Settings that cannot start end the command before vLLM's engine starts, as a user runs it
+    (a fresh process): exit status 1 and one line, nothing else (the port here is the running
+    server's)."""
+    port = server.base.rsplit(":", 1)[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    r = subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "serve", str(server.root / "store"),
+                        *[port if a == "SERVER" else a for a in args]], capture_output=True, text=True, env=env,
+                       timeout=300)
+    out = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 1 and len(out) == 1 and message in out[0], out
 
 
 def test_a_new_version_is_served_without_restart_and_requests_in_flight_finish_on_theirs(server, tmp_path):

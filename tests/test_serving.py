@@ -87,3 +87,14 @@ def test_serve_stops_at_start_up_with_one_line(built, tmp_path, monkeypatch):
     assert r.exit_code == 1 and "no sparsecache store at" in r.output and len(r.output.splitlines()) == 1, r.output
     r = CliRunner().invoke(cli, ["serve", str(built())])  # the tiny model's store, the default model to serve
     assert r.exit_code == 1 and "encoded with model" in r.output and len(r.output.splitlines()) == 1, r.output
+
+
+def test_the_kv_cache_on_a_cpu_is_sized_from_the_memory_free():
+    """`serve`'s rule on a CPU: room for max_seqs requests of max_len tokens, at most half of what
+    is free on vLLM's NUMA node, at least one request; a request that cannot fit is one line."""
+    from sparsecache.vllm.server import KV_CACHE_SHARE, kv_cache_bytes
+
+    assert kv_cache_bytes(100, 1000, 8, 10**9) == 8 * 100 * 1000
+    assert kv_cache_bytes(100, 1000, 10**6, 10**9) == int(KV_CACHE_SHARE * 10**9)
+    with pytest.raises(ConfigError, match="free on NUMA node 1.*--max-model-len.*--kv-cache-gb"):
+        kv_cache_bytes(10**6, 1000, 1, 10**9, node=1)

@@ -6,7 +6,7 @@ import click
 
 from .options import library_errors, model_option
 from sparsecache.query_config import SCORERS, QueryConfig
-from sparsecache.vllm.server import MAX_TOP_K, ServeConfig
+from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
@@ -28,9 +28,16 @@ from sparsecache.vllm.server import MAX_TOP_K, ServeConfig
 @click.option("--dtype", default=ServeConfig.dtype, show_default=True,
               help="vLLM's --dtype; auto is float32 on a CPU and vLLM's choice on a GPU.")
 @click.option("--max-model-len", type=int, default=None, help="vLLM's --max-model-len (default: the model's).")
+@click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=ServeConfig.kv_cache_gb,
+              help="Memory for vLLM's KV cache, in GiB. Default on a CPU: room for --max-num-seqs requests "
+                   f"(vLLM's default: {CPU_MAX_NUM_SEQS}) at --max-model-len, at most {KV_CACHE_SHARE:.0%} of the "
+                   "memory free on the NUMA node vLLM runs on, and at least one request of that length (vLLM's "
+                   "own default reserves 92% of the node's total and refuses to start where less is free). "
+                   "Default on a GPU: vLLM's --gpu-memory-utilization.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM OPTIONS]")
 @library_errors
-def serve_cmd(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len, vllm_args):
+def serve_cmd(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len, kv_cache_gb,
+              vllm_args):
     """Serve STORE over HTTP: an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics) whose answers come from the store's chunks.
 
@@ -47,4 +54,4 @@ def serve_cmd(store, model_path, host, port, top_k, method, recompute_ratio, api
     from sparsecache.vllm.server import serve
 
     serve(ServeConfig(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len,
-                      vllm_args=tuple(a for a in vllm_args if a != "--")))
+                      kv_cache_gb, vllm_args=tuple(a for a in vllm_args if a != "--")))

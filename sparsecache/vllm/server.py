@@ -31,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +46,13 @@ if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM
 
 MAX_TOP_K = 64
 FIELD = "sparsecache"  # the request's options and the response's sources, in the body
+GiB = 1 << 30
+# On a CPU vLLM reserves --gpu-memory-utilization (0.92) of its NUMA node's memory by default, and
+# refuses to start where less is free (one node may hold a fraction of the machine's memory). serve
+# sizes the KV cache itself instead: enough for vLLM's own default of requests at the model's
+# length, at most this share of what is free on that node, at least one request of full length.
+KV_CACHE_SHARE = 0.5
+CPU_MAX_NUM_SEQS = 128  # vLLM's default --max-num-seqs for its OpenAI server on a CPU
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class ServeConfig:
     api_key: str | None = None
     dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
     max_model_len: int | None = None
+    kv_cache_gb: float | None = None  # None: on a CPU, `kv_cache_bytes`'s rule; on a GPU, vLLM's own default
     follow_s: float = 1.0  # how often a new store version is looked for
     served_model_name: str | None = None
     vllm_args: tuple[str, ...] = ()
@@ -239,9 +249,11 @@ async def _with_sources(stream, sources: dict):
         yield event
 
 
-def vllm_args(cfg: ServeConfig, store):
+def vllm_args(cfg: ServeConfig, store, model_config=None):
     """vLLM's own server arguments for `cfg` and the opened `store` (parsed by vLLM's parser, so
-    every vLLM option in `cfg.vllm_args` works and its defaults stay vLLM's)."""
+    every vLLM option in `cfg.vllm_args` works and its defaults stay vLLM's), with the KV cache
+    sized by `kv_cache_bytes` on a CPU. Settings that cannot start raise ConfigError here, before
+    any engine process exists."""
     import torch
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -252,8 +264,9 @@ def vllm_args(cfg: ServeConfig, store):
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
                  "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.follow_s,
                                                "method": cfg.method, "recompute_ratio": cfg.recompute_ratio}}
+    on_gpu = torch.cuda.is_available()
     dtype = cfg.dtype
-    if dtype == "auto" and not torch.cuda.is_available():
+    if dtype == "auto" and not on_gpu:
         dtype = "float32"
     name = cfg.served_model_name or store.attrs["model"].get("name") or "default"
     argv = ["--model", str(model_dir(cfg.model)), "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,
@@ -262,9 +275,80 @@ def vllm_args(cfg: ServeConfig, store):
         argv += ["--api-key", cfg.api_key]
     if cfg.max_model_len:
         argv += ["--max-model-len", str(cfg.max_model_len)]
-    args = make_arg_parser(FlexibleArgumentParser(prog="sparsecache serve")).parse_args(argv + list(cfg.vllm_args))
-    validate_parsed_serve_args(args)
+    try:
+        args = make_arg_parser(FlexibleArgumentParser(prog="sparsecache serve")).parse_args(argv + list(cfg.vllm_args))
+        validate_parsed_serve_args(args)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"vLLM's options: {str(e).splitlines()[0]}") from None
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if args.max_model_len and positions and args.max_model_len > positions:
+        raise ConfigError(f"--max-model-len {args.max_model_len} is more than the model's {positions} positions")
+    given = {a.split("=", 1)[0].replace("_", "-") for a in cfg.vllm_args if a.startswith("--")}
+    if cfg.kv_cache_gb is not None:
+        args.kv_cache_memory_bytes = int(cfg.kv_cache_gb * GiB)
+        if not on_gpu:
+            node, free = cpu_memory()
+            if args.kv_cache_memory_bytes > free:
+                raise ConfigError(f"--kv-cache-gb {cfg.kv_cache_gb:g} is more than the {free / GiB:.1f} GiB free on "
+                                  f"NUMA node {node}: give less, or free memory")
+    elif not on_gpu and not given & {"--kv-cache-memory-bytes", "--gpu-memory-utilization"} \
+            and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        model = store.attrs["model"]
+        per_token = 2 * int(model["layers"]) * int(model["m"]) * (4 if args.dtype in ("float32", "float") else 2)
+        node, free = cpu_memory()
+        args.kv_cache_memory_bytes = kv_cache_bytes(per_token, args.max_model_len or positions or 4096,
+                                                    args.max_num_seqs or CPU_MAX_NUM_SEQS, free, node)
     return args
+
+
+def _import_notices_hidden():
+    """vLLM logs notices while its server modules import (on a CPU: the warning "Triton is installed,
+    but doesn't include CPU backend"): hidden meanwhile with vLLM's own `suppress_logging`, so that
+    a start-up error is the command's only line. Errors pass; logging is as before afterwards."""
+    import logging
+
+    from vllm.logger import suppress_logging
+
+    return suppress_logging(logging.WARNING)
+
+
+def kv_cache_bytes(per_token: int, max_len: int, max_seqs: int, free: int, node: int = 0) -> int:
+    """The KV cache `serve` reserves on a CPU: room for `max_seqs` requests of `max_len` tokens
+    (`per_token` bytes each), at most KV_CACHE_SHARE of the `free` bytes on NUMA node `node`, and
+    at least one request of `max_len` tokens (ConfigError where even that does not fit)."""
+    one = per_token * max_len
+    cap = int(KV_CACHE_SHARE * free)
+    if one > cap:
+        raise ConfigError(f"the KV cache needs {one / GiB:.2f} GiB for one request of {max_len} tokens, and "
+                          f"{free / GiB:.2f} GiB is free on NUMA node {node} (serve takes at most "
+                          f"{KV_CACHE_SHARE:.0%}): lower --max-model-len, free memory, or set --kv-cache-gb")
+    return min(one * max_seqs, cap)
+
+
+def cpu_memory() -> tuple[int, int]:
+    """(NUMA node, bytes available on it) for the node vLLM's CPU worker allocates from: the node
+    of the first CPU this process may run on, read as vLLM reads it (cgroup limits included)."""
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+        node = get_allowed_cpu_list()[0].numa_node
+        return node, int(get_memory_node_info(node).available_memory)
+    except (ImportError, IndexError, OSError, KeyError, AttributeError):  # another vLLM, or no NUMA information
+        import psutil
+
+        return 0, int(psutil.virtual_memory().available)
+
+
+def check_port(host: str, port: int) -> None:
+    """ConfigError in one line if `host:port` cannot be listened on (taken, or not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --port or --host)") \
+                from None
 
 
 async def _run(cfg: ServeConfig, rag: Rag, args) -> None:
@@ -296,9 +380,20 @@ async def _run(cfg: ServeConfig, rag: Rag, args) -> None:
 
 
 def serve(cfg: ServeConfig) -> None:
-    """Start the server and block until it is stopped (SIGINT/SIGTERM)."""
+    """Start the server and block until it is stopped (SIGINT/SIGTERM). What cannot start is
+    found before vLLM's engine starts where it can be (ConfigError, one line)."""
     import uvloop
 
+    with _import_notices_hidden():  # the modules the checks below import
+        import vllm.entrypoints.launchers.cli_args  # noqa: F401
+
+        from . import connector  # noqa: F401
+    check_port(cfg.host, cfg.port)
     rag = Rag(cfg)  # the store opens and matches the model before anything heavy starts
-    args = vllm_args(cfg, rag.prompts.store)
-    uvloop.run(_run(cfg, rag, args))
+    args = vllm_args(cfg, rag.prompts.store, rag.prompts.model_config)
+    try:
+        uvloop.run(_run(cfg, rag, args))
+    except RuntimeError as e:
+        if "initialization failed" not in str(e):
+            raise
+        raise ConfigError("vLLM's engine did not start; its log above says why") from None
