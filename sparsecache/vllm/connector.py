@@ -335,8 +335,16 @@ class SparsecacheConnector(KVConnectorBase_V1):
         # everything is written before the step's forward starts (blending runs vLLM's own layers)
         blended = [s for s in meta.loads if s.blend.recomputes and self.stack is not None]
         plain = [s for s in meta.loads if s not in blended]
+        threads = torch.get_num_threads()
         self._timed(lambda: [self._blend(spec, layers) for spec in blended])
         self._timed(lambda: self._load_plain(plain, layers))
+        if torch.get_num_threads() != threads:
+            # vLLM's CPU attention aborts the engine when the OpenMP thread count differs from the one
+            # its metadata was planned with (what numba's pool start did: `_numba_pool`): never leave
+            # this step's forward another count than it had
+            logger.warning("sparsecache: loading changed the OpenMP thread count from %d to %d; put back",
+                           threads, torch.get_num_threads())
+            torch._C.set_num_threads(threads)  # vLLM's CPU worker replaces torch.set_num_threads
 
     def _timed(self, fn) -> None:
         t0 = time.perf_counter()
