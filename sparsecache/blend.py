@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from .query_config import QueryConfig
 from .model import KVModel, kv_cache
 from .generate import prefill
-from .stack import Pass, Stack, as_stack, attention_probs, probe
+from .stack import Batch, Pass, Stack, as_stack, attention_probs, probe, probe_many
 from .stopwatch import Stopwatch
 
 QUESTION_MARKER = "\u2063Q\u2063"
@@ -166,15 +166,27 @@ def attention_scores(ctx: Context, q_ids: list[int], model: "KVModel | Stack", l
     """float32 [S]: attention mass the question's tokens give each context position at `layer`,
     summed over question tokens and heads (A³ Eq. 3 at an early layer, InfoFlow Eq. 7 later).
     The question runs through the layers up to `layer` after the context, as its prefill would."""
-    stack, S = as_stack(model), ctx.length
-    pos = torch.arange(S, S + len(q_ids), device=stack.device)
+    return attention_scores_many([ctx], [q_ids], model, layer)[0]
+
+
+@torch.inference_mode()
+def attention_scores_many(ctxs: list[Context], q_ids: list[list[int]], model: "KVModel | Stack",
+                          layer: int) -> list[torch.Tensor]:
+    """`attention_scores` of several contexts and their questions, the questions run through
+    the layers together (`stack.Batch`)."""
+    stack = as_stack(model)
+    positions = [torch.arange(c.length, c.length + len(q), device=stack.device) for c, q in zip(ctxs, q_ids)]
     try:
-        seen = probe(stack, ctx.cache, _ids(q_ids, stack), pos, layer)
-        keys = ctx.cache.layers[layer].keys[:, :, : S + len(q_ids)]
-        probs = attention_probs(seen.q, keys, pos, seen.scale, seen.window, seen.softcap)  # (1, nh, Q, S+Q)
-        return probs[0, :, :, :S].sum((0, 1))
+        seen = probe_many(stack, [(c.cache, _ids(q, stack), p) for c, q, p in zip(ctxs, q_ids, positions)], layer)
+        scores = []
+        for c, s, p in zip(ctxs, seen, positions):
+            keys = c.cache.layers[layer].keys[:, :, : int(p[-1]) + 1]
+            probs = attention_probs(s.q, keys, p, s.scale, s.window, s.softcap)  # (1, nh, Q, S+Q)
+            scores.append(probs[0, :, :, : c.length].sum((0, 1)))
+        return scores
     finally:
-        truncate(ctx.cache, S)  # the question's K/V do not stay behind
+        for c in ctxs:
+            truncate(c.cache, c.length)  # the questions' K/V do not stay behind
 
 
 def _ids(ids: list[int] | torch.Tensor, stack: Stack) -> torch.Tensor:
@@ -281,6 +293,37 @@ def recompute(ctx: Context, positions: torch.Tensor, model: "KVModel | Stack", b
         if part.numel():
             logits = stack.run(ids[part], part, Pass(ctx.cache, part), logits=bool(q_ids))
     return logits if q_ids else None
+
+
+@torch.inference_mode()
+def recompute_many(ctxs: list[Context], positions: list[torch.Tensor], model: "KVModel | Stack") -> None:
+    """`recompute` (in one pass, no question) of several contexts at once: all their selected
+    tokens in one run through the layers, each attending over its own cache (`stack.Batch`).
+    What a serving engine does with the requests one step admits."""
+    stack = as_stack(model)
+    runs = [(c, p.to(stack.device)) for c, p in zip(ctxs, positions) if p.numel()]
+    if runs:
+        ids = torch.cat([c.token_ids.to(stack.device)[p] for c, p in runs])
+        stack.run(ids, torch.cat([p for _, p in runs]), Batch([Pass(c.cache, p) for c, p in runs]))
+
+
+def choose_many(ctxs: list[Context], q_ids: list[list[int]], cfgs: list[QueryConfig],
+                model: "KVModel | Stack") -> list[torch.Tensor]:
+    """`choose` for several contexts; those scored by the question's attention at the same
+    layer (a3, infoflow) run their questions through the layers together."""
+    stack = as_stack(model)
+    out: list[torch.Tensor | None] = [None] * len(ctxs)
+    by_layer: dict[int, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        if cfg.method in ("cacheblend", "cacheclip"):
+            out[i] = choose(ctxs[i], q_ids[i], cfg, stack)
+        else:
+            by_layer.setdefault(cfg.layer(stack.n_layers), []).append(i)
+    for layer, idx in by_layer.items():
+        scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
+        for i, sc in zip(idx, scores):
+            out[i] = select(sc, ctxs[i], cfgs[i].recompute_ratio, cfgs[i].group_window, cfgs[i].group_min)
+    return out
 
 
 def choose(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: "KVModel | Stack",

@@ -75,6 +75,29 @@ class Pass:
         return attention(q.to(keys.dtype), keys, values, self.positions, scale, window, softcap).to(q.dtype)
 
 
+class Batch:
+    """Several passes run as one: their tokens follow each other in one run through the layers
+    (embeddings, norms, projections and MLPs see them all at once, a few large operations instead
+    of many small ones per pass), and each layer's attention gives every pass its own tokens over
+    its own cache. All passes probe the same layer, or none does."""
+
+    def __init__(self, passes: list[Pass]):
+        self.passes = passes
+        self.sizes = [int(p.positions.numel()) for p in passes]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        outs, probed = [], False
+        for p, qp, kp, vp in zip(self.passes, *(x.split(self.sizes, dim=2) for x in (q, k, v))):
+            try:
+                outs.append(p(layer, qp, kp, vp, scale, window, softcap))
+            except Probed:
+                probed = True  # every pass keeps what it saw before the run stops
+        if probed:
+            raise Probed
+        return torch.cat(outs, dim=2)
+
+
 def _grown(x: torch.Tensor, length: int) -> torch.Tensor:
     """x (1, H, N, D) with zero positions appended up to `length`."""
     return torch.cat([x, x.new_zeros(*x.shape[:-2], length - x.shape[-2], x.shape[-1])], dim=-2)
@@ -139,11 +162,17 @@ class Stack:
 def probe(stack: Stack, cache: DynamicCache, ids: torch.Tensor, positions: torch.Tensor, layer: int) -> Probe:
     """Run tokens `ids` at `positions` through layers 0..`layer` (their K/V joining `cache`,
     `layer`'s included) and return what `layer`'s attention received."""
-    attend = Pass(cache, positions, probe=layer)
+    return probe_many(stack, [(cache, ids, positions)], layer)[0]
+
+
+def probe_many(stack: Stack, runs: list[tuple[DynamicCache, torch.Tensor, torch.Tensor]], layer: int) -> list[Probe]:
+    """`probe` of several (cache, ids, positions) in one run through the layers (a `Batch`)."""
+    passes = [Pass(cache, positions, probe=layer) for cache, _, positions in runs]
     try:
-        stack.run(ids, positions, attend, n_layers=layer + 1)
+        stack.run(torch.cat([ids for _, ids, _ in runs]), torch.cat([p for _, _, p in runs]), Batch(passes),
+                  n_layers=layer + 1)
     except Probed:
-        return attend.probed
+        return [p.probed for p in passes]
     raise RuntimeError(f"the pass never reached layer {layer}'s attention")
 
 

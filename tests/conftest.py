@@ -629,15 +629,18 @@ from sparsecache.serving import RagPrompts
 from sparsecache.session import Session
 
 import sparsecache.blend as blend
+import sparsecache.session as session_module
 import sparsecache.vllm.connector as connector
 chosen = {"vllm": [], "query": []}
-def recording(where, choose):
-    def wrapped(*args, **kwargs):
-        positions = choose(*args, **kwargs)
-        chosen[where].append(positions.tolist())
-        return positions
-    return wrapped
-connector.choose, blend.choose = recording("vllm", blend.choose), recording("query", blend.choose)
+def engine(*args, **kwargs):
+    positions = blend.choose_many(*args, **kwargs)
+    chosen["vllm"].extend(p.tolist() for p in positions)
+    return positions
+def query(*args, **kwargs):
+    logits, positions = blend.fuse(*args, **kwargs)
+    chosen["query"].append(positions.tolist())
+    return logits, positions
+connector.choose_many, session_module.fuse = engine, query
 
 model, store, question = sys.argv[1:4]
 session = Session(store, model)

@@ -315,3 +315,31 @@ def test_a_bfloat16_session_answers_from_the_same_store_close_to_float32(session
     if method != "none":
         torch.testing.assert_close(first_logits(half, chunk_ids, method, 1.0), first_logits(half, chunk_ids, "full"),
                                    atol=0.02 * float(scale), rtol=0.02)
+
+
+def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, tiny_model):
+    """What a serving engine does with the requests one step admits: their questions scored in one
+    run through the layers, their selected tokens recomputed in one run (`stack.Batch`), each
+    attending over its own cache. Each gets the selection and the cache it gets alone."""
+    from sparsecache.blend import choose, choose_many, recompute_many
+
+    cases = [(chunk_ids, QUESTION, QueryConfig(method="infoflow", recompute_ratio=0.3)),
+             (chunk_ids[:2], "Why would one use it?", QueryConfig(method="a3", recompute_ratio=0.2)),
+             (chunk_ids[1:], QUESTION, QueryConfig(method="infoflow", recompute_ratio=0.5)),
+             (chunk_ids[::-1], QUESTION, QueryConfig(method="cacheblend", recompute_ratio=0.3))]
+    qs = [question_ids(tiny_model, q) for _, q, _ in cases]
+    alone = []
+    for (ids, _, cfg), q in zip(cases, qs):
+        ctx = load_cache(session.store, ids, tiny_model)
+        positions = choose(ctx, q, cfg, tiny_model)
+        recompute(ctx, positions, tiny_model)
+        alone.append((ctx, positions))
+    ctxs = [load_cache(session.store, ids, tiny_model) for ids, _, _ in cases]
+    together = choose_many(ctxs, qs, [cfg for _, _, cfg in cases], tiny_model)
+    recompute_many(ctxs, together, tiny_model)
+    for (want, want_pos), got, got_pos in zip(alone, ctxs, together):
+        assert torch.equal(got_pos, want_pos) and got_pos.numel() > 0
+        for a, b in zip(got.cache.layers, want.cache.layers):
+            assert a.keys.shape == b.keys.shape  # the questions' K/V did not stay behind
+            torch.testing.assert_close(a.keys, b.keys, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(a.values, b.values, atol=2e-5, rtol=1e-5)

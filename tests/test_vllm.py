@@ -137,17 +137,22 @@ def chosen(monkeypatch):
     import sparsecache.blend as blend
     import sparsecache.vllm.connector as connector
 
+    import sparsecache.session as session
+
     seen = {"vllm": [], "query": []}
 
-    def recording(where, choose):
-        def wrapped(*args, **kwargs):
-            positions = choose(*args, **kwargs)
-            seen[where].append(positions.tolist())
-            return positions
-        return wrapped
+    def engine(*args, **kwargs):  # the connector's, for the step's requests
+        positions = blend.choose_many(*args, **kwargs)
+        seen["vllm"].extend(p.tolist() for p in positions)
+        return positions
 
-    monkeypatch.setattr(connector, "choose", recording("vllm", blend.choose))
-    monkeypatch.setattr(blend, "choose", recording("query", blend.choose))
+    def query(*args, **kwargs):  # sparsecache query's fusion: (logits, positions)
+        logits, positions = blend.fuse(*args, **kwargs)
+        seen["query"].append(positions.tolist())
+        return logits, positions
+
+    monkeypatch.setattr(connector, "choose_many", engine)
+    monkeypatch.setattr(session, "fuse", query)
     return seen
 
 
@@ -177,7 +182,7 @@ def test_a_blend_that_fails_after_the_claim_is_recomputed_by_vllm(llm, store, ra
     def broken(*args, **kwargs):
         raise RuntimeError("injected failure in the recomputation")
 
-    monkeypatch.setattr(connector, "recompute", broken)
+    monkeypatch.setattr(connector, "recompute_many", broken)
     tokens, _, delta = generate(llm, req, with_source(req, "codes", method="infoflow"))
     assert delta["load_errors"] > 0 and delta["tokens"] == 0 and tokens == full
 

@@ -68,7 +68,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
-from ..blend import choose, decode_chunks, recompute
+from ..blend import choose_many, decode_chunks, recompute_many
 from ..errors import ConfigError, SparseCacheError
 from ..model import Rope, config_fingerprint
 from ..query_config import SCORERS, QueryConfig
@@ -336,7 +336,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         blended = [s for s in meta.loads if s.blend.recomputes and self.stack is not None]
         plain = [s for s in meta.loads if s not in blended]
         threads = torch.get_num_threads()
-        self._timed(lambda: [self._blend(spec, layers) for spec in blended])
+        self._timed(lambda: self._blend(blended, layers))
         self._timed(lambda: self._load_plain(plain, layers))
         if torch.get_num_threads() != threads:
             # vLLM's CPU attention aborts the engine when the OpenMP thread count differs from the one
@@ -380,32 +380,58 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self._stats.data["tokens"] += spec.end - spec.start
         self._stats.data["recomputed"] += recomputed
 
-    def _blend(self, spec: LoadSpec, layers: list) -> None:
-        """`sparsecache query`'s fusion of one request, on vLLM's layers: decode the chunks, place
-        them at their positions, let the question's attention choose tokens, recompute them
-        through every layer, then write the whole context. Any failure falls back as a failed
-        load does: nothing has been written yet, the blocks are reported, vLLM recomputes them."""
+    def _blend(self, specs: list[LoadSpec], layers: list) -> None:
+        """`sparsecache query`'s fusion of the step's blending requests, on vLLM's layers: decode
+        each one's chunks and place them at their positions, let each question's attention choose
+        its tokens and recompute them through every layer, then write each whole context. The
+        requests share each run through the layers (`blend.choose_many`, `blend.recompute_many`),
+        each attending over its own context. A request that fails falls back as a failed load does
+        (nothing of it written, its blocks reported, vLLM recomputes them); if the shared runs
+        fail, each request is blended again alone, so one request cannot fail the others."""
+        ready = []
+        for spec in specs:
+            try:
+                ready.append((spec, self._context(spec)))
+            except Exception as e:  # noqa: BLE001 -- whatever failed, wrong KV must not reach the model
+                self._fail(spec, e)
+        if not ready:
+            return
+        ctxs = [ctx for _, ctx in ready]
         try:
-            store = self._store(spec.version)
-            if spec.source == "raw":
-                files = [raw_file(self._raw_dir(store), c) for c in spec.chunks]
-                chunks = raw_chunks(store, spec.chunks, files).to(self.device)
-            else:
-                chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device))
-            ctx = chunks.assemble(self.stack)
-            if ctx.length != spec.end:
-                raise ValueError(f"{ctx.length} context tokens decoded, {spec.end} claimed")
             t0 = time.perf_counter()
-            positions = choose(ctx, spec.question, spec.blend, self.stack)
-            recompute(ctx, positions, self.stack)
+            positions = choose_many(ctxs, [s.question for s, _ in ready], [s.blend for s, _ in ready], self.stack)
+            recompute_many(ctxs, positions, self.stack)
             self._stats.data["blend_ms"] += 1e3 * (time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001
+            if len(ready) == 1:
+                return self._fail(ready[0][0], e)
+            logger.warning("sparsecache: blending %d requests together failed (%s: %s); each is blended alone",
+                           len(ready), type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            for spec, _ in ready:
+                self._blend([spec], layers)
+            return
+        for (spec, ctx), chosen in zip(ready, positions):
             cache = ctx.cache.layers  # post-RoPE (1, H, S, D) per layer
-            self._write(spec, [c.keys[0].transpose(0, 1) for c in cache], [c.values[0].transpose(0, 1) for c in cache],
-                        layers)
-        except Exception as e:  # noqa: BLE001 -- whatever failed, wrong KV must not reach the model
-            self._fail(spec, e)
+            try:
+                self._write(spec, [c.keys[0].transpose(0, 1) for c in cache],
+                            [c.values[0].transpose(0, 1) for c in cache], layers)
+            except Exception as e:  # noqa: BLE001
+                self._fail(spec, e)
+            else:
+                self._served(spec, int(chosen.numel()))
+
+    def _context(self, spec: LoadSpec):
+        """The request's prefix and chunks decoded into a blend.Context at their positions."""
+        store = self._store(spec.version)
+        if spec.source == "raw":
+            files = [raw_file(self._raw_dir(store), c) for c in spec.chunks]
+            chunks = raw_chunks(store, spec.chunks, files).to(self.device)
         else:
-            self._served(spec, int(positions.numel()))
+            chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device))
+        ctx = chunks.assemble(self.stack)
+        if ctx.length != spec.end:
+            raise ValueError(f"{ctx.length} context tokens decoded, {spec.end} claimed")
+        return ctx
 
     def _source(self, spec: LoadSpec):
         """A function (lo, hi) → pre-RoPE (keys, values) [hi-lo, end, m] of the request's tokens
