@@ -36,7 +36,16 @@ def start() -> None:
 
         before = torch.get_num_threads()
         _launch_threads()
-        if torch.get_num_threads() != before:
-            # torch._C's setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op
-            torch._C.set_num_threads(before)
+        put_back(before)
         _started = True
+
+
+def put_back(threads: int) -> bool:
+    """Set this thread's OpenMP thread count to `threads` again if something changed it; True if
+    it had changed."""
+    import torch
+
+    if torch.get_num_threads() == threads:
+        return False
+    torch._C.set_num_threads(threads)  # torch._C's: vLLM's CPU worker makes torch.set_num_threads a no-op
+    return True

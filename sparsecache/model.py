@@ -139,18 +139,17 @@ def config_fingerprint(config, name: str) -> dict:
             "m": config.num_key_value_heads * _head_dim(config)}
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def query_dtype(name: str, device: str | torch.device) -> torch.dtype:
-    """The dtype a query runs the model in: `name` from `DTYPES`, or "auto": float32 on a CPU
-    (the reference), bfloat16 on a GPU (BENCHMARKS.md, "On a GPU": its answers against
-    float32's). A store's K/V are always computed in float32."""
+    """The dtype a query runs the model in: one of `query_config.DTYPES`, where "auto" is float32
+    on a CPU (the reference) and bfloat16 on a GPU (BENCHMARKS.md, "On a GPU": its answers
+    against float32's). A store's K/V are always computed in float32."""
+    from .query_config import DTYPES
+
+    if name not in DTYPES:
+        raise ModelError(f"unknown dtype {name!r}: one of {', '.join(DTYPES)}")
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if name not in DTYPES:
-        raise ModelError(f"unknown dtype {name!r}: one of auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return getattr(torch, name)
 
 
 def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",

@@ -22,7 +22,7 @@ from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, full_prefill, greedy_continue, prefill
 from .model import KVModel, extract_kv, load_model, query_dtype
 from .overlap import Rates, cake_context
-from .query_config import MAX_NEW_TOKENS, TOP_K, QueryConfig
+from .query_config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .stopwatch import Stopwatch
 from .kvstore import KVStore
 from .store.versions import READ_ATTEMPTS
@@ -89,7 +89,7 @@ class Session:
     follows the store's newest version whenever the one it read is deleted."""
 
     def __init__(self, store: str | Path | KVStore, model: str | KVModel = "default", device: str = "cpu",
-                 raw_dir: str | Path | None = None, dtype: str = "auto"):
+                 raw_dir: str | Path | None = None, dtype: str = DTYPE):
         self.follows_latest = not isinstance(store, KVStore)
         self.rereads = 0  # reads done again at a newer version because the one read was deleted
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)

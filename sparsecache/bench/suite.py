@@ -16,6 +16,7 @@ from ..dictionary import Dictionary
 from ..learn import initial_atoms
 from ..durable import write_atomic
 from ..errors import ConfigError, StoreError
+from ..query_config import DTYPE
 from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
 
@@ -622,7 +623,7 @@ TTFT_QUESTION = "Summarise what these sections say about special method names."
 
 
 def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu", cold: bool = True,
-               busy: bool = False, min_tokens: int = 480, dtype: str = "auto") -> dict:
+               busy: bool = False, min_tokens: int = 480, dtype: str = DTYPE) -> dict:
     """TTFT breakdown of every method for k chunks of >= `min_tokens` tokens (a `bench
     store` store's are 480–512), in one run.
 

@@ -8,6 +8,7 @@ import json
 import click
 
 from sparsecache.errors import SparseCacheError
+from sparsecache.query_config import DTYPE, DTYPES
 
 
 def model_option(f):
@@ -22,8 +23,7 @@ def device_option(f):
 
 
 def dtype_option(f):
-    return click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-                        show_default=True,
+    return click.option("--dtype", type=click.Choice(DTYPES), default=DTYPE, show_default=True,
                         help="The model's dtype for the query (decode, recomputation, prefill, generation): auto is "
                              "float32 on a CPU, bfloat16 on a GPU. The store's K/V are float32 whatever this says.")(f)
 

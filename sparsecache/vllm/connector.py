@@ -68,6 +68,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
+from .. import _numba_pool
 from ..blend import choose_many, decode_chunks, recompute_many
 from ..errors import ConfigError, SparseCacheError
 from ..model import Rope, config_fingerprint
@@ -338,13 +339,11 @@ class SparsecacheConnector(KVConnectorBase_V1):
         threads = torch.get_num_threads()
         self._timed(lambda: self._blend(blended, layers))
         self._timed(lambda: self._load_plain(plain, layers))
-        if torch.get_num_threads() != threads:
-            # vLLM's CPU attention aborts the engine when the OpenMP thread count differs from the one
-            # its metadata was planned with (what numba's pool start did: `_numba_pool`): never leave
-            # this step's forward another count than it had
-            logger.warning("sparsecache: loading changed the OpenMP thread count from %d to %d; put back",
-                           threads, torch.get_num_threads())
-            torch._C.set_num_threads(threads)  # vLLM's CPU worker replaces torch.set_num_threads
+        # vLLM's CPU attention aborts the engine when the OpenMP thread count differs from the one
+        # its metadata was planned with (what numba's pool start did: `_numba_pool`): never leave
+        # this step's forward another count than it had
+        if _numba_pool.put_back(threads):
+            logger.warning("sparsecache: loading changed the OpenMP thread count; put back to %d", threads)
 
     def _timed(self, fn) -> None:
         t0 = time.perf_counter()
