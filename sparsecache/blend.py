@@ -1,15 +1,15 @@
-"""Query time: assemble retrieved chunks into one model cache, pick tokens to recompute, recompute them.
+"""Query time mechanisms: assemble retrieved chunks into one model cache, score tokens, select,
+recompute. Which of them a query uses is its method's choice (`sparsecache.methods`).
 
 The context is [shared prefix (exact KV), chunk 1, chunk 2, …] at global positions 0..S-1:
 pre-RoPE keys are rotated where they land, so positions are monotonic and there is one
 attention sink (CacheClip). Each chunk's KV was computed alone, so cross-chunk attention is
-missing; selective recomputation restores it for a fraction r of the chunk tokens:
+missing; selective recomputation restores it for a fraction r of the chunk tokens, scored by:
 
-- `a3`: the question's attention to each context token at an early layer (A³ Eq. 3);
-- `infoflow`: the same attention mass at an intermediate-to-late layer, under the global
-  RoPE geometry (InfoFlow §4.2, Eq. 7);
-- `cacheblend`: the deviation of each token's layer-1 value between full-context and
-  cached KV (CacheBlend);
+- `attention_scores`: the question's attention to each context token at one layer (A³ Eq. 3
+  at an early layer, InfoFlow Eq. 7 at an intermediate-to-late one);
+- `value_deviation`: the deviation of each token's layer-1 value between full-context and
+  cached KV (CacheBlend); `selector_scores`: a small model's full-context attention (CacheClip);
 - grouping (CacheClip): recompute whole windows of W tokens, so a multi-token entity is
   never half old, half new: either CacheClip's rule (windows holding at least M of the top
   tokens) or, by default, the windows with the most score mass until the budget is spent
@@ -28,9 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .query_config import QueryConfig
 from .model import KVModel, kv_cache
-from .generate import prefill
 from .stack import Batch, Pass, Stack, as_stack, attention_probs, probe, probe_many
 from .stopwatch import Stopwatch
 
@@ -128,13 +126,11 @@ def decode_chunks(store, chunk_ids: list[str], device, watch: Stopwatch) -> Deco
 
 
 @torch.inference_mode()
-def attention_order(chunks: DecodedChunks, q_ids: list[int], cfg: QueryConfig, model: KVModel) -> list[int]:
+def attention_order(chunks: DecodedChunks, q_ids: list[int], model: KVModel, layer: int, budget: float) -> list[int]:
     """Chunk indices ordered least to most important, so the most important lands next to the
-    question (InfoFlow's reordering). A chunk's importance is the question's attention mass on
-    its top-r tokens (r the recompute budget, 0.15 where nothing is recomputed) at InfoFlow's layer, with the chunk placed alone after the prefix: every
+    question (InfoFlow's reordering). A chunk's importance is the question's attention mass at
+    `layer` on its top `budget` of tokens, with the chunk placed alone after the prefix: every
     chunk is scored at the same positions, so none is favoured for where retrieval put it."""
-    layer = dataclasses.replace(cfg, method="infoflow").layer(model.n_layers)  # InfoFlow's layer
-    budget = cfg.recompute_ratio if cfg.recomputes else 0.15  # the tokens InfoFlow would select
     importance = []
     for tokens, kv in zip(chunks.tokens, chunks.kv):
         ctx = assemble(chunks.prefix_ids, chunks.prefix_kv, [tokens], [kv], model)
@@ -305,58 +301,3 @@ def recompute_many(ctxs: list[Context], positions: list[torch.Tensor], model: "K
     if runs:
         ids = torch.cat([c.token_ids.to(stack.device)[p] for c, p in runs])
         stack.run(ids, torch.cat([p for _, p in runs]), Batch([Pass(c.cache, p) for c, p in runs]))
-
-
-def choose_many(ctxs: list[Context], q_ids: list[list[int]], cfgs: list[QueryConfig],
-                model: "KVModel | Stack") -> list[torch.Tensor]:
-    """`choose` for several contexts; those scored by the question's attention at the same
-    layer (a3, infoflow) run their questions through the layers together."""
-    stack = as_stack(model)
-    out: list[torch.Tensor | None] = [None] * len(ctxs)
-    by_layer: dict[int, list[int]] = {}
-    for i, cfg in enumerate(cfgs):
-        if cfg.method in ("cacheblend", "cacheclip"):
-            out[i] = choose(ctxs[i], q_ids[i], cfg, stack)
-        else:
-            by_layer.setdefault(cfg.layer(stack.n_layers), []).append(i)
-    for layer, idx in by_layer.items():
-        scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
-        for i, sc in zip(idx, scores):
-            out[i] = select(sc, ctxs[i], cfgs[i].recompute_ratio, cfgs[i].group_window, cfgs[i].group_min)
-    return out
-
-
-def choose(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: "KVModel | Stack",
-           selector: "KVModel | Stack | None" = None) -> torch.Tensor:
-    """Sorted int64 positions `cfg`'s scorer selects among the chunk tokens for the question
-    `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the
-    model itself) over its first `cfg.selector_layers` layers (default: a quarter of them)."""
-    stack = as_stack(model)
-    layer = cfg.layer(stack.n_layers)
-    if cfg.method == "cacheblend":
-        scores = value_deviation(ctx, stack, layer)
-    elif cfg.method == "cacheclip":  # all of an auxiliary model's layers, a quarter of the main one's
-        sel = as_stack(selector) if selector is not None else None
-        n = cfg.selector_layers or (sel.n_layers if sel else max(1, stack.n_layers // 4))
-        scores = selector_scores(ctx, q_ids, sel or stack, n)
-    else:
-        scores = attention_scores(ctx, q_ids, stack, layer)
-    return select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
-
-
-def fuse(ctx: Context, q_ids: list[int], cfg: QueryConfig, model: KVModel,
-         watch: Stopwatch | None = None, selector: KVModel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
-    pass: (next-token logits, recomputed positions). `none` (and `raw`) only prefill the
-    question; `full` is not a fusion.
-    `cacheclip` scores with `selector` (default: `model`) over its first `cfg.selector_layers`."""
-    watch = watch if watch is not None else Stopwatch(model.device)
-    positions = torch.zeros(0, dtype=torch.long)
-    if cfg.recomputes:
-        with watch.step("select"):
-            positions = choose(ctx, q_ids, cfg, model, selector)
-        with watch.step("recompute"):  # the question's prefill rides in the same pass
-            return recompute(ctx, positions, model, q_ids=q_ids), positions
-    with watch.step("prefill"):
-        logits = prefill(ctx.cache, q_ids, model)
-    return logits, positions

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import methods
 from .errors import ConfigError
+from .methods.base import EXCLUSIVE_OPTIONS
 
-SCORERS = ("a3", "infoflow", "cacheblend", "cacheclip")
-METHODS = ("none", *SCORERS, "cake", "full", "raw")
+METHODS = methods.names()  # the registry's (`sparsecache.methods`), in the order the CLI offers them
+SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
@@ -21,10 +23,10 @@ DTYPE = "auto"  # float32 on a CPU (the reference), bfloat16 on a GPU
 class QueryConfig:
     """How a query lays out and fuses retrieved chunks; validated on construction.
 
-    - method: `none` (decoded KV as is), a scorer (`a3`, `infoflow`, `cacheblend`,
-      `cacheclip`: recompute the tokens it selects), `cake` (recompute the first chunks by prefill while the last
-      ones are read and decoded, on two threads), `full` (prefill everything, no cache) or
-      `raw` (exact fp16 KV);
+    - method: a name in the registry (`sparsecache.methods`): `none` (decoded KV as is), a
+      scorer (`a3`, `infoflow`, `cacheblend`, `cacheclip`: recompute the tokens it selects),
+      `cake` (recompute the first chunks by prefill while the last ones are read and decoded,
+      on two threads), `full` (prefill everything, no cache), `raw` (exact fp16 KV), …;
     - recompute_ratio: the fraction of chunk tokens a scorer recomputes;
     - group_window / group_min: CacheClip grouping (window 1 turns it off; min 0 takes whole
       windows by score mass up to the budget, M > 0 CacheClip's windows with >= M top tokens);
@@ -48,10 +50,12 @@ class QueryConfig:
     # cacheclip: a small model's full-context pass picks the tokens (CacheClip's auxiliary selector):
     selector_model: str | None = None  # a local HF model with the same tokenizer; None: the main model...
     selector_layers: int | None = None  # ...truncated to its first N layers (None: a quarter of them)
+    # superposition: the chunks kept, those whose own path makes the question likeliest (None: PATHS)
+    paths: int | None = None
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ConfigError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.method not in methods.REGISTRY:
+            raise ConfigError(f"--method must be one of {', '.join(methods.names())}, got {self.method!r}")
         if not 0.0 <= self.recompute_ratio <= 1.0:
             raise ConfigError(f"--recompute-ratio must be in [0, 1], got {self.recompute_ratio}")
         if self.group_window < 1 or (self.group_window > 1 and not 0 <= self.group_min <= self.group_window):
@@ -60,22 +64,28 @@ class QueryConfig:
             raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.reorder not in REORDERS:
             raise ConfigError(f"--reorder must be one of {', '.join(REORDERS)}, got {self.reorder!r}")
-        if self.cake_split is not None and (self.method != "cake" or self.cake_split < 0):
-            raise ConfigError("--cake-split is a number of chunks >= 0, for --method cake")
-        if (self.selector_model is not None or self.selector_layers is not None) and self.method != "cacheclip":
-            raise ConfigError("--selector-model / --selector-layers choose cacheclip's selector; use --method cacheclip")
+        spec = methods.get(self.method)
+        for name in EXCLUSIVE_OPTIONS:
+            if getattr(self, name) is not None and name not in spec.options:
+                owners = [m for m in methods.names() if name in methods.get(m).options]
+                raise ConfigError(f"--{name.replace('_', '-')} applies to --method {' or '.join(owners)}, "
+                                  f"not {self.method}")
+        if self.cake_split is not None and self.cake_split < 0:
+            raise ConfigError("--cake-split is a number of chunks >= 0")
         if self.selector_layers is not None and self.selector_layers < 1:
             raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
-        if self.reorder != "none" and self.method in ("full", "raw", "cake"):
-            raise ConfigError(f"--reorder {self.reorder} scores decoded codes; it does not apply to --method {self.method}")
+        if self.paths is not None and self.paths < 1:
+            raise ConfigError(f"--paths must be >= 1, got {self.paths}")
+        if self.reorder != "none" and not spec.reorders:
+            raise ConfigError(f"--reorder {self.reorder} lays out decoded chunks; it does not apply to --method {self.method}")
 
     @property
     def recomputes(self) -> bool:
-        return self.method in SCORERS and self.recompute_ratio > 0
+        return methods.get(self.method).recomputes and self.recompute_ratio > 0
 
     def layer(self, n_layers: int) -> int:
         if self.score_layer is not None:
             if not 0 <= self.score_layer < n_layers:
                 raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
             return self.score_layer
-        return (3 * n_layers) // 4 if self.method == "infoflow" else min(1, n_layers - 1)
+        return methods.get(self.method).layer(n_layers)

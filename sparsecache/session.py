@@ -16,12 +16,13 @@ from pathlib import Path
 import torch
 
 from . import OPENMP_SPINS
-from .blend import Context, DecodedChunks, attention_order, decode_chunks, fuse, question_ids, truncate
+from . import methods
+from .blend import Context, DecodedChunks, question_ids, truncate
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
-from .generate import forced_agreement, full_prefill, greedy_continue, prefill
+from .generate import forced_agreement, greedy_continue
 from .model import KVModel, extract_kv, load_model, query_dtype
-from .overlap import Rates, cake_context
+from .overlap import Rates
 from .query_config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .stopwatch import Stopwatch
 from .kvstore import KVStore
@@ -48,16 +49,6 @@ class Answer:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
                 "timings_ms": self.timings_ms, "recomputed_tokens": self.recomputed_tokens,
                 "bytes_read": self.bytes_read, "context_tokens": self.context_tokens, "method": self.method}
-
-
-@dataclass
-class _Prefilled:
-    logits: torch.Tensor  # next-token logits after the question
-    cache: object  # the model's cache: context + question
-    context_tokens: int
-    recomputed: int
-    bytes_read: int
-    context_ids: list[str]
 
 
 def _at_a_live_version(method):
@@ -161,7 +152,7 @@ class Session:
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
         self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
-        p = self._prefilled(ids, q_ids, cfg, watch)
+        p = methods.get(cfg.method).prefilled(self, ids, q_ids, cfg, watch)
         with watch.step("first_token"):
             first = int(p.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
@@ -178,7 +169,7 @@ class Session:
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
                       p.logits, tokens, agreement)
 
-    def _selector(self, path: str | None) -> KVModel | None:
+    def selector(self, path: str | None) -> KVModel | None:
         """CacheClip's auxiliary model, loaded once; it must tokenise exactly as the main model."""
         if path is None:
             return None
@@ -197,43 +188,6 @@ class Session:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)
 
-    def _prefilled(self, ids: list[str], q_ids: list[int], cfg: QueryConfig, watch: Stopwatch) -> "_Prefilled":
-        """The context and question in the model's cache, by `cfg`'s method, with the first logits."""
-        if cfg.method == "full":
-            with watch.step("read"):
-                prefix, _, _ = self.store.prefix()
-                tokens = self.store.tokens(ids)
-            seq = prefix + [t for c in tokens for t in c] + q_ids
-            with watch.step("prefill"):
-                logits, cache = full_prefill(seq, self.model)
-            self.rates.observe("prefill_tokens_per_s", len(seq), watch["prefill"])
-            return _Prefilled(logits, cache, len(seq) - len(q_ids), 0, 4 * len(seq), ids)
-        if cfg.method == "cake":
-            lengths = [self.store.chunk(c).token_length for c in ids]
-            split = cfg.cake_split if cfg.cake_split is not None else self.rates.split(lengths)
-            with watch.step("recompute"):  # loading runs inside it, on a second thread
-                ctx, computed, nbytes = cake_context(self.store, ids, self.model, split)
-            with watch.step("prefill"):
-                logits = prefill(ctx.cache, q_ids, self.model)
-            recomputed = sum(b - a for a, b in ctx.spans[:computed])
-            return _Prefilled(logits, ctx.cache, ctx.length, recomputed, nbytes, ids)
-        if cfg.method == "raw":
-            ctx = self._raw_context(ids, watch)
-            nbytes = ctx.timings_ms["bytes_read"]
-        else:
-            chunks = decode_chunks(self.store, ids, self.device, watch)
-            if cfg.reorder == "attention":
-                with watch.step("select"):
-                    chunks = chunks.reordered(attention_order(chunks, q_ids, cfg, self.model))
-                ids = chunks.ids
-            with watch.step("reconstruct"):
-                ctx = chunks.assemble(self.model)
-            nbytes = chunks.nbytes
-            self.rates.observe("decode_tokens_per_s", sum(map(len, chunks.tokens)),
-                               sum(watch.get(s, 0.0) for s in ("read", "transfer", "reconstruct")))
-        logits, positions = fuse(ctx, q_ids, cfg, self.model, watch, self._selector(cfg.selector_model))
-        return _Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), ids)
-
     def raw_files(self, ids: list[str]) -> list[Path]:
         """One fp16 .safetensors of exact pre-RoPE keys/values per chunk in `raw_dir`, computed
         (after the shared prefix) for those not there yet."""
@@ -248,7 +202,7 @@ class Session:
                 publish_file(f, lambda tmp: save_file(raw, str(tmp)), replace=False)
         return files
 
-    def _raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
+    def raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
         """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
         on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
         files = self.raw_files(ids)

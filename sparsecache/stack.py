@@ -146,10 +146,10 @@ class Stack:
     dtype: torch.dtype  # of the model's cache
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, attend: Pass, n_layers: int | None = None,
-            logits: bool = False) -> torch.Tensor | None:
+            logits: bool | str = False) -> torch.Tensor | None:
         """Run tokens `ids` [T] at `positions` [T] through the first `n_layers` layers (all by
         default), attention routed to `attend`; with `logits`, the float32 next-token logits
-        [vocab] after the last token."""
+        [vocab] after the last token (`logits="all"`: [T, vocab], after every token)."""
         raise NotImplementedError
 
     def empty_cache(self, length: int) -> DynamicCache:
@@ -228,7 +228,8 @@ class HFStack(Stack):
                           sparsecache=(self, attend))
         if not logits:
             return None
-        out = self.model.hf.lm_head(hf.norm(h[:, -1:]))[0, -1].float()
+        out = self.model.hf.lm_head(hf.norm(h if logits == "all" else h[:, -1:]))[0].float()
+        out = out if logits == "all" else out[-1]
         cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2/3
         return torch.tanh(out / cap) * cap if cap else out
 

@@ -628,19 +628,19 @@ from sparsecache.gguf import model_dir
 from sparsecache.serving import RagPrompts
 from sparsecache.session import Session
 
-import sparsecache.blend as blend
-import sparsecache.session as session_module
+import sparsecache.methods.base as methods_base
 import sparsecache.vllm.connector as connector
+choose_many, fuse = methods_base.choose_many, methods_base.fuse
 chosen = {"vllm": [], "query": []}
 def engine(*args, **kwargs):
-    positions = blend.choose_many(*args, **kwargs)
+    positions = choose_many(*args, **kwargs)
     chosen["vllm"].extend(p.tolist() for p in positions)
     return positions
 def query(*args, **kwargs):
-    logits, positions = blend.fuse(*args, **kwargs)
+    logits, positions = fuse(*args, **kwargs)
     chosen["query"].append(positions.tolist())
     return logits, positions
-connector.choose_many, session_module.fuse = engine, query
+connector.choose_many, methods_base.fuse = engine, query
 
 model, store, question = sys.argv[1:4]
 session = Session(store, model)

@@ -162,11 +162,13 @@ def test_config_is_validated():
         QueryConfig("a3", 0.1, 4, 5)
     with pytest.raises(ConfigError, match="--order"):
         QueryConfig(order="sideways")
-    with pytest.raises(ConfigError, match="use --method cacheclip"):
+    with pytest.raises(ConfigError, match="applies to --method cacheclip, not a3"):
         QueryConfig("a3", selector_layers=2)
     with pytest.raises(ConfigError, match="--selector-layers must be >= 1"):
         QueryConfig("cacheclip", selector_layers=0)
-    with pytest.raises(ConfigError, match="--reorder attention scores decoded codes"):
+    with pytest.raises(ConfigError, match="--cake-split applies to --method cake"):
+        QueryConfig("none", cake_split=1)
+    with pytest.raises(ConfigError, match="--reorder attention lays out decoded chunks"):
         QueryConfig("full", reorder="attention")
     assert QueryConfig("a3", 0.1, 1, 5).group_window == 1  # grouping off: M is ignored
     assert QueryConfig("infoflow").layer(30) == 22 and QueryConfig("a3").layer(30) == 1
@@ -186,14 +188,15 @@ def test_attention_order_does_not_depend_on_the_retrieval_order(session, chunk_i
     """Each chunk is scored alone at the same positions: the order it picks is the same
     whatever order retrieval handed the chunks in."""
     from sparsecache.blend import attention_order, decode_chunks
+    from sparsecache.methods.base import infoflow_layer
     from sparsecache.stopwatch import Stopwatch
 
     q = question_ids(tiny_model, QUESTION)
-    cfg = QueryConfig("infoflow", 0.15, reorder="attention")
+    layer = infoflow_layer(tiny_model.n_layers)
     picked = []
     for ids in (chunk_ids, chunk_ids[::-1]):
         chunks = decode_chunks(session.store, ids, "cpu", Stopwatch("cpu"))
-        picked.append(chunks.reordered(attention_order(chunks, q, cfg, tiny_model)).ids)
+        picked.append(chunks.reordered(attention_order(chunks, q, tiny_model, layer, 0.15)).ids)
     assert picked[0] == picked[1]
 
 
@@ -321,7 +324,8 @@ def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, 
     """What a serving engine does with the requests one step admits: their questions scored in one
     run through the layers, their selected tokens recomputed in one run (`stack.Batch`), each
     attending over its own cache. Each gets the selection and the cache it gets alone."""
-    from sparsecache.blend import choose, choose_many, recompute_many
+    from sparsecache.blend import recompute_many
+    from sparsecache.methods.base import choose, choose_many
 
     cases = [(chunk_ids, QUESTION, QueryConfig(method="infoflow", recompute_ratio=0.3)),
              (chunk_ids[:2], "Why would one use it?", QueryConfig(method="a3", recompute_ratio=0.2)),

@@ -166,10 +166,83 @@ def test_the_rule_picks_the_best_agreement_within_half_of_full_prefills_ttft():
 
     agreement = [row("full", 1.0, 0), row("a", 0.10, 0), row("b", 0.20, 0), row("c", 0.90, 0), row("b", 0.5, 0, k=4)]
     ttft = [row("full", 1.0, 1000), row("a", 0, 300), row("b", 0, 500), row("c", 0, 501)]
-    r = pick_default(agreement, ttft)
+    r = pick_default(agreement, ttft, rule="same_answer")
     assert r["chosen"] == "b"  # c agrees more but costs more than half; b is exactly half
     assert [(x["label"], x["within"], x["ttft_vs_full"]) for x in r["rows"]] == [
         ("a", True, 0.3), ("b", True, 0.5), ("c", False, 0.501)]
-    assert pick_default(agreement, ttft, budget=0.2)["chosen"] is None
+    assert pick_default(agreement, ttft, budget=0.2, rule="same_answer")["chosen"] is None
     with pytest.raises(ValueError, match="no full-prefill TTFT"):
         pick_default(agreement, ttft[1:])
+
+
+def test_the_default_rule_is_correct_answers_relative_to_full_then_right_where_full_is_right():
+    from sparsecache.bench.fidelity import pick_default
+
+    def row(label, rel, where, ttft):
+        return {"k": 8, "label": label, "correct_vs_full": rel, "right_where_full_right": where, "ttft_ms": ttft}
+
+    agreement = [row("a", 0.9, 0.6, 0), row("b", 0.9, 0.7, 0), row("c", 1.1, 0.9, 0)]
+    ttft = [row("full", 1, 1, 1000), row("a", 0, 0, 200), row("b", 0, 0, 400), row("c", 0, 0, 600)]
+    r = pick_default(agreement, ttft)
+    assert r["rule"] == "correct_vs_full" and r["chosen"] == "b"  # a tie on the first key: the second decides
+
+
+def test_summaries_score_against_full_prefill_with_intervals():
+    from sparsecache.bench.fidelity import summarise
+
+    # 10 questions: full prefill right on the first 5; the method right on 3 of those and 1 other
+    rows = [{"question": f"q{i}", "hops": 1 + (i % 5 == 4), "correct": i in (0, 1, 2, 7), "full_correct": i < 5,
+             "same_answer": i < 3, "token_agreement": 0.5 + 0.05 * i, "ttft_ms": 10.0,
+             "holds_answer": i != 9} for i in range(10)]
+    s = summarise(rows)
+    assert s["correct"] == 0.4 and s["correct_vs_full"] == 0.8 and s["right_where_full_right"] == 0.6
+    assert s["right_where_full_right_ci95"] == wilson(3, 5) and s["same_answer_ci95"] == wilson(3, 10)
+    lo, hi = s["correct_vs_full_ci95"]
+    assert lo < 0.8 < hi and s["correct_vs_full_ci95"] == summarise(rows)["correct_vs_full_ci95"]  # seeded
+    lo, hi = s["token_agreement_ci95"]
+    assert lo < s["token_agreement"] < hi
+    assert s["holds_answer"] == 0.9 and s["correct_hops1"] == 0.5 and s["correct_hops2"] == 0.0
+    assert summarise(rows, {f"q{i}": True for i in range(10)})["correct_vs_full"] == 0.4  # full's rows given
+
+
+def test_the_dev_and_test_splits_share_no_names_or_phrasings(tmp_path):
+    from sparsecache.bench.fidelity import KINDS, PERSON_FACTS
+
+    made = {split: make_suite(tmp_path / split, ks=(4, 8, 16), questions=200, split=split) for split in ("dev", "test")}
+    assert all(len(m[8]) == 200 and sum(q.hops == 2 for q in m[8]) == 40 for m in made.values())
+    texts = {split: (tmp_path / split / "corpus.jsonl").read_text() for split in made}
+    import re
+
+    import sparsecache.bench.fidelity as fidelity
+
+    fixed = set(re.findall(r"[A-Z][a-z]+", open(fidelity.__file__).read()))  # words of the templates themselves
+    names = {split: set(re.findall(r"[A-Z][a-z]+", t)) - fixed for split, t in texts.items()}
+    assert len(names["dev"]) > 100 and not names["dev"] & names["test"]
+    templates = [p for spec in KINDS.values() for _, phrasings in spec["facts"].values() for p in phrasings]
+    templates += [p for _, phrasings in PERSON_FACTS.values() for p in phrasings]
+
+    def used(split):
+        asked = {q.question for qs in made[split].values() for q in qs}
+        return {t for t in templates if any(re.fullmatch(re.escape(t).replace(r"\{n\}", ".+").replace(r"\{role\}", ".+"), a)
+                                            for a in asked)}
+    assert used("dev") and not used("dev") & used("test")
+    assert make_suite(tmp_path / "again", ks=(4, 8, 16), questions=200, split="dev") == made["dev"]
+    with pytest.raises(ConfigError, match="--split"):
+        make_suite(tmp_path / "x", split="train")
+
+
+def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):
+    from sparsecache.bench.fidelity import parse_configs
+
+    _, made, _ = suite
+    few = {4: [q for q in made[4] if q.hops == 2][:2] + made[4][:1]}
+    rows = run_fidelity(session, few, parse_configs("gold,superposition:0"), tmp_path / "r.json", max_new_tokens=4)
+    gold = [r for r in rows if r["label"] == "gold"]
+    want = {q.id: len(q.docs) for q in few[4]}
+    assert all(r["holds_answer"] and r["recomputed_tokens"] == 0 for r in gold)
+    assert all(r["context_tokens"] < f["context_tokens"] for r, f in zip(gold, [r for r in rows if r["label"] == "full"]))
+    assert {r["question"]: r["hops"] for r in gold} == want
+    sup = [r for r in rows if r["label"] == "superposition:0"]
+    assert not all(r["holds_answer"] for r in sup if r["hops"] == 2)  # one path cannot hold two documents
+    with pytest.raises(ConfigError, match="paths"):
+        parse_configs("superposition:0+paths=0")

@@ -134,25 +134,24 @@ def test_a_model_blending_cannot_drive_is_refused_at_start_up_with_one_line(llm,
 @pytest.fixture
 def chosen(monkeypatch):
     """Positions each engine's blending selected, in call order: {"vllm": [...], "query": [...]}."""
-    import sparsecache.blend as blend
+    import sparsecache.methods.base as methods_base
     import sparsecache.vllm.connector as connector
 
-    import sparsecache.session as session
-
     seen = {"vllm": [], "query": []}
+    choose_many, fuse = methods_base.choose_many, methods_base.fuse
 
     def engine(*args, **kwargs):  # the connector's, for the step's requests
-        positions = blend.choose_many(*args, **kwargs)
+        positions = choose_many(*args, **kwargs)
         seen["vllm"].extend(p.tolist() for p in positions)
         return positions
 
     def query(*args, **kwargs):  # sparsecache query's fusion: (logits, positions)
-        logits, positions = blend.fuse(*args, **kwargs)
+        logits, positions = fuse(*args, **kwargs)
         seen["query"].append(positions.tolist())
         return logits, positions
 
     monkeypatch.setattr(connector, "choose_many", engine)
-    monkeypatch.setattr(session, "fuse", query)
+    monkeypatch.setattr(methods_base, "fuse", query)
     return seen
 
 

@@ -9,14 +9,19 @@ several phrasings:
 - some questions need two chunks: the entity's document names a person, and the person's
   own document holds the fact asked (`hops` = 2);
 - each question's context is k chunks as retrieval would give them: the answer's chunk(s)
-  at random ranks among other entities' documents.
+  at random ranks among other entities' documents;
+- two splits, `dev` (every choice is tuned on it) and `test` (measured once, for the final
+  table), drawn from disjoint pools: name syllables, given names and question phrasings
+  (`split=None` draws from all of them, as the suite did before it had splits).
 
-The score that matters is agreement with full prefill's greedy answer on the same chunks
-(`same_answer`: the answers' first sentences are equal after normalising case, spaces and
-punctuation; `token_agreement`: the fraction of full prefill's answer tokens the method's
-context predicts when fed that answer, as `query --compare` computes it). It separates what
-the compressed cache changes from what the model cannot do. `correct` (the true value
-appears in the answer) is reported beside it, for full prefill too.
+What is scored, per configuration, each with a 95% interval: `correct` (the true value
+appears in the answer, full prefill's too); `correct_vs_full` (its correct answers relative to
+full prefill's: what a user gets of what full prefill gives); `right_where_full_right` (the
+share of the questions full prefill gets right that it gets right too: what a user loses);
+`token_agreement` (the fraction of full prefill's answer tokens the method's context predicts
+when fed that answer, as `query --compare` computes it); `same_answer` (the answers' first
+sentences are equal after normalising case, spaces and punctuation; on questions full prefill
+gets wrong a small model's answers are unstable, so this one undercounts); mean TTFT.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from pathlib import Path
 from ..durable import write_atomic
 from ..errors import ConfigError, TextError
 from .ruler import wilson
+
+SPLITS = ("dev", "test")
+SPLIT = "dev"  # what `bench fidelity` measures unless told: the test split is run once, at the end
 
 SYLLABLES = ("bar", "tel", "mon", "kri", "vos", "lan", "dre", "sul", "pim", "gor", "nea", "wyl", "thar", "quen",
              "bel", "rov", "zan", "mir", "dov", "kel", "ost", "ula", "fen", "jor")
@@ -89,9 +97,10 @@ KINDS = {
 PRODUCTS = ("barrels", "lanterns", "rope", "salt", "wool blankets", "clay pots", "maps", "candles")
 # What a person's own document says, and how a two-chunk question asks it (through the entity).
 PERSON_FACTS = {
-    "year": ("{p} was born in {year}.", "In what year was {role} born?"),
-    "place": ("{p} grew up in {place}.", "Where did {role} grow up?"),
-    "trade": ("Before that, {p} worked as {trade}.", "What did {role} work as before?"),
+    "year": ("{p} was born in {year}.", ("In what year was {role} born?", "What year was {role} born in?")),
+    "place": ("{p} grew up in {place}.", ("Where did {role} grow up?", "In which town did {role} spend their childhood?")),
+    "trade": ("Before that, {p} worked as {trade}.", ("What did {role} work as before?",
+                                                      "What was the earlier trade of {role}?")),
 }
 ROLES = {"town": "the mayor of {n}", "company": "the founder of {n}", "ship": "the captain of the {n}"}
 # Sentences that say nothing a question asks, so a document has a realistic length.
@@ -146,17 +155,44 @@ class Question:
     hops: int
 
 
-def _name(rng: random.Random) -> str:
-    return "".join(rng.sample(SYLLABLES, rng.choice((2, 3)))).capitalize()
+@dataclass(frozen=True)
+class Pools:
+    """What a split draws from: `dev` and `test` share no name syllable, given name or
+    question phrasing (`split=None`: everything, the suite before splits)."""
+
+    syllables: tuple[str, ...]
+    given: tuple[str, ...]
+    part: int | None  # the phrasings of a fact a split asks with: every other one, from this index
+    taken: set | None = None  # names given so far (a split's names are unique; None: as before splits)
+
+    @classmethod
+    def of(cls, split: str | None) -> "Pools":
+        if split is None:
+            return cls(SYLLABLES, GIVEN, None)
+        if split not in SPLITS:
+            raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        i = SPLITS.index(split)
+        return cls(SYLLABLES[i::2], GIVEN[i::2], i, set())
+
+    def phrasings(self, options: tuple[str, ...]) -> tuple[str, ...]:
+        return options if self.part is None else options[self.part::2]
+
+    def name(self, rng: random.Random) -> str:
+        while True:
+            name = "".join(rng.sample(self.syllables, rng.choice((2, 3)))).capitalize()
+            if self.taken is None or name not in self.taken:
+                break
+        if self.taken is not None:
+            self.taken.add(name)
+        return name
+
+    def person(self, rng: random.Random) -> str:
+        return f"{rng.choice(self.given)} {self.name(rng)}"
 
 
-def _person(rng: random.Random) -> str:
-    return f"{rng.choice(GIVEN)} {_name(rng)}"
-
-
-def _values(rng: random.Random, places: list[str]) -> dict:
+def _values(rng: random.Random, places: list[str], pools: Pools) -> dict:
     return {"year": str(rng.randint(1650, 1950)), "count": str(rng.randint(3, 60)), "weekday": rng.choice(WEEKDAYS),
-            "colour": rng.choice(COLOURS), "place": rng.choice(places), "region": _name(rng),
+            "colour": rng.choice(COLOURS), "place": rng.choice(places), "region": pools.name(rng),
             "product": rng.choice(PRODUCTS), "trade": rng.choice(TRADES)}
 
 
@@ -186,28 +222,31 @@ def check_suite(ks, questions: int, entities: int = 40) -> None:
 
 
 def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int = 40, filler: int = 14,
-               seed: int = 0) -> dict[int, list[Question]]:
+               seed: int = 0, split: str | None = None) -> dict[int, list[Question]]:
     """Write `out`/corpus.jsonl (one document per entity and per person) and
-    `out`/questions.json; returns `questions` questions for each k, a fifth of them two-hop."""
+    `out`/questions.json; returns `questions` questions for each k, a fifth of them two-hop,
+    drawn from `split`'s pools (`Pools.of`)."""
     check_suite(ks, questions, entities)
-    rng = random.Random(seed)
-    places = [_name(rng) for _ in range(12)]
+    pools = Pools.of(split)
+    rng = random.Random(seed if split is None else f"{seed}-{split}")
+    places = [pools.name(rng) for _ in range(12)]
     docs, facts = {}, []  # facts: (doc ids needed, question, truth, hops)
     kinds = list(KINDS)
     for e in range(entities):
         kind = kinds[e % len(kinds)]
-        spec, n, v = KINDS[kind], _name(rng), _values(rng, places)
-        v["person"] = person = _person(rng)
+        spec, n, v = KINDS[kind], pools.name(rng), _values(rng, places, pools)
+        v["person"] = person = pools.person(rng)
         doc = f"{kind}-{e:03d}"
         sentences = [spec["intro"].format(n=n, **v)]
         for fact, (sentence, phrasings) in spec["facts"].items():
             sentences.append(sentence.format(n=n, **v))
-            facts.append(([doc], rng.choice(phrasings).format(n=n), v[fact], 1))
+            facts.append(([doc], rng.choice(pools.phrasings(phrasings)).format(n=n), v[fact], 1))
         docs[doc] = _document(rng, sentences, n, filler)
-        pdoc, pv = f"person-{e:03d}", _values(rng, places)
+        pdoc, pv = f"person-{e:03d}", _values(rng, places, pools)
         psentences = [f"{person} is remembered in {v['region']} for a long life of work."]
         for fact, (sentence, asked) in PERSON_FACTS.items():
             psentences.append(sentence.format(p=person, **pv))
+            asked = rng.choice(pools.phrasings(asked)) if split is not None else asked[0]  # one before splits
             facts.append(([doc, pdoc], asked.format(role=ROLES[kind].format(n=n)), pv[fact].removeprefix("a "), 2))
         docs[pdoc] = _document(rng, psentences, person, filler, PERSON_FILLER)
     one = [f for f in facts if f[3] == 1]
@@ -265,12 +304,26 @@ def _words(text: str) -> str:
 # ---------------------------------------------------------------- running
 
 
+# A configuration's `context`: "gold" answers from the chunks the answer needs alone (full
+# prefill of them): the ceiling of any method that picks chunks.
+GOLD = {"method": "full", "context": "gold"}
+
+
+def parse_configs(spec: str) -> dict[str, dict]:
+    """`ruler.parse_methods`, with the label `gold` too."""
+    from .ruler import parse_methods
+
+    return parse_methods(spec, {"gold": GOLD})
+
+
 def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, dict], results: Path | None = None,
                  max_new_tokens: int = 24) -> list[dict]:
     """Every method on every question of every k, after full prefill's answer to it.
 
     One row per (k, method, question); with `results`, every row is saved as it is made and a
-    rerun skips rows already there, so an interrupted run resumes where it stopped."""
+    rerun skips rows already there, so an interrupted run resumes where it stopped. A row says
+    whether the context the method answered from still held the chunks the answer needs
+    (`holds_answer`: a method may drop chunks)."""
     from .passkey import chunk_ids_by_doc
 
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
@@ -282,58 +335,117 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
             for q in questions:
                 if (k, label, q.id) in done:
                     continue
-                chunks = [ids[d] for d in q.chunk_docs]
+                query = {key: value for key, value in cfg.items() if key != "context"}
+                needed = [ids[d] for d in q.docs]
+                chunks = [ids[d] for d in q.chunk_docs if cfg.get("context") != "gold" or d in q.docs]
                 ref = refs.get((k, q.id))
                 a = session.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens,
-                                  reference=None if ref is None else ref["tokens"], **cfg)
+                                  reference=None if ref is None else ref["tokens"], **query)
                 row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
-                       "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens}
+                       "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens,
+                       "holds_answer": set(needed) <= set(a.context_ids)}
                 if ref is None:
                     refs[(k, q.id)] = row
                 else:
                     row |= {"same_answer": answer_span(a.answer) == answer_span(ref["answer"]),
-                            "token_agreement": a.agreement}
+                            "token_agreement": a.agreement, "full_correct": ref["correct"]}
                 rows.append(row)
                 if results is not None:
                     write_atomic(results, json.dumps({"rows": rows}))
-            summary = summarise([r for r in rows if r["k"] == k and r["label"] == label])
-            print(f"k={k} {label:>22}  same answer {summary.get('same_answer', 1.0):.2f}  correct "
-                  f"{summary['correct']:.2f}  ttft {summary['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)
+            print(line(k, label, summarise([r for r in rows if r["k"] == k and r["label"] == label])),
+                  file=sys.stderr, flush=True)
     return rows
 
 
-def summarise(rows: list[dict]) -> dict:
-    """One configuration's figures: agreement with full prefill (exact answer, with its Wilson
-    95% interval, and token agreement), accuracy against the truth, mean TTFT; by hops too."""
+def line(k: int, label: str, s: dict) -> str:
+    """One configuration's summary in a line (`-` where full prefill's own row has no figure)."""
+    def f(key, spec=".2f"):
+        return format(s[key], spec) if key in s else "-"
+    return (f"k={k} {label:>24}  correct vs full {f('correct_vs_full')} {s.get('correct_vs_full_ci95', '')}  "
+            f"right where full is {f('right_where_full_right')}  tokens {f('token_agreement', '.3f')}  "
+            f"same {f('same_answer')}  correct {s['correct']:.2f}  ttft {s['ttft_ms']:.0f} ms")
+
+
+BOOTSTRAP = 2000  # resamples of the questions for the intervals of ratios and means
+
+
+def summarise(rows: list[dict], full: dict[str, bool] | None = None) -> dict:
+    """One configuration's figures, each with a 95% interval (Wilson for shares, a paired
+    bootstrap over the questions for ratios and means): correct; with full prefill's rows'
+    `correct` by question (`full`, or each row's `full_correct`): correct relative to full
+    prefill's and right where full prefill is right; agreement with full prefill's answer
+    (same first sentence, token agreement); mean TTFT; by hops; how often the context held
+    the answer's chunks where a method dropped some."""
     n = len(rows)
-    out = {"questions": n, "correct": sum(r["correct"] for r in rows) / n,
-           "correct_ci95": wilson(sum(r["correct"] for r in rows), n),
+    correct = [bool(r["correct"]) for r in rows]
+    out = {"questions": n, "correct": sum(correct) / n, "correct_ci95": wilson(sum(correct), n),
            "ttft_ms": round(sum(r["ttft_ms"] for r in rows) / n, 1)}
-    if "same_answer" in rows[0]:
-        same = sum(r["same_answer"] for r in rows)
-        out |= {"same_answer": same / n, "same_answer_ci95": wilson(same, n),
-                "token_agreement": round(sum(r["token_agreement"] for r in rows) / n, 4)}
-        for hops in (1, 2):
-            part = [r for r in rows if r["hops"] == hops]
-            if part:
-                out[f"same_answer_hops{hops}"] = round(sum(r["same_answer"] for r in part) / len(part), 4)
+    if "same_answer" not in rows[0]:
+        return out
+    ref = [bool(full[r["question"]]) if full is not None else bool(r["full_correct"]) for r in rows]
+    same = sum(r["same_answer"] for r in rows)
+    agreement = [r["token_agreement"] for r in rows]
+    out |= {"same_answer": same / n, "same_answer_ci95": wilson(same, n),
+            "token_agreement": round(sum(agreement) / n, 4), "token_agreement_ci95": _bootstrap(agreement, _mean)}
+    if any(ref):
+        both = sum(c and f for c, f in zip(correct, ref))
+        out |= {"correct_vs_full": round(sum(correct) / sum(ref), 4),
+                "correct_vs_full_ci95": _bootstrap(list(zip(correct, ref)), _ratio),
+                "right_where_full_right": round(both / sum(ref), 4),
+                "right_where_full_right_ci95": wilson(both, sum(ref)), "full_correct": sum(ref) / n}
+    held = [r.get("holds_answer", True) for r in rows]
+    if not all(held):
+        out["holds_answer"] = round(sum(held) / n, 4)
+    for hops in (1, 2):
+        part = [r for r in rows if r["hops"] == hops]
+        if part:
+            out[f"same_answer_hops{hops}"] = round(sum(r["same_answer"] for r in part) / len(part), 4)
+            out[f"correct_hops{hops}"] = round(sum(bool(r["correct"]) for r in part) / len(part), 4)
     return out
 
 
+def _mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
+def _ratio(pairs) -> float:
+    den = sum(f for _, f in pairs)
+    return sum(c for c, _ in pairs) / den if den else float("nan")
+
+
+def _bootstrap(items: list, statistic, resamples: int = BOOTSTRAP) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of `statistic` over resamples of `items` (seeded: the
+    same rows give the same interval)."""
+    rng = random.Random(0)
+    stats = sorted(s for s in (statistic(rng.choices(items, k=len(items))) for _ in range(resamples)) if s == s)
+    if not stats:
+        return (float("nan"), float("nan"))
+    return round(stats[int(0.025 * (len(stats) - 1))], 3), round(stats[int(0.975 * (len(stats) - 1))], 3)
+
+
 def table(rows: list[dict]) -> list[dict]:
-    """`summarise` of every (k, label) in the order the rows were made."""
+    """`summarise` of every (k, label) in the order the rows were made, each against full
+    prefill's rows of the same k."""
     keys = list(dict.fromkeys((r["k"], r["label"]) for r in rows))
-    return [{"k": k, "label": label, **summarise([r for r in rows if r["k"] == k and r["label"] == label])}
+    full = {k: {r["question"]: r["correct"] for r in rows if r["k"] == k and r["label"] == "full"} for k, _ in keys}
+    return [{"k": k, "label": label, **summarise([r for r in rows if r["k"] == k and r["label"] == label],
+                                                 full[k] or None)}
             for k, label in keys]
 
 
-def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: float = 0.5) -> dict:
-    """#34's rule, applied: among the configurations whose mean TTFT at k is at most `budget` of
-    full prefill's (both from `ttft`, one run), the one with the highest same-answer agreement
-    (from `agreement`; both are `table` rows, possibly from different runs). Returns the merged
-    rows (agreement, TTFT, its ratio to full prefill's, whether it is within the budget) and
-    the chosen label."""
+# The rules a default is chosen by, stated before they are applied: the keys compared, in order.
+RULES = {"same_answer": ("same_answer", "token_agreement"),  # #34's (2026-11-26)
+         "correct_vs_full": ("correct_vs_full", "right_where_full_right")}  # #51's
+RULE = "correct_vs_full"
+
+
+def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: float = 0.5, rule: str = RULE) -> dict:
+    """A default chosen by `rule` (RULES): among the configurations whose mean TTFT at k is at
+    most `budget` of full prefill's (both from `ttft`, one run), the one highest by the rule's
+    keys (from `agreement`; both are `table` rows, possibly from different runs). Returns the
+    merged rows (agreement, TTFT, its ratio to full prefill's, whether it is within the
+    budget) and the chosen label."""
     times = {r["label"]: r["ttft_ms"] for r in ttft if r["k"] == k}
     if "full" not in times:
         raise ValueError(f"no full-prefill TTFT at k={k}")
@@ -344,5 +456,6 @@ def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: fl
         ratio = times[r["label"]] / times["full"]
         rows.append({**r, "ttft_ms": times[r["label"]], "ttft_vs_full": round(ratio, 3), "within": ratio <= budget})
     eligible = [r for r in rows if r["within"]]
-    chosen = max(eligible, key=lambda r: (r["same_answer"], r["token_agreement"]))["label"] if eligible else None
-    return {"k": k, "budget": budget, "full_ttft_ms": times["full"], "chosen": chosen, "rows": rows}
+    keys = RULES[rule]
+    chosen = max(eligible, key=lambda r: tuple(r[key] for key in keys))["label"] if eligible else None
+    return {"k": k, "budget": budget, "rule": rule, "full_ttft_ms": times["full"], "chosen": chosen, "rows": rows}

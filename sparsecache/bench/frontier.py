@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from .baselines import default_baselines
 from ..bitpack import rice_bits, rice_parameter
-from ..blend import assemble, fuse, question_ids
+from ..blend import assemble, question_ids
+from ..methods.base import fuse
 from ..generate import full_prefill, greedy_continue
 from ..query_config import QueryConfig
 from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes

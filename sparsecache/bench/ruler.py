@@ -31,6 +31,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .. import methods
 from ..durable import write_atomic
 from ..errors import ConfigError, TextError
 from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, chunk_ids_by_doc
@@ -42,17 +43,8 @@ TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 RATIO = 0.15
 # Every method at RATIO (and the selector, reordering and overlap) on the same trials; a label
 # maps to `Session.query`'s settings.
-METHODS = {
-    "full": {"method": "full"},
-    "raw": {"method": "raw"},
-    "none": {"method": "none"},
-    "a3": {"method": "a3", "recompute_ratio": RATIO},
-    "infoflow": {"method": "infoflow", "recompute_ratio": RATIO},
-    "cacheblend": {"method": "cacheblend", "recompute_ratio": RATIO},
-    "cacheclip": {"method": "cacheclip", "recompute_ratio": RATIO},
-    "infoflow+reorder": {"method": "infoflow", "recompute_ratio": RATIO, "reorder": "attention"},
-    "cake": {"method": "cake"},
-}
+METHODS = {**methods.bench_configs(RATIO),
+           "infoflow+reorder": {"method": "infoflow", "recompute_ratio": RATIO, "reorder": "attention"}}
 
 @dataclass(frozen=True)
 class Trial:
@@ -68,27 +60,45 @@ class Trial:
         return [e.lower() in words for e in self.expected]
 
 
-def parse_methods(spec: str) -> dict[str, dict]:
-    """`label,...` from METHODS, or `method:ratio` (`+reorder` appended reorders by attention)."""
+def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str, dict]:
+    """`label,...` from METHODS (or `labels`), or `method:ratio` with suffixes: `+reorder`
+    reorders by attention, `+field=value` sets another QueryConfig field (`+paths=2`)."""
+    from ..query_config import QueryConfig
+
+    known = {**METHODS, **(labels or {})}
     out = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
-        if item in METHODS:
-            out[item] = METHODS[item]
+        if item in known:
+            out[item] = known[item]
             continue
         name, _, rest = item.partition(":")
-        ratio, plus, extra = rest.partition("+")
+        ratio, *extras = rest.split("+")
         try:
             cfg = {"method": name, "recompute_ratio": float(ratio or 0.0)}
         except ValueError:
-            raise ConfigError(f"--methods: {item!r} is neither a label ({', '.join(METHODS)}) nor method:ratio") from None
-        if plus:
-            if extra != "reorder":
-                raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (only +reorder)")
-            cfg["reorder"] = "attention"
+            raise ConfigError(f"--methods: {item!r} is neither a label ({', '.join(known)}) nor method:ratio") from None
+        for extra in extras:
+            key, eq, value = extra.partition("=")
+            if extra == "reorder":
+                cfg["reorder"] = "attention"
+            elif eq and key in QueryConfig.__dataclass_fields__:
+                cfg[key] = _field_value(value)
+            else:
+                raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (+reorder or +field=value)")
+        QueryConfig(**cfg)  # refused here, before any model loads
         out[item] = cfg
     if not out:
         raise ConfigError("--methods names no method")
     return out
+
+
+def _field_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from ..dictionary import Dictionary
 from ..learn import initial_atoms
 from ..durable import write_atomic
 from ..errors import ConfigError, StoreError
+from .. import methods
 from ..query_config import DTYPE
 from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
@@ -473,9 +474,11 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
 
 
 def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,
-                   model_path: str = "default", dictionary: str | None = None) -> dict:
-    """Agreement with full prefill's answer, accuracy and mean TTFT of every method on the
-    fidelity suite (`fidelity.py`): ordinary questions about generated documents, k chunks.
+                   model_path: str = "default", dictionary: str | None = None, split: str | None = None) -> dict:
+    """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
+    of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
+    documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
+    suite as it was before splits).
 
     Made once per workdir like `bench_ruler` (suite, store); every answer is saved to
     results.json as it is made, and a rerun resumes there."""
@@ -487,18 +490,20 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
 
     check_suite(ks, questions)
     work = Path(workdir)
-    settings = {"ks": list(ks), "questions": questions, **_model_settings(model_path, dictionary)}
+    settings = {"ks": list(ks), "questions": questions, **({"split": split} if split else {}),
+                **_model_settings(model_path, dictionary)}
     made = work / "suite.json"
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
         if (saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ()))
-                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary"))):
+                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary", "split"))):
             settings = saved
-    session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions), device)
+    session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, split=split), device)
     suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
     rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json")
     asked = {(k, q.id) for k, qs in suite.items() for q in qs}
     return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
+            "split": split,
             "rows": table([r for r in rows if (r["k"], r["question"]) in asked])}
 
 
@@ -617,8 +622,9 @@ def cpu_model() -> str:
                 platform.processor())
 
 
-TTFT_METHODS = (("full", 0.0), ("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cacheblend", 0.15),
-                ("cake", 0.0))
+TTFT_RATIO = 0.15  # what a scorer recomputes in the per-method TTFT table
+TTFT_METHODS = tuple((name, cfg.get("recompute_ratio", 0.0)) for name, cfg in methods.bench_configs(TTFT_RATIO).items()
+                     if methods.get(name).in_ttft_bench)
 TTFT_QUESTION = "Summarise what these sections say about special method names."
 
 

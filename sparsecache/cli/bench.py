@@ -3,6 +3,7 @@
 import click
 
 from sparsecache.bench.config import FrontierConfig
+from sparsecache.bench.fidelity import SPLIT, SPLITS
 
 from .options import device_option, dtype_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
@@ -179,30 +180,34 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, model_
               help="Where the suite, its store and results.json go; a rerun resumes there.")
 @click.option("--k", "ks", default="4,8", show_default=True, callback=int_list, help="Chunks per question, comma-separated.")
 @click.option("--questions", default=100, show_default=True, help="Questions per k (a fifth need two chunks).")
+@click.option("--split", type=click.Choice(SPLITS), default=SPLIT, show_default=True,
+              help="Which questions: dev (tune on these) or test (measure a final choice once); the two share "
+                   "no names or question phrasings.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Answer only the first N questions of each k (the suite stays the same): TTFT on a CPU, "
                    "where every method on every question takes hours.")
-@click.option("--methods", default=None, help="Labels, or method:ratio (append +reorder to reorder by attention). "
+@click.option("--methods", default=None, help="Labels (gold: full prefill of the answer's chunks alone), or method:ratio "
+              "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2). "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
 @model_option
 @suite_dict_option
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, questions, limit, methods, model_path, dictionary, device, as_json):
-    """Does the compressed path give full prefill's answer to ordinary questions? Documents
-    about fictional entities, one fact per question (some need two chunks), k chunks with the
-    answer's at a random rank. Per method: same answer as full prefill's (with its Wilson 95%
-    interval), token agreement along full prefill's answer, accuracy, mean TTFT."""
-    from sparsecache.bench.ruler import parse_methods
+def fidelity_cmd(workdir, ks, questions, split, limit, methods, model_path, dictionary, device, as_json):
+    """Does the compressed path answer as well as full prefill? Documents about fictional
+    entities, one fact per question (some need two chunks), k chunks with the answer's at a
+    random rank. Per method, each with a 95% interval: correct answers relative to full
+    prefill's, right where full prefill is right, token agreement along full prefill's answer,
+    same first sentence, accuracy; mean TTFT. The label `gold` answers from the answer's own
+    chunks alone (the ceiling of any method that picks chunks)."""
+    from sparsecache.bench.fidelity import line, parse_configs
     from sparsecache.bench.suite import bench_fidelity
 
     r = bench_fidelity(workdir, ks, questions,
-                       parse_methods(methods) if methods else None, resolve_device(device), limit,
-                       model_path, dictionary)
-    emit(r, as_json, [f"k={x['k']} {x['label']:>22}  same answer {x.get('same_answer', 1.0):.2f} "
-                      f"{x.get('same_answer_ci95', '')}  tokens {x.get('token_agreement', 1.0):.2f}  "
-                      f"correct {x['correct']:.2f}  ttft {x['ttft_ms']:.0f} ms" for x in r["rows"]])
+                       parse_configs(methods) if methods else None, resolve_device(device), limit,
+                       model_path, dictionary, split)
+    emit(r, as_json, [line(x["k"], x["label"], x) for x in r["rows"]])
 
 
 @bench.command("ttft")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import device_option, dtype_option, emit, json_option, library_errors, model_option, resolve_device
+from sparsecache import methods
 from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
 
@@ -13,9 +14,7 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @click.argument("question")
 @click.option("--top-k", default=TOP_K, show_default=True, help="Chunks to retrieve.")
 @click.option("--method", type=click.Choice(METHODS), default=QueryConfig.method, show_default=True,
-              help="none: decoded KV as is; a3 / infoflow / cacheblend / cacheclip: recompute the top "
-                   "--recompute-ratio tokens they select; cake: prefill the first chunks while the last ones load, on two threads; "
-                   "full: prefill everything (no cache); raw: exact uncompressed KV.")
+              help=methods.summaries())
 @click.option("--recompute-ratio", default=QueryConfig.recompute_ratio, show_default=True,
               help="Fraction of chunk tokens to recompute.")
 @click.option("--group-window", default=QueryConfig.group_window, show_default=True, help="CacheClip grouping window (1 = off).")
@@ -40,6 +39,9 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @click.option("--selector-layers", type=int, default=None,
               help="cacheclip: layers of the selector to run (default: all of --selector-model's, or a quarter "
                    "of the main model's).")
+@click.option("--paths", type=click.IntRange(min=1), default=None,
+              help="superposition: chunks kept, those whose own path makes the question likeliest (default 1; "
+                   "with 1 and --recompute-ratio 0 the answer continues that path's cache).")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
@@ -48,7 +50,7 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, compare,
+              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, paths, compare,
               model_path, device, dtype, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
@@ -57,7 +59,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     from sparsecache.session import Session
 
     cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
-                      selector_model, selector_layers)
+                      selector_model, selector_layers, paths)
     s = Session(store, model_path, resolve_device(device), dtype=dtype)
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)

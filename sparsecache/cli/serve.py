@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from .options import library_errors, model_option
-from sparsecache.query_config import SCORERS, QueryConfig
+from sparsecache import methods
+from sparsecache.query_config import QueryConfig
 from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
 
@@ -17,10 +18,10 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
 @click.option("--port", default=ServeConfig.port, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--top-k", default=ServeConfig.top_k, show_default=True, type=click.IntRange(1, MAX_TOP_K),
               help="Chunks retrieved per request (a request may set its own).")
-@click.option("--method", type=click.Choice(("none", *SCORERS)),
+@click.option("--method", type=click.Choice(methods.names(connector=True)),
               default=QueryConfig.method, show_default=True,
-              help="What the connector does with the chunks' KV: none injects it as decoded; the others "
-                   "recompute the --recompute-ratio tokens the question needs (as `sparsecache query`).")
+              help="What the connector does with the chunks' KV (as `sparsecache query`): "
+                   + methods.summaries(methods.names(connector=True)))
 @click.option("--recompute-ratio", default=QueryConfig.recompute_ratio, show_default=True,
               type=click.FloatRange(0, 1), help="Fraction of chunk tokens to recompute.")
 @click.option("--api-key", default=None, envvar="SPARSECACHE_API_KEY", show_envvar=True,

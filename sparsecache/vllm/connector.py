@@ -69,10 +69,12 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
 from .. import _numba_pool
-from ..blend import choose_many, decode_chunks, recompute_many
+from ..blend import decode_chunks, recompute_many
+from ..methods.base import choose_many
 from ..errors import ConfigError, SparseCacheError
 from ..model import Rope, config_fingerprint
-from ..query_config import SCORERS, QueryConfig
+from .. import methods
+from ..query_config import QueryConfig
 from ..serving import PARAMS_KEY
 from ..session import _raw_dir, raw_chunks, raw_file, read_raw
 from ..stopwatch import Stopwatch
@@ -91,7 +93,6 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "load_errors")
-METHODS = ("none", *SCORERS)  # what a connector can do with a claimed context (QueryConfig's names)
 BLEND_FIELDS = ("method", "recompute_ratio", "group_window", "group_min", "score_layer", "selector_layers")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
 
@@ -102,8 +103,9 @@ def blend_config(base: QueryConfig, given: dict, where: str) -> QueryConfig:
     `sparsecache query`'s: `source: raw` is the connector's exact-KV option)."""
     fields = {k: given[k] for k in BLEND_FIELDS if k in given}
     method = fields.get("method", base.method)
-    if method not in METHODS:  # before QueryConfig's check, which names query's methods too
-        raise ConfigError(f"{where}: method must be one of {', '.join(METHODS)}, got {method!r}")
+    served = methods.names(connector=True)  # the registry's methods that blend a decoded context
+    if method not in served:  # before QueryConfig's check, which names query's methods too
+        raise ConfigError(f"{where}: method must be one of {', '.join(served)}, got {method!r}")
     return dataclasses.replace(base, **fields)
 
 
@@ -383,7 +385,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         """`sparsecache query`'s fusion of the step's blending requests, on vLLM's layers: decode
         each one's chunks and place them at their positions, let each question's attention choose
         its tokens and recompute them through every layer, then write each whole context. The
-        requests share each run through the layers (`blend.choose_many`, `blend.recompute_many`),
+        requests share each run through the layers (`methods.base.choose_many`, `blend.recompute_many`),
         each attending over its own context. A request that fails falls back as a failed load does
         (nothing of it written, its blocks reported, vLLM recomputes them); if the shared runs
         fail, each request is blended again alone, so one request cannot fail the others."""

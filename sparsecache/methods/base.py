@@ -1,0 +1,189 @@
+"""What a query method is, and the fusion the decoded-cache methods share.
+
+A `Method` turns a query's chunk ids and question into the model's cache and the first
+logits (`prefilled`). The families:
+
+- `Method`: anything (`full` prefills the text, `cake` overlaps prefill and decoding);
+- `Decoded`: the chunks' decoded codes (or another per-chunk K/V) at their global positions,
+  optionally reordered by the question's attention, then `fuse`d: the question prefilled,
+  after recomputing what a scorer selects;
+- `Scorer`: a `Decoded` method that scores every context token and recomputes the top
+  `recompute_ratio` of them (grouped into windows);
+- `AttentionScorer`: a `Scorer` whose score is the question's attention at one layer, so the
+  questions of several contexts are scored in one run through the layers (`choose_many`).
+
+Heavy imports (torch, the model code) live inside the functions: the registry is read by
+the CLI before any model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..blend import Context
+    from ..stopwatch import Stopwatch
+
+# A QueryConfig field that only some methods read: the methods that read it name it in
+# `Method.options`, and QueryConfig refuses it set with any other.
+EXCLUSIVE_OPTIONS = ("cake_split", "selector_model", "selector_layers", "paths")
+
+
+@dataclass
+class Prefilled:
+    """What a method leaves for generation: the first logits and the model's cache (context
+    and question), with what the answer reports."""
+
+    logits: Any  # float32 next-token logits after the question
+    cache: Any  # the model's cache: context + question
+    context_tokens: int
+    recomputed: int
+    bytes_read: int
+    context_ids: list[str]
+
+
+class Method:
+    """One query method. Subclasses set the attributes and implement `prefilled`."""
+
+    name: str = ""
+    summary: str = ""  # one line: what it does (the CLI's --help, the docs)
+    recomputes: bool = False  # recompute_ratio applies: it recomputes the tokens it selects
+    connector: bool = False  # the vLLM connector can serve it (it blends a decoded context)
+    reorders: bool = False  # --reorder attention applies (it lays out decoded chunks)
+    baseline: bool = False  # a reference the benchmarks compare the store's methods with
+    options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
+    in_ttft_bench: bool = True  # `bench ttft` times it at every k
+
+    def layer(self, n_layers: int) -> int:
+        """The layer a scorer reads by default."""
+        return min(1, n_layers - 1)
+
+    def prefilled(self, session, ids: list[str], q_ids: list[int], cfg: "QueryConfig",
+                  watch: "Stopwatch") -> Prefilled:
+        """The chunks `ids` (in context order) and the question `q_ids` in `session.model`'s
+        cache, each step timed in `watch` (session.STEPS' names)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<query method {self.name}>"
+
+
+class Decoded(Method):
+    """The chunks' decoded codes at their global positions, fused with the question."""
+
+    reorders = True
+    connector = True
+
+    def context(self, session, ids: list[str], q_ids: list[int], cfg: "QueryConfig", watch: "Stopwatch"):
+        """(Context, bytes read): the store's prefix and the chunks decoded in `session`'s
+        device, reordered by the question's attention if `cfg` says so."""
+        from ..blend import attention_order, decode_chunks
+
+        chunks = decode_chunks(session.store, ids, session.device, watch)
+        if cfg.reorder == "attention":
+            with watch.step("select"):
+                layer = infoflow_layer(session.model.n_layers)
+                budget = cfg.recompute_ratio if cfg.recomputes else REORDER_BUDGET
+                chunks = chunks.reordered(attention_order(chunks, q_ids, session.model, layer, budget))
+        with watch.step("reconstruct"):
+            ctx = chunks.assemble(session.model)
+        session.rates.observe("decode_tokens_per_s", sum(map(len, chunks.tokens)),
+                              sum(watch.get(s, 0.0) for s in ("read", "transfer", "reconstruct")))
+        return ctx, chunks.nbytes, chunks.ids
+
+    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+        ctx, nbytes, ids = self.context(session, ids, q_ids, cfg, watch)
+        logits, positions = fuse(ctx, q_ids, cfg, session.model, watch, session.selector(cfg.selector_model))
+        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids))
+
+
+# Reordering without recomputation scores a chunk by its top 15% of tokens (what InfoFlow selects).
+REORDER_BUDGET = 0.15
+
+
+def infoflow_layer(n_layers: int) -> int:
+    """InfoFlow's scoring layer: three quarters of the depth (InfoFlow §4.2)."""
+    return (3 * n_layers) // 4
+
+
+class Scorer(Decoded):
+    """Recomputes the top `recompute_ratio` of the chunk tokens by `scores`."""
+
+    recomputes = True
+
+    def scores(self, ctx: "Context", q_ids: list[int], cfg: "QueryConfig", stack,
+               selector=None) -> "torch.Tensor":
+        """float32 [S]: how much each context position needs recomputing."""
+        raise NotImplementedError
+
+
+class AttentionScorer(Scorer):
+    """Scores by the question's attention mass on each context token at one layer."""
+
+    def scores(self, ctx, q_ids, cfg, stack, selector=None):
+        from ..blend import attention_scores
+
+        return attention_scores(ctx, q_ids, stack, cfg.layer(stack.n_layers))
+
+
+# ---------------------------------------------------------------- fusion
+
+
+def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector=None) -> "torch.Tensor":
+    """Sorted int64 positions `cfg`'s scorer selects among the chunk tokens for the question
+    `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the
+    model itself) over its first `cfg.selector_layers` layers (default: a quarter of them)."""
+    from ..blend import select
+    from ..stack import as_stack
+    from . import get
+
+    scores = get(cfg.method).scores(ctx, q_ids, cfg, as_stack(model), selector)
+    return select(scores, ctx, cfg.recompute_ratio, cfg.group_window, cfg.group_min)
+
+
+def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["QueryConfig"], model) -> list:
+    """`choose` for several contexts; those scored by the question's attention at the same
+    layer run their questions through the layers together (`blend.attention_scores_many`)."""
+    from ..blend import attention_scores_many, select
+    from ..stack import as_stack
+    from . import get
+
+    stack = as_stack(model)
+    out: list = [None] * len(ctxs)
+    by_layer: dict[int, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        if isinstance(get(cfg.method), AttentionScorer):
+            by_layer.setdefault(cfg.layer(stack.n_layers), []).append(i)
+        else:
+            out[i] = choose(ctxs[i], q_ids[i], cfg, stack)
+    for layer, idx in by_layer.items():
+        scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
+        for i, sc in zip(idx, scores):
+            out[i] = select(sc, ctxs[i], cfgs[i].recompute_ratio, cfgs[i].group_window, cfgs[i].group_min)
+    return out
+
+
+def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "Stopwatch | None" = None,
+         selector=None):
+    """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
+    pass: (next-token logits, recomputed positions). A method that recomputes nothing only
+    prefills the question. `cacheclip` scores with `selector` (default: `model`)."""
+    import torch
+
+    from ..blend import recompute
+    from ..generate import prefill
+    from ..stopwatch import Stopwatch
+
+    watch = watch if watch is not None else Stopwatch(model.device)
+    positions = torch.zeros(0, dtype=torch.long)
+    if cfg.recomputes:
+        with watch.step("select"):
+            positions = choose(ctx, q_ids, cfg, model, selector)
+        with watch.step("recompute"):  # the question's prefill rides in the same pass
+            return recompute(ctx, positions, model, q_ids=q_ids), positions
+    with watch.step("prefill"):
+        logits = prefill(ctx.cache, q_ids, model)
+    return logits, positions

@@ -1,0 +1,27 @@
+"""`cake`: prefill the first chunks while the last ones are read and decoded, on two threads
+(Cake's bidirectional overlap); `--cake-split` fixes how many are prefilled."""
+
+from . import register
+from .base import Method, Prefilled
+
+
+class Cake(Method):
+    name = "cake"
+    summary = "prefill the first chunks while the last ones load, on two threads"
+    options = ("cake_split",)
+
+    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+        from ..generate import prefill
+        from ..overlap import cake_context
+
+        lengths = [session.store.chunk(c).token_length for c in ids]
+        split = cfg.cake_split if cfg.cake_split is not None else session.rates.split(lengths)
+        with watch.step("recompute"):  # loading runs inside it, on a second thread
+            ctx, computed, nbytes = cake_context(session.store, ids, session.model, split)
+        with watch.step("prefill"):
+            logits = prefill(ctx.cache, q_ids, session.model)
+        recomputed = sum(b - a for a, b in ctx.spans[:computed])
+        return Prefilled(logits, ctx.cache, ctx.length, recomputed, nbytes, list(ids))
+
+
+register(Cake())

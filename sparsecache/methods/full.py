@@ -1,0 +1,25 @@
+"""`full`: prefill the prefix, every chunk's text and the question, no cache: the reference."""
+
+from . import register
+from .base import Method, Prefilled
+
+
+class Full(Method):
+    name = "full"
+    summary = "prefill everything (no cache)"
+    baseline = True
+
+    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+        from ..generate import full_prefill
+
+        with watch.step("read"):
+            prefix, _, _ = session.store.prefix()
+            tokens = session.store.tokens(ids)
+        seq = prefix + [t for c in tokens for t in c] + q_ids
+        with watch.step("prefill"):
+            logits, cache = full_prefill(seq, session.model)
+        session.rates.observe("prefill_tokens_per_s", len(seq), watch["prefill"])
+        return Prefilled(logits, cache, len(seq) - len(q_ids), 0, 4 * len(seq), list(ids))
+
+
+register(Full())
