@@ -33,7 +33,12 @@ class QueryConfig:
     - score_layer: the layer a scorer reads (None: a3/cacheblend 1, infoflow 3/4 of the depth);
     - order: `given` (best chunk first) or `reverse` (best chunk next to the question);
     - reorder: `attention` lays the chunks out by the question's attention instead, the most
-      important next to the question (InfoFlow's reordering; decoded codes only).
+      important next to the question (InfoFlow's reordering; decoded codes only);
+    - chunk_starts: scorers recompute each chunk's first N tokens first, then by score;
+    - attend_chunks: the question and answer attend, per head, to their N best chunks only
+      (selective attention, `attend.py`; 0: all);
+    - paths: superposition's chunks kept (None: the method's own default).
+    A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
     method: str = "infoflow"  # measured best on the needle tasks (BENCHMARKS.md)
@@ -50,7 +55,12 @@ class QueryConfig:
     # cacheclip: a small model's full-context pass picks the tokens (CacheClip's auxiliary selector):
     selector_model: str | None = None  # a local HF model with the same tokenizer; None: the main model...
     selector_layers: int | None = None  # ...truncated to its first N layers (None: a quarter of them)
-    # superposition: the chunks kept, those whose own path makes the question likeliest (None: PATHS)
+    # scorers: each chunk's first N tokens are recomputed first (its own attention sinks, which
+    # per-chunk KV has at every chunk start), the rest of the budget by the scores
+    chunk_starts: int = 0
+    # decoded methods: the question and answer attend only to each head's N best chunks (0: all)
+    attend_chunks: int = 0
+    # superposition: the chunks kept, those whose own path makes the question likeliest (None: the method's default)
     paths: int | None = None
 
     def __post_init__(self):
@@ -74,6 +84,16 @@ class QueryConfig:
             raise ConfigError("--cake-split is a number of chunks >= 0")
         if self.selector_layers is not None and self.selector_layers < 1:
             raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
+        if self.chunk_starts < 0:
+            raise ConfigError(f"--chunk-starts must be >= 0, got {self.chunk_starts}")
+        if self.chunk_starts and not spec.recomputes:
+            raise ConfigError(f"--chunk-starts recomputes chunk starts within a scorer's budget; --method {self.method} "
+                              "recomputes nothing it selects")
+        if self.attend_chunks < 0:
+            raise ConfigError(f"--attend-chunks must be >= 0, got {self.attend_chunks}")
+        if self.attend_chunks and not spec.selective:
+            raise ConfigError(f"--attend-chunks changes how the question attends over laid-out chunks; it does not "
+                              f"apply to --method {self.method}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if self.reorder != "none" and not spec.reorders:

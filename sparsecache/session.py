@@ -17,10 +17,10 @@ import torch
 
 from . import OPENMP_SPINS
 from . import methods
-from .blend import Context, DecodedChunks, question_ids, truncate
+from .blend import Context, DecodedChunks, question_ids
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
-from .generate import forced_agreement, greedy_continue
+from .generate import Continuation, forced_agreement, greedy_continue
 from .model import KVModel, extract_kv, load_model, query_dtype
 from .overlap import Rates
 from .query_config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
@@ -160,10 +160,11 @@ class Session:
         position = p.context_tokens + len(q_ids)
         agreement = None
         with watch.step("generate"):
+            step = p.step or Continuation(p.cache, position, self.model)
             if reference is not None:
-                agreement = forced_agreement(p.logits, p.cache, position, reference, self.model) / max(1, len(reference))
-                truncate(p.cache, position)
-            tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens)
+                agreement = forced_agreement(p.logits, None, position, reference, self.model, step) / max(1, len(reference))
+                step.rewind()
+            tokens = greedy_continue(first, None, position, self.model, max_new_tokens, step=step)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,

@@ -40,6 +40,16 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     assert "same answer as full prefill: yes" in r.output or "same answer as full prefill: no" in r.output
     assert "next tokens agree" in r.output
 
+    # the levers' options reach the method they belong to
+    r = run(cli, base + ["--chunks", ids, "--method", "superposition", "--paths", "1", "--recompute-ratio", "0",
+                         "--json"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["context_ids"]) == 1 and json.loads(r.stdout)["recomputed_tokens"] == 0
+    r = run(cli, base + ["--chunks", ids, "--chunk-starts", "2", "--attend-chunks", "1", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["recomputed_tokens"] >= 4, r.output
+    r = run(cli, base + ["--chunks", ids, "--method", "none", "--paths", "2"])
+    assert r.exit_code == 1 and "--paths applies to --method superposition" in r.output
+
     r = run(cli, base + ["--chunks", "nope"])
     assert r.exit_code == 1 and "no live chunk 'nope'" in r.output
     r = run(cli, base + ["--recompute-ratio", "2"])

@@ -39,6 +39,12 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @click.option("--selector-layers", type=int, default=None,
               help="cacheclip: layers of the selector to run (default: all of --selector-model's, or a quarter "
                    "of the main model's).")
+@click.option("--chunk-starts", default=QueryConfig.chunk_starts, show_default=True, type=click.IntRange(min=0),
+              help="Scorers: recompute each chunk's first N tokens first (the attention sinks every chunk encoded "
+                   "alone has), the rest of the --recompute-ratio budget by score.")
+@click.option("--attend-chunks", default=QueryConfig.attend_chunks, show_default=True, type=click.IntRange(min=0),
+              help="Selective attention over chunks: the question and answer attend, per head, only to the N chunks "
+                   "with the most attention on their top tokens (0: all chunks).")
 @click.option("--paths", type=click.IntRange(min=1), default=None,
               help="superposition: chunks kept, those whose own path makes the question likeliest (default 1; "
                    "with 1 and --recompute-ratio 0 the answer continues that path's cache).")
@@ -50,7 +56,7 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, paths, compare,
+              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, chunk_starts, attend_chunks, paths, compare,
               model_path, device, dtype, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
@@ -59,7 +65,8 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     from sparsecache.session import Session
 
     cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
-                      selector_model, selector_layers, paths)
+                      selector_model, selector_layers, chunk_starts=chunk_starts, attend_chunks=attend_chunks,
+                      paths=paths)
     s = Session(store, model_path, resolve_device(device), dtype=dtype)
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)

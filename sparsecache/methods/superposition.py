@@ -19,32 +19,42 @@ the KV of the prompt's chunks that vLLM was given, and dropping chunks changes t
 """
 
 from . import register
-from .base import AttentionScorer, Prefilled, fuse, infoflow_layer
-
-PATHS = 1  # chunks kept when the config does not say
+from .base import AttentionScorer, Decoded, Prefilled, fuse, infoflow_layer
 
 
-class Superposition(AttentionScorer):
-    name = "superposition"
-    summary = ("keep the --paths chunks whose own path makes the question likeliest and answer from them "
-               "(superposition prompting)")
+class PathMethod(Decoded):
+    """What the superposition methods share: the options they take and the kept paths."""
+
     options = ("paths",)
     connector = False
     reorders = False
+    selective = False
     in_ttft_bench = False
+    paths = 1  # chunks kept when the config does not say
 
-    def layer(self, n_layers: int) -> int:
-        return infoflow_layer(n_layers)
-
-    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+    def best_paths(self, session, ids, q_ids, cfg, watch):
+        """(decoded chunks, each path's (Context, logits), the kept paths' indices, likeliest last)."""
         from ..blend import decode_chunks
 
         chunks = decode_chunks(session.store, ids, session.device, watch)
         with watch.step("select"):
             scores, paths = path_scores(chunks, q_ids, session.model)
-            keep = min(cfg.paths or PATHS, len(ids))
+            keep = min(cfg.paths or self.paths, len(ids))
             best = sorted(range(len(ids)), key=scores.__getitem__)[-keep:]  # the likeliest last, by the question
-        if keep == 1 and not cfg.recomputes:
+        return chunks, scores, paths, best
+
+
+class Superposition(PathMethod, AttentionScorer):
+    name = "superposition"
+    summary = ("keep the --paths chunks whose own path makes the question likeliest and answer from them "
+               "(superposition prompting)")
+
+    def layer(self, n_layers: int) -> int:
+        return infoflow_layer(n_layers)
+
+    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+        chunks, _, paths, best = self.best_paths(session, ids, q_ids, cfg, watch)
+        if len(best) == 1 and not cfg.recomputes:
             ctx, logits = paths[best[0]]
             return Prefilled(logits, ctx.cache, ctx.length, 0, chunks.nbytes, [chunks.ids[best[0]]])
         kept = chunks.reordered(best)
