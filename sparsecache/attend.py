@@ -24,6 +24,7 @@ import torch
 
 from .generate import Continuation
 from .model import KVModel
+from .stack import attention_probs
 
 TOP_TOKENS = 5  # a chunk's score: the mass of its this many most attended tokens (the paper's top-5)
 _NAME = "sparsecache-selective"
@@ -34,22 +35,13 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     """transformers' attention-function signature: (output (B, T, nh, D), None). The queries are
     the last T positions of the cache (a prefill or decoding step after the context)."""
     spans, n = _ACTIVE.get()
-    groups = query.shape[1] // key.shape[1]
-    keys, values = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    logits = (query.float() @ keys.float().transpose(-1, -2)) * (scaling if scaling is not None else module.scaling)
+    N, T = key.shape[-2], query.shape[-2]
+    q_pos = torch.arange(N - T, N, device=query.device)
     cap = softcap if softcap is not None else getattr(module, "attn_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    N, T = keys.shape[-2], query.shape[-2]
-    q_pos = torch.arange(N - T, N, device=query.device)[:, None]
-    k_pos = torch.arange(N, device=query.device)[None]
-    seen = k_pos <= q_pos
-    window = getattr(module, "sliding_window", None)
-    if window:
-        seen &= k_pos > q_pos - window
-    probs = logits.masked_fill(~seen, float("-inf")).softmax(-1)  # (B, nh, T, N)
+    probs = attention_probs(query, key, q_pos, scaling if scaling is not None else module.scaling,
+                            getattr(module, "sliding_window", None), cap)  # (1, nh, T, N)
     probs = keep_chunks(probs, spans, n)
-    out = probs.to(values.dtype) @ values
+    out = probs.to(value.dtype) @ value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .blend import truncate
 from .model import KVModel
 
 
@@ -41,10 +42,7 @@ class Continuation:
         return _next_logits(token, self.position + offset, self.cache, self.model)
 
     def rewind(self) -> None:
-        for layer in self.cache.layers:
-            if layer.keys is not None and layer.keys.shape[-2] > self.position:
-                layer.keys = layer.keys[:, :, : self.position]
-                layer.values = layer.values[:, :, : self.position]
+        truncate(self.cache, self.position)
 
 
 @torch.inference_mode()

@@ -140,16 +140,16 @@ def config_fingerprint(config, name: str) -> dict:
 
 
 def query_dtype(name: str, device: str | torch.device) -> torch.dtype:
-    """The dtype a query runs the model in: a floating torch dtype's name (the CLI offers
-    `query_config.DTYPES`) or "auto": float32 on a CPU (the reference), bfloat16 on a GPU
-    (BENCHMARKS.md, "On a GPU": its answers against float32's). A store's K/V are always
-    computed in float32."""
+    """The dtype a query runs the model in: one of `dtypes.DTYPES`, where "auto" is float32
+    on a CPU (the reference) and bfloat16 on a GPU (BENCHMARKS.md, "On a GPU": its answers
+    against float32's). A store's K/V are always computed in float32."""
+    from .dtypes import DTYPES
+
+    if name not in DTYPES:
+        raise ModelError(f"unknown dtype {name!r}: one of {', '.join(DTYPES)}")
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ModelError(f"unknown dtype {name!r}: auto or a floating torch dtype (float32, bfloat16, float16)")
-    return dtype
+    return getattr(torch, name)
 
 
 def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import methods
+from .dtypes import DTYPE, DTYPES  # noqa: F401  (the query's dtype names: the CLI and Session read them here)
 from .errors import ConfigError
 from .methods.base import EXCLUSIVE_OPTIONS
 
@@ -15,8 +16,6 @@ ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
 MAX_NEW_TOKENS = 64  # tokens a query generates
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # the model's dtype for a query (model.query_dtype)
-DTYPE = "auto"  # float32 on a CPU (the reference), bfloat16 on a GPU
 
 
 @dataclass(frozen=True)

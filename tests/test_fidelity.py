@@ -203,6 +203,8 @@ def test_summaries_score_against_full_prefill_with_intervals():
     assert lo < s["token_agreement"] < hi
     assert s["holds_answer"] == 0.9 and s["correct_hops1"] == 0.5 and s["correct_hops2"] == 0.0
     assert summarise(rows, {f"q{i}": True for i in range(10)})["correct_vs_full"] == 0.4  # full's rows given
+    full = [{k: r[k] for k in ("question", "hops", "correct", "ttft_ms")} for r in rows]  # full prefill's own rows
+    assert summarise(full)["correct_hops1"] == 0.5 and "correct_vs_full" not in summarise(full)
 
 
 def test_the_dev_and_test_splits_share_no_names_or_phrasings(tmp_path):

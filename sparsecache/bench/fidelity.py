@@ -332,10 +332,10 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
     ids = chunk_ids_by_doc(session.store)
     for k, questions in suite.items():
         for label, cfg in {"full": {"method": "full"}, **methods}.items():
+            query = {key: value for key, value in cfg.items() if key != "context"}  # Session.query's settings
             for q in questions:
                 if (k, label, q.id) in done:
                     continue
-                query = {key: value for key, value in cfg.items() if key != "context"}
                 needed = [ids[d] for d in q.docs]
                 chunks = [ids[d] for d in q.chunk_docs if cfg.get("context") != "gold" or d in q.docs]
                 ref = refs.get((k, q.id))
@@ -381,6 +381,10 @@ def summarise(rows: list[dict], full: dict[str, bool] | None = None) -> dict:
     correct = [bool(r["correct"]) for r in rows]
     out = {"questions": n, "correct": sum(correct) / n, "correct_ci95": wilson(sum(correct), n),
            "ttft_ms": round(sum(r["ttft_ms"] for r in rows) / n, 1)}
+    for hops in (1, 2):
+        part = [r for r in rows if r["hops"] == hops]
+        if part:
+            out[f"correct_hops{hops}"] = round(sum(bool(r["correct"]) for r in part) / len(part), 4)
     if "same_answer" not in rows[0]:
         return out
     ref = [bool(full[r["question"]]) if full is not None else bool(r["full_correct"]) for r in rows]
@@ -401,7 +405,6 @@ def summarise(rows: list[dict], full: dict[str, bool] | None = None) -> dict:
         part = [r for r in rows if r["hops"] == hops]
         if part:
             out[f"same_answer_hops{hops}"] = round(sum(r["same_answer"] for r in part) / len(part), 4)
-            out[f"correct_hops{hops}"] = round(sum(bool(r["correct"]) for r in part) / len(part), 4)
     return out
 
 
