@@ -9,7 +9,7 @@
 # with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
 # out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]
 # `default` is the one to run first on a lent GPU: the current default measured end to end in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -122,6 +122,39 @@ EOF
   done <<< "${FIDELITY_CONFIGS:-8 raw,none,infoflow:0.15,infoflow:0.3}"
   wait "${pids[@]}"; kill $merger; merge; stamp done
   grep -a "same answer\|Error" $R/log.txt | tail -40; nvidia-smi --query-gpu=name --format=csv,noheader
+  ;;
+shards)  # #51: fidelity questions in disjoint shards, one process each (fidelity_shard.py answers a question
+  # with full prefill and every method before the next, so a cut-short run leaves complete rows). Staged: whl/,
+  # pkgs/, dict/ (the stores' dictionary, once) and fid-*/ (`bench fidelity` workdirs made on a CPU, their
+  # store's dictionary/ left out; a seed.json beside the suite holds rows done on the CPU). SHARD_JOBS: lines
+  # "WORKDIR ARGS" (ARGS: fidelity_shard.py's --job K:METHODS...), run in order by every shard; SHARDS: how
+  # many processes (14). Each workdir's rows come back merged as $OUT/WORKDIR.json.
+  stage
+  LIMIT=${2:-540} R=/tmp/shards N=${SHARDS:-14}; mkdir -p $R
+  for w in /tmp/stage/fid-*; do [ -e $w/store/dictionary ] || cp -r /tmp/stage/dict $w/store/dictionary; done
+  { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep 'Model name'
+    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$OUT/gpu.txt" 2>&1
+  python3 -c "from sparsecache.model import load_model; load_model()" || exit 1  # convert once, before the fan-out
+  merge() { python3 -c "
+import glob, json, os, sys
+for w in {os.path.basename(f).rsplit('-', 1)[0] for f in glob.glob(sys.argv[1] + '/*.json')}:
+    rows = {}
+    for f in sorted(glob.glob(f'{sys.argv[1]}/{w}-*.json')):
+        try: rows.update({(r['k'], r['label'], r['question']): r for r in json.load(open(f))['rows']})
+        except ValueError: pass  # (a file being replaced)
+    json.dump({'rows': list(rows.values())}, open(f'{sys.argv[2]}/{w}.json', 'w'))" $R "$OUT"; }
+  ( while sleep 20; do merge; done ) & merger=$!
+  stamp "shards: $N"; pids=()
+  for i in $(seq 0 $((N - 1))); do
+    ( while read -r w args; do
+        [ -n "$w" ] || continue
+        timeout $(( LIMIT - SECONDS )) python3 scripts/experiments/fidelity_shard.py /tmp/stage/$w $R/$w-$i.json \
+          --shard $i/$N --seed /tmp/stage/$w/seed.json --device cuda $args >> $R/log-$i.txt 2>&1
+      done <<< "$SHARD_JOBS" ) & pids+=($!)
+  done
+  wait "${pids[@]}"; kill $merger; merge; stamp done
+  grep -a -h "Error\|error" $R/log-*.txt | sort | uniq -c | head; tail -n 3 $R/log-0.txt
+  python3 -c "import json,sys,collections; [print(f, sorted(collections.Counter((r['k'], r['label']) for r in json.load(open(f))['rows']).items())) for f in sys.argv[1:]]" $OUT/fid-*.json
   ;;
 gemma-dict)  # #38: Gemma 3 270M's dictionary (the rule's L9-s100) learned and evaluated on the GPU. Staged:
   # whl/, gemma/gemma-3-270m-q4_k_m.gguf, calib/{train,heldout} (scripts/calibration_text.py). A 10-step

@@ -1,8 +1,9 @@
-"""BENCHMARKS.md's fidelity decomposition from two `bench fidelity` results files: agreement
-from a run over the whole suite (any device: answers are the same on a CPU and a GPU), TTFT
-from a run on the CPU the rule is about (`--limit`), and #34's rule applied to them.
+"""BENCHMARKS.md's fidelity tables from two `bench fidelity` results files: answers from a run
+over the whole suite (any device: answers are the same on a CPU and a GPU), TTFT from a run on
+the CPU the rule is about (`--limit`), and a rule (`fidelity.RULES`) applied to them: #34's
+`same_answer` or #51's `correct_vs_full` (the default).
 
-    python docs/tables/fidelity_table.py AGREEMENT.json TTFT.json [--out decomposition.json]
+    python docs/tables/fidelity_table.py ANSWERS.json TTFT.json [--rule same_answer] [--out decomposition.json]
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import json
 
 import click
 
-from sparsecache.bench.fidelity import pick_default, table
+from sparsecache.bench.fidelity import RULE, RULES, pick_default, table
 
 
 def _rows(path: str) -> list[dict]:
     return table(json.load(open(path))["rows"])
 
 
-def _ci(r: dict) -> str:
-    lo, hi = r["same_answer_ci95"]
+def _ci(r: dict, key: str = "same_answer") -> str:
+    lo, hi = r[f"{key}_ci95"]
     return f"[{lo:.2f}, {hi:.2f}]"
 
 
@@ -27,15 +28,26 @@ def _ci(r: dict) -> str:
 @click.argument("agreement", type=click.Path(exists=True, dir_okay=False))
 @click.argument("ttft", type=click.Path(exists=True, dir_okay=False))
 @click.option("--k", default=8, show_default=True)
+@click.option("--rule", type=click.Choice(list(RULES)), default=RULE, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the merged rows as JSON.")
-def main(agreement, ttft, k, out):
-    r = pick_default(_rows(agreement), _rows(ttft), k, rule="same_answer")
-    print(f"full prefill: {r['full_ttft_ms'] / 1000:.2f} s; chosen by the rule: {r['chosen']}\n")
-    print("| configuration | questions | same answer as full prefill [95%] | tokens | correct | TTFT (CPU) | × full | within half |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for x in sorted(r["rows"], key=lambda x: x["ttft_vs_full"]):
-        print(f"| {x['label']} | {x['questions']} | {x['same_answer']:.2f} {_ci(x)} | {x['token_agreement']:.3f} | "
-              f"{x['correct']:.2f} | {x['ttft_ms'] / 1000:.2f} s | {x['ttft_vs_full']:.2f} | {'yes' if x['within'] else 'no'} |")
+def main(agreement, ttft, k, rule, out):
+    r = pick_default(_rows(agreement), _rows(ttft), k, rule=rule)
+    print(f"full prefill: {r['full_ttft_ms'] / 1000:.2f} s; chosen by the rule ({rule}): {r['chosen']}\n")
+    if rule == "same_answer":
+        print("| configuration | questions | same answer as full prefill [95%] | tokens | correct | TTFT (CPU) | × full | within half |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for x in sorted(r["rows"], key=lambda x: x["ttft_vs_full"]):
+            print(f"| {x['label']} | {x['questions']} | {x['same_answer']:.2f} {_ci(x)} | {x['token_agreement']:.3f} | "
+                  f"{x['correct']:.2f} | {x['ttft_ms'] / 1000:.2f} s | {x['ttft_vs_full']:.2f} | {'yes' if x['within'] else 'no'} |")
+    else:
+        print("| configuration | questions | correct vs full [95%] | right where full is right [95%] | correct | tokens "
+              "| same answer | TTFT (CPU) | × full | within half |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for x in sorted(r["rows"], key=lambda x: -x["correct_vs_full"]):
+            print(f"| {x['label']} | {x['questions']} | {x['correct_vs_full']:.2f} {_ci(x, 'correct_vs_full')} | "
+                  f"{x['right_where_full_right']:.2f} {_ci(x, 'right_where_full_right')} | {x['correct']:.2f} | "
+                  f"{x['token_agreement']:.3f} | {x['same_answer']:.2f} | {x['ttft_ms'] / 1000:.2f} s | "
+                  f"{x['ttft_vs_full']:.2f} | {'yes' if x['within'] else 'no'} |")
     if out:
         json.dump(r, open(out, "w"), indent=1)
 
