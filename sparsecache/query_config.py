@@ -15,6 +15,9 @@ SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
+# What `serve` and the vLLM connector do by default: #51's rule among the methods the connector can
+# serve (vLLM is handed the prompt's chunks, so methods that drop or reorder chunks are not among them)
+SERVE_METHOD = "infoflow"
 MAX_NEW_TOKENS = 64  # tokens a query generates
 
 
@@ -26,7 +29,8 @@ class QueryConfig:
       scorer (`a3`, `infoflow`, `cacheblend`, `cacheclip`: recompute the tokens it selects),
       `cake` (recompute the first chunks by prefill while the last ones are read and decoded,
       on two threads), `full` (prefill everything, no cache), `raw` (exact fp16 KV), …;
-    - recompute_ratio: the fraction of chunk tokens a scorer recomputes;
+    - recompute_ratio: the fraction of chunk tokens a scorer recomputes (None: the method's
+      own default, `ratio`);
     - group_window / group_min: CacheClip grouping (window 1 turns it off; min 0 takes whole
       windows by score mass up to the budget, M > 0 CacheClip's windows with >= M top tokens);
     - score_layer: the layer a scorer reads (None: a3/cacheblend 1, infoflow 3/4 of the depth);
@@ -40,10 +44,10 @@ class QueryConfig:
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
-    method: str = "infoflow"  # measured best on the needle tasks (BENCHMARKS.md)
-    # #34's rule: the most answers equal to full prefill's on the fidelity suite (k = 8) among
-    # configurations at <= half its TTFT on a 2-core CPU (BENCHMARKS.md, "Fidelity at k = 8")
-    recompute_ratio: float = 0.25
+    # #51's rule: the most correct answers relative to full prefill's on the fidelity suite's dev
+    # split (k = 8) among configurations at <= half its TTFT on a 2-core CPU (BENCHMARKS.md, "Fidelity")
+    method: str = "superposition"
+    recompute_ratio: float | None = None  # None: the method's own (`Method.ratio`: superposition 0.5, others 0.25)
     group_window: int = 8
     group_min: int = 0
     score_layer: int | None = None
@@ -65,7 +69,7 @@ class QueryConfig:
     def __post_init__(self):
         if self.method not in methods.REGISTRY:
             raise ConfigError(f"--method must be one of {', '.join(methods.names())}, got {self.method!r}")
-        if not 0.0 <= self.recompute_ratio <= 1.0:
+        if self.recompute_ratio is not None and not 0.0 <= self.recompute_ratio <= 1.0:
             raise ConfigError(f"--recompute-ratio must be in [0, 1], got {self.recompute_ratio}")
         if self.group_window < 1 or (self.group_window > 1 and not 0 <= self.group_min <= self.group_window):
             raise ConfigError(f"need 0 <= --group-min ({self.group_min}) <= --group-window ({self.group_window})")
@@ -99,8 +103,13 @@ class QueryConfig:
             raise ConfigError(f"--reorder {self.reorder} lays out decoded chunks; it does not apply to --method {self.method}")
 
     @property
+    def ratio(self) -> float:
+        """The recompute ratio in effect: the one given, else the method's own."""
+        return methods.get(self.method).ratio if self.recompute_ratio is None else self.recompute_ratio
+
+    @property
     def recomputes(self) -> bool:
-        return methods.get(self.method).recomputes and self.recompute_ratio > 0
+        return methods.get(self.method).recomputes and self.ratio > 0
 
     def layer(self, n_layers: int) -> int:
         if self.score_layer is not None:

@@ -116,16 +116,21 @@ class Session:
     def compare(self, question: str, answer: Answer, config: QueryConfig | None = None,
                 max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
         """How `answer` (this session's answer to `question` under `config`) compares with full
-        prefill of the same chunks in the same order: full prefill's answer and TTFT, whether
-        the texts are the same, and the share of full prefill's tokens this context predicts
-        when fed them (agreement that survives one different word)."""
-        ref = self.query(question, config, method="full", reorder="none", order="given", cake_split=None,
-                         selector_model=None, selector_layers=None, chunks=answer.context_ids,
+        prefill of the same chunks: full prefill's answer and TTFT, whether the texts are the
+        same, and the share of full prefill's tokens this context predicts when fed them
+        (agreement that survives one different word). A method that kept every chunk is compared
+        in its own order; one that dropped chunks (superposition) with full prefill of every
+        retrieved chunk in the query's order, what answering without sparsecache would read."""
+        cfg = config or QueryConfig()
+        retrieved = [c["id"] for c in answer.chunks]
+        kept_all = sorted(answer.context_ids) == sorted(retrieved)
+        ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
+                         cake_split=None, selector_model=None, selector_layers=None, paths=None, chunk_starts=0,
+                         attend_chunks=0, chunks=answer.context_ids if kept_all else retrieved,
                          max_new_tokens=max_new_tokens)
-        forced = self.query(question, config, chunks=[c["id"] for c in answer.chunks], reference=ref.tokens,
-                            max_new_tokens=1)
+        forced = self.query(question, cfg, chunks=retrieved, reference=ref.tokens, max_new_tokens=1)
         return {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": ref.answer == answer.answer,
-                "token_agreement": forced.agreement, "tokens": len(ref.tokens)}
+                "token_agreement": forced.agreement, "tokens": len(ref.tokens), "context_tokens": ref.context_tokens}
 
     @_at_a_live_version
     def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = TOP_K,

@@ -26,6 +26,13 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     steps = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
     assert abs(t["ttft"] - sum(t[s] for s in steps)) < 0.01 and out["recomputed_tokens"] > 0
     assert out["bytes_read"] > 0
+    # the default (superposition, 2 paths) drops a chunk: --compare reads all three, and the text says which
+    assert out["method"] == "superposition" and len(out["context_ids"]) == 2
+    r = run(cli, base + ["--top-k", "3", "--compare", "--json"])
+    ref = json.loads(r.stdout)["full_prefill"]
+    assert ref["context_tokens"] > out["context_tokens"]
+    r = run(cli, base + ["--top-k", "3"])
+    assert r.output.count("(not used: its path scored lower)") == 1, r.output
 
     ids = ",".join(c["id"] for c in out["chunks"][:2])
     r = run(cli, base + ["--chunks", ids, "--method", "full"])
@@ -45,7 +52,7 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
                          "--json"])
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["context_ids"]) == 1 and json.loads(r.stdout)["recomputed_tokens"] == 0
-    r = run(cli, base + ["--chunks", ids, "--chunk-starts", "2", "--attend-chunks", "1", "--json"])
+    r = run(cli, base + ["--chunks", ids, "--method", "infoflow", "--chunk-starts", "2", "--attend-chunks", "1", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["recomputed_tokens"] >= 4, r.output
     r = run(cli, base + ["--chunks", ids, "--method", "none", "--paths", "2"])
     assert r.exit_code == 1 and "--paths applies to --method superposition" in r.output

@@ -238,13 +238,13 @@ def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):
 
     _, made, _ = suite
     few = {4: [q for q in made[4] if q.hops == 2][:2] + made[4][:1]}
-    rows = run_fidelity(session, few, parse_configs("gold,superposition:0"), tmp_path / "r.json", max_new_tokens=4)
+    rows = run_fidelity(session, few, parse_configs("gold,superposition:0+paths=1"), tmp_path / "r.json", max_new_tokens=4)
     gold = [r for r in rows if r["label"] == "gold"]
     want = {q.id: len(q.docs) for q in few[4]}
     assert all(r["holds_answer"] and r["recomputed_tokens"] == 0 for r in gold)
     assert all(r["context_tokens"] < f["context_tokens"] for r, f in zip(gold, [r for r in rows if r["label"] == "full"]))
     assert {r["question"]: r["hops"] for r in gold} == want
-    sup = [r for r in rows if r["label"] == "superposition:0"]
+    sup = [r for r in rows if r["label"] == "superposition:0+paths=1"]
     assert not all(r["holds_answer"] for r in sup if r["hops"] == 2)  # one path cannot hold two documents
     with pytest.raises(ConfigError, match="paths"):
         parse_configs("superposition:0+paths=0")

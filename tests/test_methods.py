@@ -39,7 +39,33 @@ def test_the_benchmarks_tables_and_the_cli_read_the_registry():
     out = CliRunner().invoke(cli, ["query", "--help"], terminal_width=200).output
     for m in methods.REGISTRY.values():
         assert m.name in out
-    assert "InfoFlow; the default" in " ".join(out.split())
+    assert "superposition prompting; the default" in " ".join(out.split())
+
+
+def test_the_default_is_the_rules_choice_and_a_method_named_alone_keeps_its_own_ratio():
+    """#51's rule chose superposition with 2 paths at r = 0.5 for `query`; `serve` and the
+    connector keep the best they can serve. A method named without a ratio gets its own ratio,
+    also where the default config is changed into it (Session.query's dataclasses.replace)."""
+    import dataclasses
+
+    from click.testing import CliRunner
+
+    from sparsecache.cli.main import cli
+    from sparsecache.query_config import SERVE_METHOD
+    from sparsecache.vllm.server import ServeConfig
+
+    cfg = QueryConfig()
+    assert (cfg.method, cfg.recompute_ratio, cfg.ratio, cfg.paths) == ("superposition", None, 0.5, None)
+    assert methods.get(cfg.method).paths == 2 and cfg.recomputes
+    assert dataclasses.replace(cfg, method="infoflow").ratio == 0.25
+    assert QueryConfig("a3").ratio == 0.25 and QueryConfig("a3", 0.1).ratio == 0.1
+    assert not QueryConfig("infoflow", 0.0).recomputes and not QueryConfig("none").recomputes
+    assert SERVE_METHOD == ServeConfig.method == "infoflow" and SERVE_METHOD in methods.names(connector=True)
+    query = " ".join(CliRunner().invoke(cli, ["query", "--help"], terminal_width=200).output.split())
+    assert "[default: superposition]" in query and "superposition 0.5" in query and "infoflow 0.25" in query
+    assert "(default 2;" in query
+    serve = " ".join(CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).output.split())
+    assert "[default: infoflow]" in serve and "infoflow 0.25" in serve and "superposition 0.5" not in serve
 
 
 def test_importing_the_registry_loads_no_torch():
@@ -101,7 +127,8 @@ def test_superposition_keeps_the_path_that_makes_the_question_likeliest(session,
     q_ids = question_ids(session.model, QUESTION)
     want = [_question_logprob(session, c, q_ids) for c in chunk_ids]
     best = chunk_ids[max(range(len(want)), key=want.__getitem__)]
-    got = session.query(QUESTION, chunks=chunk_ids, method="superposition", recompute_ratio=0.0, max_new_tokens=4)
+    got = session.query(QUESTION, chunks=chunk_ids, method="superposition", paths=1, recompute_ratio=0.0,
+                        max_new_tokens=4)
     alone = session.query(QUESTION, chunks=[best], method="none", max_new_tokens=4)
     assert got.context_ids == [best] and got.recomputed_tokens == 0
     torch.testing.assert_close(got.logits, alone.logits, atol=2e-4, rtol=1e-4)
@@ -154,7 +181,8 @@ def test_the_ensemble_mixes_each_kept_paths_own_answer_by_its_posterior(session,
 
     q_ids = question_ids(session.model, QUESTION)
     one = session.query(QUESTION, chunks=chunk_ids, method="superposition-ensemble", paths=1, max_new_tokens=4)
-    sup = session.query(QUESTION, chunks=chunk_ids, method="superposition", recompute_ratio=0.0, max_new_tokens=4)
+    sup = session.query(QUESTION, chunks=chunk_ids, method="superposition", paths=1, recompute_ratio=0.0,
+                        max_new_tokens=4)
     assert one.context_ids == sup.context_ids and one.tokens == sup.tokens
     torch.testing.assert_close(one.logits, sup.logits.log_softmax(-1), atol=1e-4, rtol=1e-4)
 

@@ -39,7 +39,7 @@ from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, ch
 TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 
 # The ratio a bare label recomputes at: the query default when the suite's tables were measured
-# (2026-11-23); the default is now QueryConfig.recompute_ratio, asked for as "infoflow:0.25".
+# (2026-11-23); infoflow's own ratio is now 0.25 (`Method.ratio`), asked for as "infoflow:0.25".
 RATIO = 0.15
 # Every method at RATIO (and the selector, reordering and overlap) on the same trials; a label
 # maps to `Session.query`'s settings.

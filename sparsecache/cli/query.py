@@ -15,8 +15,8 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @click.option("--top-k", default=TOP_K, show_default=True, help="Chunks to retrieve.")
 @click.option("--method", type=click.Choice(METHODS), default=QueryConfig.method, show_default=True,
               help=methods.summaries())
-@click.option("--recompute-ratio", default=QueryConfig.recompute_ratio, show_default=True,
-              help="Fraction of chunk tokens to recompute.")
+@click.option("--recompute-ratio", type=float, default=None,
+              help="Fraction of chunk tokens to recompute (default: the method's own, " + methods.ratios() + ").")
 @click.option("--group-window", default=QueryConfig.group_window, show_default=True, help="CacheClip grouping window (1 = off).")
 @click.option("--group-min", default=QueryConfig.group_min, show_default=True,
               help="0: recompute the windows with most score mass up to the budget; M > 0: CacheClip's rule, "
@@ -46,8 +46,9 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
               help="Selective attention over chunks: the question and answer attend, per head, only to the N chunks "
                    "with the most attention on their top tokens (0: all chunks).")
 @click.option("--paths", type=click.IntRange(min=1), default=None,
-              help="superposition: chunks kept, those whose own path makes the question likeliest (default 1; "
-                   "with 1 and --recompute-ratio 0 the answer continues that path's cache).")
+              help="superposition: chunks kept, those whose own path makes the question likeliest (default "
+                   f"{methods.get('superposition').paths}; with 1 and --recompute-ratio 0 the answer continues that "
+                   "path's cache).")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
@@ -73,7 +74,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     t = a.timings_ms
     lines = [a.answer, "", "chunks:"]
     lines += [f"  {c['id']}  {c['doc_id']}#{c['ordinal']}" + (f"  {c['score']:.3f}" if c["score"] is not None else "")
-              for c in a.chunks]
+              + ("" if c["id"] in a.context_ids else "  (not used: its path scored lower)") for c in a.chunks]
     lines += ["", f"TTFT {t['ttft']:.1f} ms ({a.method}, {a.context_tokens} context tokens, "
                   f"{a.recomputed_tokens} recomputed, {a.bytes_read:,} bytes read):",
               "  " + "  ".join(f"{k} {t[k]:.1f}" for k in t if k not in ("ttft", "generate")),
@@ -83,7 +84,8 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
         ref = s.compare(question, a, cfg, max_new_tokens)
         result["full_prefill"] = {k: v for k, v in ref.items() if k != "tokens"}
         agree = round(ref["token_agreement"] * ref["tokens"])
-        lines += ["", f"full prefill of the same chunks (no cache), TTFT {ref['ttft_ms']:.1f} ms:", ref["answer"],
+        lines += ["", f"full prefill of the same chunks (no cache, {ref['context_tokens']} context tokens), "
+                        f"TTFT {ref['ttft_ms']:.1f} ms:", ref["answer"],
                   "", "same answer as full prefill: " + ("yes" if ref["same_answer"] else "no")
                   + f"; along its answer, {agree} of {ref['tokens']} next tokens agree ({ref['token_agreement']:.0%})",
                   ttft_ratio(t["ttft"], ref["ttft_ms"])]

@@ -6,7 +6,7 @@ import click
 
 from .options import library_errors, model_option
 from sparsecache import methods
-from sparsecache.query_config import QueryConfig
+from sparsecache.query_config import SERVE_METHOD
 from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
 
@@ -19,11 +19,13 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
 @click.option("--top-k", default=ServeConfig.top_k, show_default=True, type=click.IntRange(1, MAX_TOP_K),
               help="Chunks retrieved per request (a request may set its own).")
 @click.option("--method", type=click.Choice(methods.names(connector=True)),
-              default=QueryConfig.method, show_default=True,
-              help="What the connector does with the chunks' KV (as `sparsecache query`): "
+              default=SERVE_METHOD, show_default=True,
+              help="What the connector does with the chunks' KV (as `sparsecache query`; query's default, "
+                   "superposition, drops chunks from the prompt vLLM is given, which a connector cannot): "
                    + methods.summaries(methods.names(connector=True)))
-@click.option("--recompute-ratio", default=QueryConfig.recompute_ratio, show_default=True,
-              type=click.FloatRange(0, 1), help="Fraction of chunk tokens to recompute.")
+@click.option("--recompute-ratio", default=None, type=click.FloatRange(0, 1),
+              help="Fraction of chunk tokens to recompute (default: the method's own, "
+                   + methods.ratios(methods.names(connector=True)) + ").")
 @click.option("--api-key", default=None, envvar="SPARSECACHE_API_KEY", show_envvar=True,
               help="Require this bearer token on /v1 requests (401 without it).")
 @click.option("--dtype", default=ServeConfig.dtype, show_default=True,

@@ -43,6 +43,12 @@ def summaries(only: tuple[str, ...] | None = None) -> str:
     return "; ".join(f"{m.name}: {m.summary}" for m in REGISTRY.values() if only is None or m.name in only) + "."
 
 
+def ratios(only: tuple[str, ...] | None = None) -> str:
+    """"name r, …" for the methods that recompute (or `only` these): their default ratios, `--help` text."""
+    return ", ".join(f"{m.name} {m.ratio:g}" for m in REGISTRY.values()
+                     if m.recomputes and (only is None or m.name in only))
+
+
 def bench_configs(ratio: float) -> dict[str, dict]:
     """One `Session.query` setting per method for the benchmarks' per-method tables, the
     baselines first, every scorer at `ratio`."""
@@ -55,4 +61,4 @@ from . import none, a3, infoflow, cacheblend, cacheclip, cake, full, raw, superp
 from . import superposition_ensemble  # noqa: E402,F401
 
 __all__ = ["REGISTRY", "AttentionScorer", "Decoded", "Method", "Prefilled", "Scorer", "bench_configs", "get", "names",
-           "register", "summaries"]
+           "ratios", "register", "summaries"]

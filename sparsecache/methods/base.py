@@ -58,6 +58,7 @@ class Method:
     options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
     selective: bool = False  # --attend-chunks applies (its question and answer attend over a laid-out context)
     in_ttft_bench: bool = True  # `bench ttft` times it at every k
+    ratio: float = 0.25  # the recompute ratio a query that names none gets (#34's rule picked 0.25 for infoflow)
 
     def layer(self, n_layers: int) -> int:
         """The layer a scorer reads by default."""
@@ -89,7 +90,7 @@ class Decoded(Method):
         if cfg.reorder == "attention":
             with watch.step("select"):
                 layer = infoflow_layer(session.model.n_layers)
-                budget = cfg.recompute_ratio if cfg.recomputes else REORDER_BUDGET
+                budget = cfg.ratio if cfg.recomputes else REORDER_BUDGET
                 chunks = chunks.reordered(attention_order(chunks, q_ids, session.model, layer, budget))
         with watch.step("reconstruct"):
             ctx = chunks.assemble(session.model)
@@ -150,7 +151,7 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
     from . import get
 
     scores = get(cfg.method).scores(ctx, q_ids, cfg, as_stack(model), selector)
-    return select(starts_first(scores, ctx, cfg.chunk_starts), ctx, cfg.recompute_ratio, cfg.group_window,
+    return select(starts_first(scores, ctx, cfg.chunk_starts), ctx, cfg.ratio, cfg.group_window,
                   cfg.group_min)
 
 
@@ -185,7 +186,7 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
     for layer, idx in by_layer.items():
         scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
         for i, sc in zip(idx, scores):
-            out[i] = select(starts_first(sc, ctxs[i], cfgs[i].chunk_starts), ctxs[i], cfgs[i].recompute_ratio,
+            out[i] = select(starts_first(sc, ctxs[i], cfgs[i].chunk_starts), ctxs[i], cfgs[i].ratio,
                             cfgs[i].group_window, cfgs[i].group_min)
     return out
 

@@ -46,8 +46,10 @@ class PathMethod(Decoded):
 
 class Superposition(PathMethod, AttentionScorer):
     name = "superposition"
-    summary = ("keep the --paths chunks whose own path makes the question likeliest and answer from them "
-               "(superposition prompting)")
+    summary = ("keep the --paths chunks (2) whose own path makes the question likeliest, recompute --recompute-ratio "
+               "(0.5) of them, answer (superposition prompting; the default)")
+    paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (BENCHMARKS.md, "Fidelity")
+    ratio = 0.5
 
     def layer(self, n_layers: int) -> int:
         return infoflow_layer(n_layers)

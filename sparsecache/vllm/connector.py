@@ -41,7 +41,7 @@ never used.
 device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
-    recompute_ratio  fraction of chunk tokens recomputed (default: QueryConfig's, 0.25)
+    recompute_ratio  fraction of chunk tokens recomputed (default: the method's own, 0.25)
     group_window, group_min, score_layer, selector_layers, chunk_starts
                      as `sparsecache query`'s options of those names (QueryConfig's defaults;
                      cacheclip's selector is vLLM's model truncated to selector_layers)
@@ -74,7 +74,7 @@ from ..methods.base import choose_many
 from ..errors import ConfigError, SparseCacheError
 from ..model import Rope, config_fingerprint
 from .. import methods
-from ..query_config import QueryConfig
+from ..query_config import SERVE_METHOD, QueryConfig
 from ..serving import PARAMS_KEY
 from ..session import _raw_dir, raw_chunks, raw_file, read_raw
 from ..stopwatch import Stopwatch
@@ -194,7 +194,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             if gone in extra:
                 raise ValueError(f"SparsecacheConnector: {gone} was removed; blending (method, recompute_ratio) "
                                  "recomputes the tokens the question needs instead")
-        self.blend = blend_config(QueryConfig(), extra, "kv_connector_extra_config")
+        self.blend = blend_config(QueryConfig(method=SERVE_METHOD), extra, "kv_connector_extra_config")
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self._stores: dict[int, KVStore] = {}

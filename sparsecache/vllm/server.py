@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError
-from ..query_config import QueryConfig
+from ..query_config import SERVE_METHOD, QueryConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
     from ..serving import RagRequest
@@ -64,8 +64,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     top_k: int = 8  # as `sparsecache query`
-    method: str = QueryConfig.method
-    recompute_ratio: float = QueryConfig.recompute_ratio
+    method: str = SERVE_METHOD
+    recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
     api_key: str | None = None
     dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
     max_model_len: int | None = None
@@ -142,7 +142,10 @@ class Rag:
                 raise BadRequest(str(e)) from None
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
-        req.params.update({"method": self.base.method, "recompute_ratio": self.base.recompute_ratio, **opts.get("blend", {})})
+        from .connector import blend_config
+
+        blend = blend_config(self.base, opts.get("blend", {}), "sparsecache")  # (checked in `options` already)
+        req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
         return req
 
     def sources(self, req: RagRequest) -> dict:
