@@ -219,12 +219,12 @@ def encode_distributed(run, ray) -> None:
     at a time however large the corpus is."""
     from tqdm.auto import tqdm
 
-    from .model import prefix_ids
+    from .model import chunk_context_ids
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}
     actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
-             "prefix": prefix_ids(run.model, config.prefix),
+             "prefix": chunk_context_ids(run.model, config.prefix, config.anchor),
              "screening": run.screening and asdict(run.screening)}  # each actor's arguments
     n = _start_ray(ray.workers, ray.address, run.device, timer)
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)

@@ -23,7 +23,7 @@ from .dictionary import Dictionary
 from .learn import AdaptConfig
 from .index import Embedder, FaissIndexer
 from .encode_batch import code_batch
-from .model import KVModel, extract_kv, prefix_ids
+from .model import KVModel, chunk_context_ids, extract_kv, prefix_ids
 from .omp import Screening
 from .stopwatch import Stopwatch
 from .store import StoreConfig, Writer
@@ -254,7 +254,7 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
 def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
     """Encode `run.plan.work` batch by batch, recording progress in the store after every batch."""
     w, plan, model, timer, report = run.writer, run.plan, run.model, run.timer, run.report
-    prefix = prefix_ids(model, run.config.prefix)
+    prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor)
     with timer.step("chunk"):
         total = token_estimate(plan.work, model.tokenizer) if run.progress else 0
     bar = tqdm(total=total, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)

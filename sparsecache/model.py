@@ -215,6 +215,13 @@ def prefix_ids(model: KVModel, prefix: str | None) -> list[int]:
     return model.tokenizer(prefix, add_special_tokens=False)["input_ids"]
 
 
+def chunk_context_ids(model: KVModel, prefix: str | None, anchor: str | None = None) -> list[int]:
+    """What every chunk is encoded after: the shared prefix, then the store's anchor text if it
+    has one (whose K/V is not kept: a query lays chunks out after the prefix alone)."""
+    ids = prefix_ids(model, prefix)
+    return ids + model.tokenizer(anchor, add_special_tokens=False)["input_ids"] if anchor else ids
+
+
 def qkv_states(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries, keys and values [B, T, heads, D] of one attention module for its input `x`,
     as the module itself forms them before RoPE: separate or fused (Phi-3's qkv_proj)

@@ -126,7 +126,7 @@ class Session:
         kept_all = sorted(answer.context_ids) == sorted(retrieved)
         ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
                          cake_split=None, selector_model=None, selector_layers=None, paths=None, chunk_starts=0,
-                         attend_chunks=0, chunks=answer.context_ids if kept_all else retrieved,
+                         attend_chunks=0, ape_temperature=1.0, ape_scale=1.0, chunks=answer.context_ids if kept_all else retrieved,
                          max_new_tokens=max_new_tokens)
         forced = self.query(question, cfg, chunks=retrieved, reference=ref.tokens, max_new_tokens=1)
         return {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": ref.answer == answer.answer,

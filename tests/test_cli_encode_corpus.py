@@ -114,3 +114,30 @@ def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_di
     torch.testing.assert_close(v, Codec(d, "float32", indices=s.config.index_coding).decode((codes.indices, codes.coefficients), "v"))
     unscaled = Dictionary(d.keys, d.values, d.config, d.model)
     assert not torch.allclose(v, Codec(unscaled, "float32", indices=s.config.index_coding).decode((codes.indices, codes.coefficients), "v"))
+
+
+def test_an_anchor_encodes_every_chunk_after_it_and_is_not_kept(corpus_dir, tmp_path, tiny_model_dir,
+                                                                 tiny_dictionary_dir):
+    """`--anchor A` codes each chunk as it would be coded after the prefix P followed by A (the
+    codes equal those of a store whose prefix is P then A), while the store's own prefix, what a
+    query lays chunks after, stays P. The anchor is fixed at creation like the prefix."""
+    from sparsecache.model import chunk_context_ids, load_model, prefix_ids
+
+    p, a = "You answer questions.\n", "Background: the documents describe Python.\n"
+    model = load_model(str(tiny_model_dir))
+    assert chunk_context_ids(model, p, a) == prefix_ids(model, p + a) != prefix_ids(model, p)  # no merge at the seam
+    anchored, joined = tmp_path / "anchored", tmp_path / "joined"
+    r = cli_encode(corpus_dir, anchored, tiny_model_dir, tiny_dictionary_dir, "--prefix", p, "--anchor", a)
+    assert r.exit_code == 0, r.output
+    assert cli_encode(corpus_dir, joined, tiny_model_dir, tiny_dictionary_dir, "--prefix", p + a).exit_code == 0
+    s, t = KVStore.open(anchored), KVStore.open(joined)
+    assert s.config.anchor == a and t.config.anchor is None
+    assert s.prefix()[0] == prefix_ids(model, p) and t.prefix()[0] == prefix_ids(model, p + a)
+    ids = [c.id for c in s.chunks()]
+    assert ids == [c.id for c in t.chunks()]
+    x, y = s.read_codes(ids), t.read_codes(ids)
+    for kv in ("k", "v"):
+        assert (getattr(x, kv).indices == getattr(y, kv).indices).all() and \
+            (getattr(x, kv).coefficients == getattr(y, kv).coefficients).all(), kv
+    r = cli_encode(corpus_dir, anchored, tiny_model_dir, tiny_dictionary_dir, "--anchor", "Another anchor.")
+    assert r.exit_code == 1 and "was built with anchor=" in r.output and "Traceback" not in r.output

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparsecache import methods
 from sparsecache.errors import ConfigError
@@ -226,3 +228,46 @@ def test_selective_attention_over_every_chunk_is_plain_attention(session, chunk_
     assert one.tokens == again.tokens  # teacher forcing left the cache as it was
     with pytest.raises(ConfigError, match="--attend-chunks"):
         QueryConfig("full", attend_chunks=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.5, 1.5), st.floats(0.5, 1.5))
+def test_ape_logits_are_apes_blockwise_merge_in_one_softmax(seed, temperature, scale):
+    """APE attends to the prefix, the chunks and the question as blocks merged by their
+    log-sum-exps, the chunks' logits / T and their log-sum-exp x T*S: one softmax over
+    `ape_logits` gives every position that weight."""
+    from sparsecache.attend import ape_logits
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 3, 12, generator=g) * 3
+    spans = [(2, 5), (5, 9)]  # prefix [0, 2), chunks [2, 9), question [9, 12)
+    blocks = {"prefix": slice(0, 2), "chunks": slice(2, 9), "question": slice(9, 12)}
+    lse = {b: torch.logsumexp(logits[..., s] / (temperature if b == "chunks" else 1), -1) for b, s in blocks.items()}
+    lse["chunks"] = lse["chunks"] * temperature * scale
+    weight = torch.stack(list(lse.values()), -1).softmax(-1)
+    want = torch.cat([weight[..., i:i + 1] * (logits[..., s] / (temperature if b == "chunks" else 1)).softmax(-1)
+                      for i, (b, s) in enumerate(blocks.items())], -1)
+    torch.testing.assert_close(ape_logits(logits, spans, temperature, scale).softmax(-1), want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ape_logits(logits, spans, 1.0, 1.0), logits)
+
+
+def test_ape_changes_how_the_answer_attends_and_only_from_its_layer_on(session, chunk_ids):  # noqa: F811
+    """From a layer past the last, APE changes nothing (the attention function is the model's own,
+    prefill and decoding); from layer 0 it changes the answer's distribution; superposition's
+    kept chunks take it too."""
+    plain = session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=4)
+    n = session.model.n_layers
+    past = session.query(QUESTION, chunks=chunk_ids, method="none", ape_temperature=0.9, ape_scale=0.9,
+                         ape_from_layer=n, max_new_tokens=4)
+    torch.testing.assert_close(past.logits, plain.logits, atol=2e-4, rtol=1e-4)
+    assert past.tokens == plain.tokens
+    ape = session.query(QUESTION, chunks=chunk_ids, method="none", ape_temperature=0.5, ape_scale=0.5,
+                        max_new_tokens=4)
+    assert not torch.allclose(ape.logits, plain.logits, atol=1e-3)
+    sup = session.query(QUESTION, chunks=chunk_ids, method="superposition", paths=1, recompute_ratio=0.0,
+                        ape_temperature=0.9, max_new_tokens=4)
+    assert len(sup.context_ids) == 1 and sup.recomputed_tokens == 0
+    with pytest.raises(ConfigError, match="--ape"):
+        QueryConfig("full", ape_temperature=0.9)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        QueryConfig("none", ape_scale=0)

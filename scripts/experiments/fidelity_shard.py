@@ -26,6 +26,7 @@ def main() -> None:
     p.add_argument("--k", type=int)
     p.add_argument("--methods")
     p.add_argument("--shard", default="0/1", help="I/N: the questions whose index is I modulo N")
+    p.add_argument("--limit", type=int, default=None, help="only the shard's first N questions of each k")
     p.add_argument("--seed", action="append", default=[], help="result files whose rows count as done")
     p.add_argument("--device", default="auto")
     p.add_argument("--model", default="default")
@@ -43,7 +44,7 @@ def main() -> None:
     suite = load_suite(args.work)
     if not args.results.exists():  # seed rows for this shard's questions only, so the merge stays small
         rows = [r for f in args.seed if Path(f).exists() for r in json.loads(Path(f).read_text())["rows"]]
-        ids = {q.id for k, _ in jobs for q in suite[k][i::n]}
+        ids = {q.id for k, _ in jobs for q in suite[k][i::n][:args.limit]}
         rows = list({(r["k"], r["label"], r["question"]): r for r in rows if r["question"] in ids}.values())
         tmp = args.results.with_suffix(".tmp")
         tmp.write_text(json.dumps({"rows": rows}))
@@ -51,7 +52,7 @@ def main() -> None:
     session = Session(args.work / "store", args.model, args.device)
     for k, spec in jobs:
         methods = parse_configs(spec)
-        for q in suite[k][i::n]:
+        for q in suite[k][i::n][:args.limit]:
             run_fidelity(session, {k: [q]}, methods, args.results)
 
 

@@ -27,6 +27,9 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--chunk-tokens", type=int, default=None, help="Most tokens per chunk.  [default: 512]")
 @click.option("--prefix", default=None, help="Shared prefix text every chunk is encoded after "
               "(default: the model's chat template up to the user's text).")
+@click.option("--anchor", default=None, help="Text every chunk is encoded after (after the prefix), its K/V not "
+              "kept: chunks then carry context a query's layout would not give them (Star Attention's anchor "
+              "block; fixed when the store is created).  [default: none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
 @click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw"]), default="auto", show_default=True,
               help="FAISS index: exact (flat) or HNSW; auto picks HNSW above 50,000 chunks.")
@@ -55,7 +58,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @device_option
 @json_option
 @library_errors
-def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, delete_missing, index_kind,
+def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, anchor, delete_missing, index_kind,
                       embedder, compressor, coef_dtype, index_coding, adapt_steps, batch_tokens, keep, workers,
                       ray_address, exact_omp, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
@@ -64,7 +67,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     kill at any point: a rerun resumes where it stopped, and readers only ever see
     published versions.
 
-    The dictionary, chunking, prefix, embedder, compressor and code formats are fixed when
+    The dictionary, chunking, prefix, anchor, embedder, compressor and code formats are fixed when
     a store is created: an existing store keeps its own, and an option that contradicts
     them is refused.
 
@@ -77,7 +80,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     from sparsecache.model import load_model
     from sparsecache.store import config_for
 
-    config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, coef_dtype=coef_dtype,
+    config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, anchor=anchor, coef_dtype=coef_dtype,
                         index_coding=index_coding, compressor=compressor, embedder=embedder)
     dev = resolve_device(device)
     d = dictionary_for(store, dictionary, model_path)

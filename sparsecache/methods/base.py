@@ -56,7 +56,7 @@ class Method:
     reorders: bool = False  # --reorder attention applies (it lays out decoded chunks)
     baseline: bool = False  # a reference the benchmarks compare the store's methods with
     options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
-    selective: bool = False  # --attend-chunks applies (its question and answer attend over a laid-out context)
+    selective: bool = False  # --attend-chunks and --ape-* apply (its question and answer attend over a laid-out context)
     in_ttft_bench: bool = True  # `bench ttft` times it at every k
     ratio: float = 0.25  # the recompute ratio a query that names none gets (#34's rule picked 0.25 for infoflow)
 
@@ -101,13 +101,18 @@ class Decoded(Method):
     def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
         ctx, nbytes, ids = self.context(session, ids, q_ids, cfg, watch)
         logits, positions = fuse(ctx, q_ids, cfg, session.model, watch, session.selector(cfg.selector_model))
-        step = None
-        if cfg.attend_chunks:
-            from ..attend import SelectiveContinuation
+        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids),
+                         attending_step(ctx, q_ids, cfg, session.model))
 
-            step = SelectiveContinuation(ctx.cache, ctx.length + len(q_ids), session.model, ctx.spans,
-                                         cfg.attend_chunks)
-        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids), step)
+
+def attending_step(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model):
+    """The decoding steps after the question when `cfg` changes how it attends over the chunks
+    (selective attention, APE: `attend.py`), else None (plain decoding)."""
+    if not cfg.attends:
+        return None
+    from ..attend import AttendingContinuation, ChunkAttention
+
+    return AttendingContinuation(ctx.cache, ctx.length + len(q_ids), model, ChunkAttention.of(cfg, ctx.spans))
 
 
 # Reordering without recomputation scores a chunk by its top 15% of tokens (what InfoFlow selects).
@@ -196,9 +201,8 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
     pass: (next-token logits, recomputed positions). A method that recomputes nothing only
     prefills the question. `cacheclip` scores with `selector` (default: `model`). With
-    `cfg.attend_chunks`, the question is prefilled after the recomputation, its attention
-    selective over the chunks (`attend.selective`)."""
-    import contextlib
+    `cfg.attends` (selective attention, APE), the question is prefilled after the recomputation,
+    attending over the chunks as `attend.ChunkAttention` says."""
 
     import torch
 
@@ -211,17 +215,13 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     if cfg.recomputes:
         with watch.step("select"):
             positions = choose(ctx, q_ids, cfg, model, selector)
-        if not cfg.attend_chunks:
+        if not cfg.attends:
             with watch.step("recompute"):  # the question's prefill rides in the same pass
                 return recompute(ctx, positions, model, q_ids=q_ids), positions
         with watch.step("recompute"):
             recompute(ctx, positions, model)
-    if cfg.attend_chunks:
-        from ..attend import selective
+    from ..attend import ChunkAttention, attending
 
-        attention = selective(model, ctx.spans, cfg.attend_chunks)
-    else:
-        attention = contextlib.nullcontext()
-    with watch.step("prefill"), attention:
+    with watch.step("prefill"), attending(model, ChunkAttention.of(cfg, ctx.spans)):
         logits = prefill(ctx.cache, q_ids, model)
     return logits, positions

@@ -19,7 +19,7 @@ the KV of the prompt's chunks that vLLM was given, and dropping chunks changes t
 """
 
 from . import register
-from .base import AttentionScorer, Decoded, Prefilled, fuse, infoflow_layer
+from .base import AttentionScorer, Decoded, Prefilled, attending_step, fuse, infoflow_layer
 
 
 class PathMethod(Decoded):
@@ -50,20 +50,22 @@ class Superposition(PathMethod, AttentionScorer):
                "(0.5) of them, answer (superposition prompting; the default)")
     paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (BENCHMARKS.md, "Fidelity")
     ratio = 0.5
+    selective = True  # the kept chunks are laid out and fused: --attend-chunks and --ape-* apply
 
     def layer(self, n_layers: int) -> int:
         return infoflow_layer(n_layers)
 
     def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
         chunks, _, paths, best = self.best_paths(session, ids, q_ids, cfg, watch)
-        if len(best) == 1 and not cfg.recomputes:
+        if len(best) == 1 and not cfg.recomputes and not cfg.attends:
             ctx, logits = paths[best[0]]
             return Prefilled(logits, ctx.cache, ctx.length, 0, chunks.nbytes, [chunks.ids[best[0]]])
         kept = chunks.reordered(best)
         with watch.step("reconstruct"):
             ctx = kept.assemble(session.model)
         logits, positions = fuse(ctx, q_ids, cfg, session.model, watch)
-        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids)
+        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids,
+                         attending_step(ctx, q_ids, cfg, session.model))
 
 
 def path_scores(chunks, q_ids: list[int], model) -> tuple[list[float], list]:

@@ -45,6 +45,9 @@ class StoreConfig:
     zarr_chunk_tokens: int = 512  # tokens per Zarr chunk of the code arrays (measured: BENCHMARKS.md)
     compressor: str = "none"  # codes are near-incompressible; "zstd" trades read time for ~4%
     embedder: str = "default"  # the retrieval encoder; queries must be embedded by the same one
+    # offline enrichment (Star Attention's anchor block): every chunk is encoded after the prefix and
+    # this text, whose K/V is not kept; None: after the prefix alone, as a query lays it out
+    anchor: str | None = None
 
     def __post_init__(self):
         if not 16 <= self.chunk_tokens <= 8192:

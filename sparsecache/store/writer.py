@@ -171,7 +171,7 @@ class Writer:
         if model_fp:
             check_same_model(model_fp, a["model"], str(self.backend))
         stored = store_config(a)
-        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder"):
+        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder", "anchor"):
             if getattr(stored, key) != getattr(config, key):
                 raise ConfigError(f"{self.backend} was built with {key}={getattr(stored, key)!r}; "
                                   f"got {getattr(config, key)!r} (use a new store to change it)")
