@@ -129,11 +129,6 @@ def attending(model: KVModel, how: ChunkAttention | None):
         _ACTIVE.reset(token)
 
 
-def selective(model: KVModel, spans: list[tuple[int, int]], n: int):
-    """`attending` with each head keeping its `n` best chunks of `spans`."""
-    return attending(model, ChunkAttention(tuple(map(tuple, spans)), n))
-
-
 class AttendingContinuation(Continuation):
     """Decoding after the question with each step's attention over the chunks as `how` says."""
 
