@@ -37,12 +37,7 @@ class QueryConfig:
     - order: `given` (best chunk first) or `reverse` (best chunk next to the question);
     - reorder: `attention` lays the chunks out by the question's attention instead, the most
       important next to the question (InfoFlow's reordering; decoded codes only);
-    - chunk_starts: scorers recompute each chunk's first N tokens first, then by score;
-    - attend_chunks: the question and answer attend, per head, to their N best chunks only
-      (selective attention, `attend.py`; 0: all);
-    - paths: superposition's chunks kept (None: the method's own default);
-    - ape_temperature / ape_scale / ape_from_layer: APE's calibration of how the question and
-      answer attend over the chunks, in the layers from ape_from_layer on (1, 1: off).
+    - paths: superposition's chunks kept (None: the method's own default).
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
@@ -60,19 +55,8 @@ class QueryConfig:
     # cacheclip: a small model's full-context pass picks the tokens (CacheClip's auxiliary selector):
     selector_model: str | None = None  # a local HF model with the same tokenizer; None: the main model...
     selector_layers: int | None = None  # ...truncated to its first N layers (None: a quarter of them)
-    # scorers: each chunk's first N tokens are recomputed first (its own attention sinks, which
-    # per-chunk KV has at every chunk start), the rest of the budget by the scores
-    chunk_starts: int = 0
-    # decoded methods: the question and answer attend only to each head's N best chunks (0: all)
-    attend_chunks: int = 0
     # superposition: the chunks kept, those whose own path makes the question likeliest (None: the method's default)
     paths: int | None = None
-    # decoded methods: APE's calibration of the question's and answer's attention over the chunks
-    # (`attend.ape_logits`): chunk logits / T, the chunk block's log-sum-exp x T*S, in the layers
-    # from ape_from_layer on (T = S = 1: off)
-    ape_temperature: float = 1.0
-    ape_scale: float = 1.0
-    ape_from_layer: int = 0
 
     def __post_init__(self):
         if self.method not in methods.REGISTRY:
@@ -95,21 +79,6 @@ class QueryConfig:
             raise ConfigError("--cake-split is a number of chunks >= 0")
         if self.selector_layers is not None and self.selector_layers < 1:
             raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
-        if self.chunk_starts < 0:
-            raise ConfigError(f"--chunk-starts must be >= 0, got {self.chunk_starts}")
-        if self.chunk_starts and not spec.recomputes:
-            raise ConfigError(f"--chunk-starts recomputes chunk starts within a scorer's budget; --method {self.method} "
-                              "recomputes nothing it selects")
-        if self.attend_chunks < 0:
-            raise ConfigError(f"--attend-chunks must be >= 0, got {self.attend_chunks}")
-        if self.attend_chunks and not spec.selective:
-            raise ConfigError(f"--attend-chunks changes how the question attends over laid-out chunks; it does not "
-                              f"apply to --method {self.method}")
-        if not (self.ape_temperature > 0 and self.ape_scale > 0) or self.ape_from_layer < 0:
-            raise ConfigError("--ape-temperature and --ape-scale must be > 0, --ape-from-layer >= 0")
-        if self.ape_on and not spec.selective:
-            raise ConfigError(f"--ape-temperature/--ape-scale change how the question attends over laid-out chunks; "
-                              f"they do not apply to --method {self.method}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if self.reorder != "none" and not spec.reorders:
@@ -119,15 +88,6 @@ class QueryConfig:
     def ratio(self) -> float:
         """The recompute ratio in effect: the one given, else the method's own."""
         return methods.get(self.method).ratio if self.recompute_ratio is None else self.recompute_ratio
-
-    @property
-    def ape_on(self) -> bool:
-        return (self.ape_temperature, self.ape_scale) != (1.0, 1.0)
-
-    @property
-    def attends(self) -> bool:
-        """The question and answer attend over the chunks otherwise than plainly (attend.py)."""
-        return bool(self.attend_chunks) or self.ape_on
 
     @property
     def recomputes(self) -> bool:

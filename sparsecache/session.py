@@ -125,8 +125,7 @@ class Session:
         retrieved = [c["id"] for c in answer.chunks]
         kept_all = sorted(answer.context_ids) == sorted(retrieved)
         ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
-                         cake_split=None, selector_model=None, selector_layers=None, paths=None, chunk_starts=0,
-                         attend_chunks=0, ape_temperature=1.0, ape_scale=1.0, chunks=answer.context_ids if kept_all else retrieved,
+                         cake_split=None, selector_model=None, selector_layers=None, paths=None, chunks=answer.context_ids if kept_all else retrieved,
                          max_new_tokens=max_new_tokens)
         forced = self.query(question, cfg, chunks=retrieved, reference=ref.tokens, max_new_tokens=1)
         return {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": ref.answer == answer.answer,
@@ -165,7 +164,7 @@ class Session:
         position = p.context_tokens + len(q_ids)
         agreement = None
         with watch.step("generate"):
-            step = p.step or Continuation(p.cache, position, self.model)
+            step = Continuation(p.cache, position, self.model)
             if reference is not None:
                 agreement = forced_agreement(p.logits, None, position, reference, self.model, step) / max(1, len(reference))
                 step.rewind()

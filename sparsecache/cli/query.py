@@ -39,20 +39,6 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @click.option("--selector-layers", type=int, default=None,
               help="cacheclip: layers of the selector to run (default: all of --selector-model's, or a quarter "
                    "of the main model's).")
-@click.option("--chunk-starts", default=QueryConfig.chunk_starts, show_default=True, type=click.IntRange(min=0),
-              help="Scorers: recompute each chunk's first N tokens first (the attention sinks every chunk encoded "
-                   "alone has), the rest of the --recompute-ratio budget by score.")
-@click.option("--attend-chunks", default=QueryConfig.attend_chunks, show_default=True, type=click.IntRange(min=0),
-              help="Selective attention over chunks: the question and answer attend, per head, only to the N chunks "
-                   "with the most attention on their top tokens (0: all chunks).")
-@click.option("--ape-temperature", default=QueryConfig.ape_temperature, show_default=True, type=float,
-              help="APE's calibration: the question's and answer's attention logits on the chunks divided by T "
-                   "(APE's code: 0.9; 1 with --ape-scale 1: off).")
-@click.option("--ape-scale", default=QueryConfig.ape_scale, show_default=True, type=float,
-              help="APE's calibration: the chunk block's log-sum-exp multiplied by T*S before it is weighed against "
-                   "the prefix and the question (APE's code: 0.9-1.0).")
-@click.option("--ape-from-layer", default=QueryConfig.ape_from_layer, show_default=True, type=click.IntRange(min=0),
-              help="APE's calibration applies in this layer and those after it.")
 @click.option("--paths", type=click.IntRange(min=1), default=None,
               help="superposition: chunks kept, those whose own path makes the question likeliest (default "
                    f"{methods.get('superposition').paths}; with 1 and --recompute-ratio 0 the answer continues that "
@@ -65,8 +51,7 @@ from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @json_option
 @library_errors
 def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, chunk_starts, attend_chunks,
-              ape_temperature, ape_scale, ape_from_layer, paths, compare,
+              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, paths, compare,
               model_path, device, dtype, as_json):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
@@ -75,8 +60,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
     from sparsecache.session import Session
 
     cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
-                      selector_model, selector_layers, chunk_starts=chunk_starts, attend_chunks=attend_chunks,
-                      paths=paths, ape_temperature=ape_temperature, ape_scale=ape_scale, ape_from_layer=ape_from_layer)
+                      selector_model, selector_layers, paths=paths)
     s = Session(store, model_path, resolve_device(device), dtype=dtype)
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)

@@ -58,7 +58,6 @@ def bench_configs(ratio: float) -> dict[str, dict]:
 
 # The registration order is the order the CLI offers them in.
 from . import none, a3, infoflow, cacheblend, cacheclip, cake, full, raw, superposition  # noqa: E402,F401
-from . import superposition_ensemble  # noqa: E402,F401
 
 __all__ = ["REGISTRY", "AttentionScorer", "Decoded", "Method", "Prefilled", "Scorer", "bench_configs", "get", "names",
            "ratios", "register", "summaries"]

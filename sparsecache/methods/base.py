@@ -43,7 +43,6 @@ class Prefilled:
     recomputed: int
     bytes_read: int
     context_ids: list[str]
-    step: Any = None  # decodes after the question where `cache` alone does not (generate.Continuation's calls)
 
 
 class Method:
@@ -56,7 +55,6 @@ class Method:
     reorders: bool = False  # --reorder attention applies (it lays out decoded chunks)
     baseline: bool = False  # a reference the benchmarks compare the store's methods with
     options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
-    selective: bool = False  # --attend-chunks and --ape-* apply (its question and answer attend over a laid-out context)
     in_ttft_bench: bool = True  # `bench ttft` times it at every k
     ratio: float = 0.25  # the recompute ratio a query that names none gets (#34's rule picked 0.25 for infoflow)
 
@@ -79,7 +77,6 @@ class Decoded(Method):
 
     reorders = True
     connector = True
-    selective = True
 
     def context(self, session, ids: list[str], q_ids: list[int], cfg: "QueryConfig", watch: "Stopwatch"):
         """(Context, bytes read): the store's prefix and the chunks decoded in `session`'s
@@ -101,18 +98,7 @@ class Decoded(Method):
     def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
         ctx, nbytes, ids = self.context(session, ids, q_ids, cfg, watch)
         logits, positions = fuse(ctx, q_ids, cfg, session.model, watch, session.selector(cfg.selector_model))
-        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids),
-                         attending_step(ctx, q_ids, cfg, session.model))
-
-
-def attending_step(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model):
-    """The decoding steps after the question when `cfg` changes how it attends over the chunks
-    (selective attention, APE: `attend.py`), else None (plain decoding)."""
-    if not cfg.attends:
-        return None
-    from ..attend import AttendingContinuation, ChunkAttention
-
-    return AttendingContinuation(ctx.cache, ctx.length + len(q_ids), model, ChunkAttention.of(cfg, ctx.spans))
+        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids))
 
 
 # Reordering without recomputation scores a chunk by its top 15% of tokens (what InfoFlow selects).
@@ -156,21 +142,8 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
     from . import get
 
     scores = get(cfg.method).scores(ctx, q_ids, cfg, as_stack(model), selector)
-    return select(starts_first(scores, ctx, cfg.chunk_starts), ctx, cfg.ratio, cfg.group_window,
+    return select(scores, ctx, cfg.ratio, cfg.group_window,
                   cfg.group_min)
-
-
-def starts_first(scores: "torch.Tensor", ctx: "Context", n: int) -> "torch.Tensor":
-    """`scores` with each chunk's first `n` positions above every other score, so a selection
-    takes them first and fills the rest of its budget by score (chunk-start recomputation with
-    query-aware filling)."""
-    if n <= 0:
-        return scores
-    out = scores.float().clone()
-    top = float(out.max()) + 1.0 if out.numel() else 1.0
-    for a, b in ctx.spans:
-        out[a:min(b, a + n)] = top
-    return out
 
 
 def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["QueryConfig"], model) -> list:
@@ -191,7 +164,7 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
     for layer, idx in by_layer.items():
         scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
         for i, sc in zip(idx, scores):
-            out[i] = select(starts_first(sc, ctxs[i], cfgs[i].chunk_starts), ctxs[i], cfgs[i].ratio,
+            out[i] = select(sc, ctxs[i], cfgs[i].ratio,
                             cfgs[i].group_window, cfgs[i].group_min)
     return out
 
@@ -200,10 +173,7 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
          selector=None):
     """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
     pass: (next-token logits, recomputed positions). A method that recomputes nothing only
-    prefills the question. `cacheclip` scores with `selector` (default: `model`). With
-    `cfg.attends` (selective attention, APE), the question is prefilled after the recomputation,
-    attending over the chunks as `attend.ChunkAttention` says."""
-
+    prefills the question. `cacheclip` scores with `selector` (default: `model`)."""
     import torch
 
     from ..blend import recompute
@@ -215,13 +185,8 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     if cfg.recomputes:
         with watch.step("select"):
             positions = choose(ctx, q_ids, cfg, model, selector)
-        if not cfg.attends:
-            with watch.step("recompute"):  # the question's prefill rides in the same pass
-                return recompute(ctx, positions, model, q_ids=q_ids), positions
-        with watch.step("recompute"):
-            recompute(ctx, positions, model)
-    from ..attend import ChunkAttention, attending
-
-    with watch.step("prefill"), attending(model, ChunkAttention.of(cfg, ctx.spans)):
+        with watch.step("recompute"):  # the question's prefill rides in the same pass
+            return recompute(ctx, positions, model, q_ids=q_ids), positions
+    with watch.step("prefill"):
         logits = prefill(ctx.cache, q_ids, model)
     return logits, positions

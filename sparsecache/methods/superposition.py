@@ -19,18 +19,19 @@ the KV of the prompt's chunks that vLLM was given, and dropping chunks changes t
 """
 
 from . import register
-from .base import AttentionScorer, Decoded, Prefilled, attending_step, fuse, infoflow_layer
+from .base import AttentionScorer, Prefilled, fuse, infoflow_layer
 
 
-class PathMethod(Decoded):
-    """What the superposition methods share: the options they take and the kept paths."""
-
+class Superposition(AttentionScorer):
+    name = "superposition"
+    summary = ("keep the --paths chunks (2) whose own path makes the question likeliest, recompute --recompute-ratio "
+               "(0.5) of them, answer (superposition prompting; the default)")
     options = ("paths",)
     connector = False
     reorders = False
-    selective = False
     in_ttft_bench = False
-    paths = 1  # chunks kept when the config does not say
+    paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (BENCHMARKS.md, "Fidelity")
+    ratio = 0.5
 
     def best_paths(self, session, ids, q_ids, cfg, watch):
         """(decoded chunks, each path's (Context, logits), the kept paths' indices, likeliest last)."""
@@ -43,29 +44,19 @@ class PathMethod(Decoded):
             best = sorted(range(len(ids)), key=scores.__getitem__)[-keep:]  # the likeliest last, by the question
         return chunks, scores, paths, best
 
-
-class Superposition(PathMethod, AttentionScorer):
-    name = "superposition"
-    summary = ("keep the --paths chunks (2) whose own path makes the question likeliest, recompute --recompute-ratio "
-               "(0.5) of them, answer (superposition prompting; the default)")
-    paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (BENCHMARKS.md, "Fidelity")
-    ratio = 0.5
-    selective = True  # the kept chunks are laid out and fused: --attend-chunks and --ape-* apply
-
     def layer(self, n_layers: int) -> int:
         return infoflow_layer(n_layers)
 
     def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
         chunks, _, paths, best = self.best_paths(session, ids, q_ids, cfg, watch)
-        if len(best) == 1 and not cfg.recomputes and not cfg.attends:
+        if len(best) == 1 and not cfg.recomputes:
             ctx, logits = paths[best[0]]
             return Prefilled(logits, ctx.cache, ctx.length, 0, chunks.nbytes, [chunks.ids[best[0]]])
         kept = chunks.reordered(best)
         with watch.step("reconstruct"):
             ctx = kept.assemble(session.model)
         logits, positions = fuse(ctx, q_ids, cfg, session.model, watch)
-        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids,
-                         attending_step(ctx, q_ids, cfg, session.model))
+        return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids)
 
 
 def path_scores(chunks, q_ids: list[int], model) -> tuple[list[float], list]:

@@ -42,7 +42,7 @@ device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
     recompute_ratio  fraction of chunk tokens recomputed (default: the method's own, 0.25)
-    group_window, group_min, score_layer, selector_layers, chunk_starts
+    group_window, group_min, score_layer, selector_layers
                      as `sparsecache query`'s options of those names (QueryConfig's defaults;
                      cacheclip's selector is vLLM's model truncated to selector_layers)
     source           "codes" (default) or "raw": exact fp16 KV files per chunk (the TurboRAG-
@@ -93,7 +93,7 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "load_errors")
-BLEND_FIELDS = ("method", "recompute_ratio", "group_window", "group_min", "score_layer", "selector_layers", "chunk_starts")
+BLEND_FIELDS = ("method", "recompute_ratio", "group_window", "group_min", "score_layer", "selector_layers")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
 
 
