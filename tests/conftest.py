@@ -626,6 +626,7 @@ os.environ.update(ENGINE_ENV)
 import torch
 from sparsecache.gguf import model_dir
 from sparsecache.serving import RagPrompts
+from sparsecache.query_config import SERVE_METHOD
 from sparsecache.session import Session
 
 import sparsecache.methods.base as methods_base
@@ -664,8 +665,8 @@ tokens, first, delta = generate(llm, req, with_source(req, "codes", method="info
 full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
 result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
-tokens, first, delta = generate(llm, req, with_source(req, "codes", method="infoflow"), max_tokens=8)
-ours = session.query(question, chunks=ids, max_new_tokens=8)
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method=SERVE_METHOD), max_tokens=8)
+ours = session.query(question, chunks=ids, method=SERVE_METHOD, max_new_tokens=8)  # what serve does by default
 logprobs = torch.log_softmax(ours.logits, -1)
 result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
                    "same_positions": chosen["vllm"][-1] == chosen["query"][-1],
