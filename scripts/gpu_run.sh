@@ -124,7 +124,8 @@ EOF
   grep -a "same answer\|Error" $R/log.txt | tail -40; nvidia-smi --query-gpu=name --format=csv,noheader
   ;;
 shards)  # #51: fidelity questions in disjoint shards, one process each (fidelity_shard.py answers a question
-  # with full prefill and every method before the next, so a cut-short run leaves complete rows). Staged: whl/,
+  # with full prefill and every method before the next, so a cut-short run leaves complete rows). Staged by
+  # scripts/gpu_stage.sh: whl/,
   # pkgs/, dict/ (the stores' dictionary, once) and fid-*/ (`bench fidelity` workdirs made on a CPU, their
   # store's dictionary/ left out; a seed.json beside the suite holds rows done on the CPU). SHARD_JOBS: lines
   # "WORKDIR ARGS" (ARGS: fidelity_shard.py's --job K:METHODS...), run in order by every shard; SHARDS: how
