@@ -248,3 +248,27 @@ def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):
     assert not all(r["holds_answer"] for r in sup if r["hops"] == 2)  # one path cannot hold two documents
     with pytest.raises(ConfigError, match="paths"):
         parse_configs("superposition:0+paths=0")
+
+
+def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
+    """#51's rule over the dev split's answers and the CPU's TTFT run in docs/benchmarks chooses
+    the configuration `QueryConfig()` is: the default follows the measurement."""
+    import importlib.util
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from sparsecache import methods
+    from sparsecache.query_config import QueryConfig
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fidelity_table", root / "docs/tables/fidelity_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    bench = root / "docs/benchmarks"
+    answers, ttft = bench / "fidelity-dev-200-2026-11-27.json", bench / "fidelity-dev-ttft10-2026-11-27.json"
+    r = CliRunner().invoke(table.main, [str(answers), str(ttft), "--out", str(tmp_path / "d.json")])
+    assert r.exit_code == 0, r.output
+    chosen = json.loads((tmp_path / "d.json").read_text())["chosen"]
+    cfg = QueryConfig()
+    assert chosen == f"{cfg.method}:{cfg.ratio:g}+paths={methods.get(cfg.method).paths}", r.output
