@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .blend import truncate
 from .model import KVModel
 
 
@@ -29,32 +28,15 @@ def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, Dy
     return out.logits[0, -1].float(), getattr(out, model.cache_arg)
 
 
-class Continuation:
-    """Where decoding goes on after a prefill: one cache whose next position is `position`.
-    Called with a token and its offset from there, it feeds the token and returns the next
-    logits; `rewind` drops what decoding appended. A method that decodes otherwise (several
-    caches at once) gives its own object with the same two calls."""
-
-    def __init__(self, cache: DynamicCache, position: int, model: KVModel):
-        self.cache, self.position, self.model = cache, position, model
-
-    def __call__(self, token: int, offset: int) -> torch.Tensor:
-        return _next_logits(token, self.position + offset, self.cache, self.model)
-
-    def rewind(self) -> None:
-        truncate(self.cache, self.position)
-
-
 @torch.inference_mode()
-def greedy_continue(first_token: int, cache: DynamicCache | None, position: int, model: KVModel,
-                    max_new_tokens: int, until=None, step=None) -> list[int]:
-    """Greedy decoding from `first_token` (already chosen) at `position` of `cache` (or by
-    `step`, a `Continuation`-like object); stops at EOS, or once `until(tokens so far)` is true."""
-    step = step or Continuation(cache, position, model)
+def greedy_continue(first_token: int, cache: DynamicCache, position: int, model: KVModel,
+                    max_new_tokens: int, until=None) -> list[int]:
+    """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS, or
+    once `until(tokens so far)` is true."""
     eos = set(_eos_ids(model))
     out = [first_token]
     while len(out) < max_new_tokens and out[-1] not in eos and not (until and until(out)):
-        out.append(int(step(out[-1], len(out) - 1).argmax()))
+        out.append(int(_next_logits(out[-1], position + len(out) - 1, cache, model).argmax()))
     return [t for t in out if t not in eos]
 
 
@@ -73,17 +55,15 @@ def _eos_ids(model: KVModel) -> list[int]:
 
 
 @torch.inference_mode()
-def forced_agreement(logits: torch.Tensor, cache: DynamicCache | None, position: int, reference: list[int],
-                     model: KVModel, step=None) -> int:
+def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, reference: list[int],
+                     model: KVModel) -> int:
     """How many of `reference`'s tokens greedy decoding would pick, starting from `logits` (the
     next-token logits after the context and question in `cache`, whose next position is
     `position`) and fed the reference's own tokens (teacher forcing): top-1 agreement along
-    another method's answer, which does not stop counting at the first difference. `step`
-    decodes instead of `cache` (as in `greedy_continue`)."""
-    step = step or Continuation(cache, position, model)
+    another method's answer, which does not stop counting at the first difference."""
     agree = 0
     for i, token in enumerate(reference):
         agree += int(logits.argmax()) == token
         if i + 1 < len(reference):
-            logits = step(token, i)
+            logits = _next_logits(token, position + i, cache, model)
     return agree

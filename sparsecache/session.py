@@ -17,10 +17,10 @@ import torch
 
 from . import OPENMP_SPINS
 from . import methods
-from .blend import Context, DecodedChunks, question_ids
+from .blend import Context, DecodedChunks, question_ids, truncate
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
-from .generate import Continuation, forced_agreement, greedy_continue
+from .generate import forced_agreement, greedy_continue
 from .model import KVModel, extract_kv, load_model, query_dtype
 from .overlap import Rates
 from .query_config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
@@ -125,8 +125,8 @@ class Session:
         retrieved = [c["id"] for c in answer.chunks]
         kept_all = sorted(answer.context_ids) == sorted(retrieved)
         ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
-                         cake_split=None, selector_model=None, selector_layers=None, paths=None, chunks=answer.context_ids if kept_all else retrieved,
-                         max_new_tokens=max_new_tokens)
+                         cake_split=None, selector_model=None, selector_layers=None, paths=None,
+                         chunks=answer.context_ids if kept_all else retrieved, max_new_tokens=max_new_tokens)
         forced = self.query(question, cfg, chunks=retrieved, reference=ref.tokens, max_new_tokens=1)
         return {"answer": ref.answer, "ttft_ms": ref.timings_ms["ttft"], "same_answer": ref.answer == answer.answer,
                 "token_agreement": forced.agreement, "tokens": len(ref.tokens), "context_tokens": ref.context_tokens}
@@ -164,11 +164,10 @@ class Session:
         position = p.context_tokens + len(q_ids)
         agreement = None
         with watch.step("generate"):
-            step = Continuation(p.cache, position, self.model)
             if reference is not None:
-                agreement = forced_agreement(p.logits, None, position, reference, self.model, step) / max(1, len(reference))
-                step.rewind()
-            tokens = greedy_continue(first, None, position, self.model, max_new_tokens, step=step)
+                agreement = forced_agreement(p.logits, p.cache, position, reference, self.model) / max(1, len(reference))
+                truncate(p.cache, position)
+            tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,

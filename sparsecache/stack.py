@@ -128,17 +128,11 @@ def attention_probs(q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor, sc
                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """float32 (1, nh, Q, N): the attention weights `attention` applies (Gemma 2's soft cap
     on the logits included)."""
-    return attention_logits(q, keys, q_pos, scale, window, softcap).softmax(-1)
-
-
-def attention_logits(q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor, scale: float,
-                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """float32 (1, nh, Q, N): `attention_probs` before the softmax (-inf where masked)."""
     keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)  # GQA: (1, nh, N, D)
     logits = (q.float() @ keys.float().transpose(-1, -2)) * scale  # (1, nh, Q, N)
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    return logits.masked_fill(~causal_mask(q_pos, keys.shape[-2], window), float("-inf"))
+    return logits.masked_fill(~causal_mask(q_pos, keys.shape[-2], window), float("-inf")).softmax(-1)
 
 
 class Stack:

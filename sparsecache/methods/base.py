@@ -142,8 +142,7 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
     from . import get
 
     scores = get(cfg.method).scores(ctx, q_ids, cfg, as_stack(model), selector)
-    return select(scores, ctx, cfg.ratio, cfg.group_window,
-                  cfg.group_min)
+    return select(scores, ctx, cfg.ratio, cfg.group_window, cfg.group_min)
 
 
 def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["QueryConfig"], model) -> list:
@@ -164,8 +163,7 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
     for layer, idx in by_layer.items():
         scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
         for i, sc in zip(idx, scores):
-            out[i] = select(sc, ctxs[i], cfgs[i].ratio,
-                            cfgs[i].group_window, cfgs[i].group_min)
+            out[i] = select(sc, ctxs[i], cfgs[i].ratio, cfgs[i].group_window, cfgs[i].group_min)
     return out
 
 

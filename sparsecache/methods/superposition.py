@@ -33,8 +33,10 @@ class Superposition(AttentionScorer):
     paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (BENCHMARKS.md, "Fidelity")
     ratio = 0.5
 
-    def best_paths(self, session, ids, q_ids, cfg, watch):
-        """(decoded chunks, each path's (Context, logits), the kept paths' indices, likeliest last)."""
+    def layer(self, n_layers: int) -> int:
+        return infoflow_layer(n_layers)
+
+    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
         from ..blend import decode_chunks
 
         chunks = decode_chunks(session.store, ids, session.device, watch)
@@ -42,14 +44,7 @@ class Superposition(AttentionScorer):
             scores, paths = path_scores(chunks, q_ids, session.model)
             keep = min(cfg.paths or self.paths, len(ids))
             best = sorted(range(len(ids)), key=scores.__getitem__)[-keep:]  # the likeliest last, by the question
-        return chunks, scores, paths, best
-
-    def layer(self, n_layers: int) -> int:
-        return infoflow_layer(n_layers)
-
-    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
-        chunks, _, paths, best = self.best_paths(session, ids, q_ids, cfg, watch)
-        if len(best) == 1 and not cfg.recomputes:
+        if keep == 1 and not cfg.recomputes:
             ctx, logits = paths[best[0]]
             return Prefilled(logits, ctx.cache, ctx.length, 0, chunks.nbytes, [chunks.ids[best[0]]])
         kept = chunks.reordered(best)
