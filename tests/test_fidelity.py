@@ -230,7 +230,33 @@ def test_the_dev_and_test_splits_share_no_names_or_phrasings(tmp_path):
     assert used("dev") and not used("dev") & used("test")
     assert make_suite(tmp_path / "again", ks=(4, 8, 16), questions=200, split="dev") == made["dev"]
     with pytest.raises(ConfigError, match="--split"):
-        make_suite(tmp_path / "x", split="train")
+        make_suite(tmp_path / "x", split="validation")
+
+
+def test_the_train_split_shares_no_names_or_phrasings_with_dev_or_test(tmp_path):
+    """What learned wrappers train on (`learn-wrapper`) must leave dev and test unseen; adding the
+    train split left the dev suite byte for byte as it was measured."""
+    import hashlib
+    import re
+
+    from sparsecache.bench.fidelity import KINDS, PERSON_FACTS, TRAIN_ASK
+
+    made = {split: make_suite(tmp_path / split, ks=(8,), questions=200, split=split) for split in ("dev", "test", "train")}
+    words = {split: set(re.findall(r"[A-Z][a-z]+", (tmp_path / split / "corpus.jsonl").read_text())) for split in made}
+    common = words["dev"] & words["test"]  # template words (and the given names neither split has)
+    assert not (words["train"] - common) & (words["dev"] | words["test"]) - common
+    asked = {split: {q.question for q in m[8]} for split, m in made.items()}
+    split_templates = [p for spec in KINDS.values() for _, ps in spec["facts"].values() for p in ps]
+    split_templates += [p for _, ps in PERSON_FACTS.values() for p in ps]
+
+    def matches(template, question):
+        return re.fullmatch(re.escape(template).replace(r"\{n\}", ".+").replace(r"\{role\}", ".+"), question)
+    assert not any(matches(t, q) for t in split_templates for q in asked["train"])
+    train_templates = [a.replace("{n}", x) for asks in TRAIN_ASK.values() for a in asks for x in ("{n}", "{role}")]
+    assert all(any(matches(t, q) for t in train_templates) for q in asked["train"])
+    assert not any(matches(t, q) for t in train_templates for split in ("dev", "test") for q in asked[split])
+    digest = hashlib.md5((tmp_path / "dev" / "questions.json").read_bytes()).hexdigest()
+    assert digest == "dba5f6ef1abc99d498ccce42b8456713"  # the dev suite of every committed measurement
 
 
 def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):

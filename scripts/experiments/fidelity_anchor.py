@@ -4,7 +4,12 @@ configurations answered from it against the plain store's full-prefill rows (ful
 not read the codes, so its answers are the plain store's).
 
     python scripts/experiments/fidelity_anchor.py --source W --work W2 --limit 60 \
-        --methods none,superposition:0.5+paths=2,infoflow:0.25 [--anchor-doc 0 | --anchor-text TEXT]
+        --methods none,superposition:0.5+paths=2,infoflow:0.25 \
+        [--anchor-doc 0 | --anchor-doc central | --anchor-text TEXT] [--anchor-tokens 320] [--no-plain]
+
+`--anchor-doc central` picks the anchor without looking at the questions: the corpus document
+whose embedding (the store's embedder) has the highest mean cosine similarity to all others.
+`--no-plain` skips re-encoding the plain store (its encode time is already known).
 
 W is a `bench fidelity` workdir (its corpus, questions and results.json); W2 gets the anchored
 store, results.json and encode.json (the encode's time and tokens, beside the plain store's
@@ -18,6 +23,16 @@ import time
 from pathlib import Path
 
 
+def central_document(texts: list[str]) -> int:
+    """The document with the highest mean cosine similarity to the others (the embeddings are unit vectors)."""
+    import numpy as np
+
+    from sparsecache.index import Embedder
+
+    e = Embedder().embed(texts)
+    return int(np.argmax((e @ e.mean(0))))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", type=Path, required=True)
@@ -25,7 +40,9 @@ def main() -> None:
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--limit", type=int, default=60)
     p.add_argument("--methods", default="none,superposition:0.5+paths=2,infoflow:0.25")
-    p.add_argument("--anchor-doc", type=int, default=0, help="the corpus document whose text is the anchor")
+    p.add_argument("--anchor-doc", default="0", help="the corpus document whose text is the anchor: an index or 'central'")
+    p.add_argument("--anchor-tokens", type=int, default=None, help="cut the anchor to its first N tokens")
+    p.add_argument("--no-plain", action="store_true", help="do not encode the plain store for the cost")
     p.add_argument("--anchor-text", default=None, help="the anchor's text instead of a corpus document")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
@@ -41,20 +58,31 @@ def main() -> None:
     for name in ("corpus.jsonl", "questions.json", "suite.json"):
         shutil.copy(args.source / name, args.work / name)
     docs = [json.loads(line) for line in (args.work / "corpus.jsonl").read_text().splitlines() if line.strip()]
-    anchor = args.anchor_text or docs[args.anchor_doc]["text"]
     model = load_model("default", device=args.device)
+    if args.anchor_text:
+        anchor = args.anchor_text
+    elif args.anchor_doc == "central":
+        anchor = docs[central_document([d["text"] for d in docs])]["text"]
+    else:
+        anchor = docs[int(args.anchor_doc)]["text"]
+    if args.anchor_tokens:
+        ids = model.tokenizer(anchor, add_special_tokens=False)["input_ids"][:args.anchor_tokens]
+        anchor = model.tokenizer.decode(ids)
     d = Dictionary.load(shipped_dictionary(model.fingerprint()))
     report = args.work / "encode.json"
     if not (args.work / "store").exists():
         t = time.perf_counter()
-        for name, config in (("plain", StoreConfig()), ("anchored", StoreConfig(anchor=anchor))):
+        configs = (("anchored", StoreConfig(anchor=anchor)),) if args.no_plain else (
+            ("plain", StoreConfig()), ("anchored", StoreConfig(anchor=anchor)))
+        for name, config in configs:
             start = time.perf_counter()
             encode_corpus([str(args.work / "corpus.jsonl")], args.work / name, d, model, config, device=args.device)
             t_name = time.perf_counter() - start
             json.dump({**(json.loads(report.read_text()) if report.exists() else {}), f"{name}_s": round(t_name, 1),
-                       "anchor_tokens": len(model.tokenizer(anchor, add_special_tokens=False)["input_ids"])},
+                       "anchor_tokens": len(model.tokenizer(anchor, add_special_tokens=False)["input_ids"]),
+                       "anchor": anchor},
                       open(report, "w"))
-        shutil.rmtree(args.work / "plain")
+        shutil.rmtree(args.work / "plain", ignore_errors=True)
         (args.work / "anchored").rename(args.work / "store")
         print(f"encoded in {time.perf_counter() - t:.0f} s: {report.read_text()}", flush=True)
     suite = {args.k: load_suite(args.work)[args.k][:args.limit]}

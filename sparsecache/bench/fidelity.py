@@ -38,6 +38,7 @@ from ..errors import ConfigError, TextError
 from .ruler import wilson
 
 SPLITS = ("dev", "test")
+TRAIN = "train"  # what learned chunk wrappers train on (`learn-wrapper`): pools shared with neither split
 SPLIT = "dev"  # what `bench fidelity` measures unless told: the test split is run once, at the end
 
 SYLLABLES = ("bar", "tel", "mon", "kri", "vos", "lan", "dre", "sul", "pim", "gor", "nea", "wyl", "thar", "quen",
@@ -48,6 +49,21 @@ WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", 
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange", "grey", "white")
 TRADES = ("a clockmaker", "a ferry pilot", "a botanist", "a glassblower", "a cartographer", "a beekeeper",
           "a violin maker", "a surveyor")
+
+# The train split's own pools and phrasings: a question asks for the kind of value, not the fact
+# as either split phrases it (person facts through the entity's role).
+TRAIN_SYLLABLES = ("cas", "nor", "vel", "pra", "tun", "hil", "sor", "mab", "lod", "gen", "ery", "fal", "bri",
+                   "dun", "esk", "har")
+TRAIN_GIVEN = ("Hedda", "Jonas", "Milla", "Aksel", "Runa", "Cyril", "Vera", "Lasse", "Edda", "Nils", "Tove", "Artur")
+TRAIN_ASK = {
+    "year": ("Which year do the documents give for {n}?", "Name the year the text mentions for {n}."),
+    "count": ("What number is given for {n}?", "Which figure does the text state about {n}?"),
+    "weekday": ("Which day of the week is mentioned for {n}?",),
+    "colour": ("Which colour is mentioned in connection with {n}?",),
+    "person": ("Which person is named in connection with {n}?", "Whose name appears in the text about {n}?"),
+    "place": ("Which place is named for {n}?", "What town does the text name for {n}?"),
+    "trade": ("Which occupation is named for {role}?",),
+}
 
 # Each kind: the sentences stating its facts ({n} is the entity's name) and, per fact, the
 # phrasings of a question about it (`make_suite` picks one per entity and fact).
@@ -158,23 +174,29 @@ class Question:
 @dataclass(frozen=True)
 class Pools:
     """What a split draws from: `dev` and `test` share no name syllable, given name or
-    question phrasing (`split=None`: everything, the suite before splits)."""
+    question phrasing, and `train` (learned wrappers' prompts) shares none with either
+    (`split=None`: everything, the suite before splits)."""
 
     syllables: tuple[str, ...]
     given: tuple[str, ...]
-    part: int | None  # the phrasings of a fact a split asks with: every other one, from this index
+    part: int | None  # the phrasings of a fact a split asks with: every other one, from this index (-1: TRAIN_ASK)
     taken: set | None = None  # names given so far (a split's names are unique; None: as before splits)
 
     @classmethod
     def of(cls, split: str | None) -> "Pools":
         if split is None:
             return cls(SYLLABLES, GIVEN, None)
-        if split not in SPLITS:
+        if split not in SPLITS + (TRAIN,):
             raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if split == TRAIN:
+            return cls(TRAIN_SYLLABLES, TRAIN_GIVEN, -1, set())
         i = SPLITS.index(split)
         return cls(SYLLABLES[i::2], GIVEN[i::2], i, set())
 
-    def phrasings(self, options: tuple[str, ...]) -> tuple[str, ...]:
+    def phrasings(self, options: tuple[str, ...], fact: str = "", person: bool = False) -> tuple[str, ...]:
+        if self.part == -1:  # train: by the kind of value (a person fact about the role, not the entity)
+            asks = TRAIN_ASK[fact]
+            return tuple(a.replace("{n}", "{role}") for a in asks) if person else asks
         return options if self.part is None else options[self.part::2]
 
     def name(self, rng: random.Random) -> str:
@@ -240,13 +262,13 @@ def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int =
         sentences = [spec["intro"].format(n=n, **v)]
         for fact, (sentence, phrasings) in spec["facts"].items():
             sentences.append(sentence.format(n=n, **v))
-            facts.append(([doc], rng.choice(pools.phrasings(phrasings)).format(n=n), v[fact], 1))
+            facts.append(([doc], rng.choice(pools.phrasings(phrasings, fact)).format(n=n), v[fact], 1))
         docs[doc] = _document(rng, sentences, n, filler)
         pdoc, pv = f"person-{e:03d}", _values(rng, places, pools)
         psentences = [f"{person} is remembered in {v['region']} for a long life of work."]
         for fact, (sentence, asked) in PERSON_FACTS.items():
             psentences.append(sentence.format(p=person, **pv))
-            asked = rng.choice(pools.phrasings(asked)) if split is not None else asked[0]  # one before splits
+            asked = rng.choice(pools.phrasings(asked, fact, person=True)) if split is not None else asked[0]
             facts.append(([doc, pdoc], asked.format(role=ROLES[kind].format(n=n)), pv[fact].removeprefix("a "), 2))
         docs[pdoc] = _document(rng, psentences, person, filler, PERSON_FILLER)
     one = [f for f in facts if f[3] == 1]

@@ -1,4 +1,4 @@
-"""`check-model`, `learn-dict` and `eval-dict`."""
+"""`check-model`, `learn-dict`, `eval-dict` and `learn-wrapper`: the per-model artifacts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import click
 from sparsecache.bench.config import EvalConfig
 from sparsecache.codes import COEF_DTYPE_NAMES
 from sparsecache.dict_config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
+from sparsecache.wrapper_config import WrapperConfig
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
@@ -142,3 +143,52 @@ def _ci(report: dict) -> str:
     """' [95%: +a … +b%]' for a report's perplexity change, '' when it has no interval."""
     ci = report.get("ppl_change_ci95")
     return "" if ci is None else f" [95%: {100 * ci[0]:+.1f} … {100 * ci[1]:+.1f}%]"
+
+
+W = WrapperConfig()
+
+
+@click.command("learn-wrapper")
+@model_option
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Output directory (wrapper.safetensors + wrapper.json, curve.json/.png, checkpoint, prompts).")
+@click.option("--header", default=W.header, show_default=True, help="Soft tokens before every chunk.")
+@click.option("--trailer", default=W.trailer, show_default=True, help="Soft tokens after every chunk.")
+@click.option("--steps", default=W.steps, show_default=True, help="Training steps (one prompt each).")
+@click.option("--lr", default=W.lr, show_default=True, help="Adam's peak learning rate (warm-up, cosine decay).")
+@click.option("--k", default=W.k, show_default=True, help="Chunks per training prompt.")
+@click.option("--prompts", default=W.prompts, show_default=True, help="Distinct training prompts, cycled.")
+@click.option("--text-share", default=W.text_share, show_default=True,
+              help="Share of prompts that continue calibration text rather than answer a question.")
+@click.option("--eval-every", default=W.eval_every, show_default=True,
+              help="Steps between learning-curve points and checkpoints.")
+@click.option("--eval-questions", default=W.eval_questions, show_default=True,
+              help="Dev-split questions per learning-curve point.")
+@click.option("--seed", default=W.seed, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out.")
+@device_option
+@library_errors
+def learn_wrapper_cmd(model_path, out, header, trailer, steps, lr, k, prompts, text_share, eval_every, eval_questions,
+                      seed, resume, device):
+    """Learn a chunk wrapper for a model: soft tokens around every chunk, the model frozen.
+
+    Every chunk is encoded as `prefix | header | chunk | trailer`; the header and trailer
+    vectors are learned by self-distillation (KV Packet): the model reading k independently
+    encoded wrapped chunks, nothing recomputed, is fitted (KL divergence on the answer's
+    tokens) to the same model's full prefill of the k chunks and the question. Training
+    prompts come from the fidelity suite's generator with names and phrasings of neither its
+    dev nor its test split, and from the built-in calibration text; the learning curve (dev
+    split, `none` with the wrapper against full prefill) goes to OUT/curve.json and curve.png.
+    Checkpoints every --eval-every steps; --resume continues.
+    """
+    from sparsecache.learn_wrapper import learn_wrapper
+    from sparsecache.model import load_model
+
+    cfg = WrapperConfig(header=header, trailer=trailer, steps=steps, lr=lr, k=k, prompts=prompts,
+                        text_share=text_share, eval_every=eval_every, eval_questions=eval_questions, seed=seed)
+    model = load_model(model_path, device=resolve_device(device))
+    w = learn_wrapper(model, out, cfg, resume=resume)
+    e = w.meta["eval"]
+    click.echo(f"wrote {out}: dev split, {e['final']['questions']} questions, none with the wrapper: correct vs full "
+               f"{e['final']['correct_vs_full']:.2f} (without: {e['plain']['correct_vs_full']:.2f}), token agreement "
+               f"{e['final']['token_agreement']:.3f} (without: {e['plain']['token_agreement']:.3f})")

@@ -14,7 +14,7 @@ def cli():
     """Offline compressed KV-cache corpus builder for RAG.
 
     Learn global K/V dictionaries for a model (learn-dict) and measure them (eval-dict,
-    bench omp); encode a corpus into a versioned store (encode-corpus), inspect it
+    bench omp); learn chunk wrappers (learn-wrapper); encode a corpus into a versioned store (encode-corpus), inspect it
     (info, verify, search, compact), answer questions from it (query) and serve it over an
     OpenAI-compatible HTTP API (serve).
     """
@@ -29,6 +29,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None):
 cli.add_command(dictionary.check_model_cmd)
 cli.add_command(dictionary.learn_dict_cmd)
 cli.add_command(dictionary.eval_dict_cmd)
+cli.add_command(dictionary.learn_wrapper_cmd)
 cli.add_command(bench.bench)
 for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd,
                 query.query_cmd, serve.serve_cmd):

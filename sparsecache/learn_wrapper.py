@@ -1,0 +1,316 @@
+"""Learning a chunk wrapper (`wrapper.py`) by self-distillation, the model frozen (KV Packet).
+
+Teacher: the model's full prefill of `prefix + k chunks + question`, its greedy answer and its
+next-token distributions along that answer (the top `top` log-probabilities per token, kept on
+disk per prompt). Student: the same model reading the k chunks encoded one by one as
+`prefix | header chunk trailer`, laid out one after another, nothing recomputed. Loss: the
+KL divergence from teacher to student on the answer's tokens. A share of the prompts are
+running text instead (k consecutive pieces of calibration text and the text that follows them),
+so wrapped chunks also continue text as the concatenation would.
+
+Questions come from the fidelity suite's generator with the `train` split's own pools (no name
+or phrasing of the dev or test split); the learning curve is measured on the dev split's first
+questions (`none` with the wrapper against full prefill, as `bench fidelity` scores them).
+Everything lives under the output directory: prompts, teacher targets, `checkpoint.pt`
+(every `eval_every` steps; `resume` continues from it), `curve.json`/`curve.png`, the wrapper.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from pathlib import Path
+
+import torch
+
+from .blend import question_ids, truncate
+from .durable import write_atomic
+from .generate import forced_agreement, full_prefill, greedy_continue, prefill
+from .model import KVModel, default_prefix_ids, kv_cache
+from .wrapper import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
+from .wrapper_config import WrapperConfig
+
+CHUNK_TOKENS = 512  # a suite document is one chunk of at most this many tokens
+TEXT_PIECE = 256  # tokens per chunk of a running-text prompt
+EVAL_ANSWER_TOKENS = 24  # as `bench fidelity` generates
+DEV_QUESTIONS = 200  # the learning curve reads the first questions of `bench fidelity --split dev --questions 200`
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split: str, first: int | None = None,
+                   seed: int = 0) -> list[dict]:
+    """Question prompts of the fidelity suite's `split` (as `make_suite(out, (k,), n, split=split)`
+    makes them, with more entities where n needs them), chunks in the order a query lays them out
+    (retrieval order reversed: the best chunk next to the question)."""
+    from .bench.fidelity import make_suite
+
+    entities = max(40, cfg.k + 2, -(-n // 5))  # 40 below 200 questions, as `bench fidelity` makes them
+    suite = make_suite(out, (cfg.k,), n, entities=entities, seed=seed, split=split)[cfg.k][:first]
+    docs = {d["id"]: d["text"] for d in map(json.loads, (out / "corpus.jsonl").read_text().splitlines())}
+    ids = {d: model.tokenizer(t, add_special_tokens=False)["input_ids"][:CHUNK_TOKENS] for d, t in docs.items()}
+    return [{"kind": "question", "chunks": [ids[d] for d in reversed(q.chunk_docs)],
+             "question": question_ids(model, q.question), "truth": q.truth, "id": q.id} for q in suite]
+
+
+def _text_prompts(model: KVModel, n: int, cfg: WrapperConfig) -> list[dict]:
+    """Running-text prompts: k consecutive pieces of the built-in calibration text (its train part)
+    and the `text_tokens` that follow them."""
+    from .text import builtin_documents
+
+    rng = random.Random(f"{cfg.seed}-text")
+    docs = builtin_documents("train")
+    rng.shuffle(docs)
+    need = cfg.k * TEXT_PIECE + cfg.text_tokens + 1
+    stream: list[int] = []
+    out = []
+    for d in docs:
+        if len(out) == n:
+            break
+        stream += model.tokenizer(d.text + "\n\n", add_special_tokens=False)["input_ids"]
+        while len(stream) >= need and len(out) < n:
+            window, stream = stream[:need], stream[need:]
+            out.append({"kind": "text", "chunks": [window[i * TEXT_PIECE:(i + 1) * TEXT_PIECE] for i in range(cfg.k)],
+                        "text": window[cfg.k * TEXT_PIECE:]})
+    return out
+
+
+def training_prompts(model: KVModel, out: Path, cfg: WrapperConfig) -> list[dict]:
+    """The training prompts (made once, kept in `out`/prompts.json), questions and text shuffled."""
+    path = out / "prompts.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    n_text = round(cfg.prompts * cfg.text_share)
+    prompts = _suite_prompts(model, out / "train-suite", cfg.prompts - n_text, cfg, "train", seed=cfg.seed) if n_text < cfg.prompts \
+        else []
+    prompts += _text_prompts(model, n_text, cfg)
+    random.Random(cfg.seed).shuffle(prompts)
+    write_atomic(path, json.dumps(prompts))
+    return prompts
+
+
+# ---------------------------------------------------------------- teacher
+
+
+@torch.no_grad()
+def teacher_target(model: KVModel, prefix: list[int], prompt: dict, cfg: WrapperConfig) -> dict:
+    """What the student is fitted to on one prompt: `inputs` (the tokens run after the context)
+    and, for the last `n` of their positions, the full-prefill teacher's top log-probabilities."""
+    context = prefix + [t for c in prompt["chunks"] for t in c]
+    if prompt["kind"] == "question":
+        q = prompt["question"]
+        logits, cache = full_prefill(context + q, model)
+        answer = greedy_continue(int(logits.argmax()), cache, len(context) + len(q), model, cfg.answer_tokens)
+        answer = answer or [int(logits.argmax())]
+        inputs, n = q + answer[:-1], len(answer)
+    else:
+        inputs, n = prompt["text"][:-1], len(prompt["text"]) - 1
+    out = model.hf(input_ids=torch.tensor([context + inputs], device=model.device), logits_to_keep=n)
+    logp = out.logits[0].float().log_softmax(-1)
+    top = logp.topk(cfg.top, dim=-1)
+    return {"inputs": inputs, "n": n, "idx": top.indices.to(torch.int32).cpu(), "logp": top.values.half().cpu()}
+
+
+def _teacher(model: KVModel, prefix: list[int], prompts: list[dict], i: int, out: Path, cfg: WrapperConfig) -> dict:
+    path = out / "teacher" / f"{i:05d}.pt"
+    if path.exists():
+        return torch.load(path)
+    target = teacher_target(model, prefix, prompts[i], cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(target, buf)
+    write_atomic(path, buf.getvalue())
+    return target
+
+
+def distillation_loss(model: KVModel, prefix: list[int], chunks: list[list[int]], target: dict,
+                      header: torch.Tensor, trailer: torch.Tensor) -> torch.Tensor:
+    """KL(teacher ‖ student) per answer token, mean, over the teacher's top tokens (renormalised)."""
+    keys, values = wrapped_kv(model, chunks, prefix, header, trailer)
+    logits = continuation_logits(model, keys, values, target["inputs"])[-target["n"]:]
+    student = logits.log_softmax(-1).gather(-1, target["idx"].long().to(logits.device))
+    teacher = target["logp"].float().to(logits.device).log_softmax(-1)
+    return (teacher.exp() * (teacher - student)).sum(-1).mean()
+
+
+# ---------------------------------------------------------------- the learning curve
+
+
+@torch.no_grad()
+def answer(model: KVModel, keys: torch.Tensor, values: torch.Tensor, q: list[int], reference: list[int] | None,
+           max_new_tokens: int = EVAL_ANSWER_TOKENS) -> tuple[str, list[int], float | None]:
+    """Greedy answer to question tokens `q` after a context's post-RoPE K/V, and the share of
+    `reference`'s tokens it predicts teacher-forced (as `query --compare` does)."""
+    cache = kv_cache(keys, values, model)
+    S = keys.shape[1]
+    logits = prefill(cache, q, model)
+    position = S + len(q)
+    agreement = None
+    if reference:
+        agreement = forced_agreement(logits, cache, position, reference, model) / len(reference)
+        truncate(cache, position)
+    tokens = greedy_continue(int(logits.argmax()), cache, position, model, max_new_tokens)
+    return model.tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens, agreement
+
+
+def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: list[dict],
+             header: torch.Tensor | None, trailer: torch.Tensor | None, progress: bool = False) -> dict:
+    """`none` from wrapped chunks (raw K/V, nothing recomputed) against full prefill on `questions`."""
+    from tqdm import tqdm
+
+    from .bench.fidelity import contains
+
+    right, agree = [], []
+    for q, f in tqdm(list(zip(questions, full)), desc="dev questions", leave=False, disable=not progress):
+        keys, values = wrapped_kv(model, q["chunks"], prefix, header, trailer)
+        text, _, a = answer(model, keys, values, q["question"], f["tokens"])
+        right.append(contains(text, q["truth"]))
+        agree.append(a or 0.0)
+    full_right = [f["correct"] for f in full]
+    both = sum(r and f for r, f in zip(right, full_right))
+    return {"correct": sum(right) / len(right), "full_correct": sum(full_right) / len(right),
+            "correct_vs_full": sum(right) / max(1, sum(full_right)),
+            "right_where_full_right": both / max(1, sum(full_right)),
+            "token_agreement": sum(agree) / len(agree), "questions": len(right)}
+
+
+@torch.no_grad()
+def full_answers(model: KVModel, prefix: list[int], questions: list[dict], progress: bool = False) -> list[dict]:
+    from tqdm import tqdm
+
+    from .bench.fidelity import contains
+
+    out = []
+    for q in tqdm(questions, desc="full prefill (dev questions)", leave=False, disable=not progress):
+        context = prefix + [t for c in q["chunks"] for t in c]
+        logits, cache = full_prefill(context + q["question"], model)
+        tokens = greedy_continue(int(logits.argmax()), cache, len(context) + len(q["question"]), model,
+                                 EVAL_ANSWER_TOKENS)
+        text = model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        out.append({"tokens": tokens, "text": text, "correct": contains(text, q["truth"])})
+    return out
+
+
+def _eval_set(model: KVModel, prefix: list[int], out: Path, cfg: WrapperConfig, progress: bool
+              ) -> tuple[list, list, dict]:
+    """The dev split's first questions (the suite `bench fidelity --split dev` makes), full prefill's
+    answers to them and the plain (unwrapped) `none` score, computed once and kept in `out`."""
+    path = out / "eval.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return saved["questions"], saved["full"], saved["plain"]
+    questions = _suite_prompts(model, out / "dev-suite", DEV_QUESTIONS, cfg, "dev", first=cfg.eval_questions)
+    full = full_answers(model, prefix, questions, progress)
+    plain = evaluate(model, prefix, questions, full, None, None, progress)
+    write_atomic(path, json.dumps({"questions": questions, "full": full, "plain": plain}))
+    return questions, full, plain
+
+
+# ---------------------------------------------------------------- training
+
+
+def _lr(step: int, cfg: WrapperConfig) -> float:
+    warm = max(1, cfg.steps // 20)
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, cfg.steps - warm)))
+
+
+def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperConfig(), resume: bool = False,
+                  progress: bool = True) -> Wrapper:
+    """Learn a wrapper for `model` into `out` (see the module docstring); returns it, also saved there."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists() and not resume:
+        from .errors import ConfigError
+        raise ConfigError(f"{out} holds a checkpoint: pass --resume to continue it, or choose another --out")
+    for p in model.hf.parameters():
+        p.requires_grad_(False)
+    prefix = default_prefix_ids(model)
+    prompts = training_prompts(model, out, cfg)
+    questions, full, plain = _eval_set(model, prefix, out, cfg, progress)
+    wrapper = initial_wrapper(model, cfg.header, cfg.trailer)
+    header, trailer = wrapper.header.requires_grad_(), wrapper.trailer.requires_grad_()
+    opt = torch.optim.Adam([header, trailer], lr=cfg.lr)
+    state = {"step": 0, "curve": [], "losses": []}
+    if resume and ckpt.exists():
+        saved = torch.load(ckpt)
+        if saved["config"] != cfg.__dict__:
+            from .errors import ConfigError
+            raise ConfigError(f"{ckpt} was made with other settings: {saved['config']}")
+        with torch.no_grad():
+            header.copy_(saved["header"])
+            trailer.copy_(saved["trailer"])
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+    if not state["curve"]:
+        state["curve"].append({"step": 0, "kl": None, **evaluate(model, prefix, questions, full, header.detach(),
+                                                                  trailer.detach(), progress)})
+
+    def checkpoint():
+        buf = io.BytesIO()
+        torch.save({"config": cfg.__dict__, "header": header.detach(), "trailer": trailer.detach(),
+                    "opt": opt.state_dict(), "state": state}, buf)
+        write_atomic(ckpt, buf.getvalue())
+        write_atomic(out / "curve.json", json.dumps({"plain": plain, "curve": state["curve"]}, indent=1))
+
+    bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc="learn-wrapper",
+               unit="step", disable=not progress)
+    for step in bar:
+        i = step % len(prompts)
+        target = _teacher(model, prefix, prompts, i, out, cfg)
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg)
+        loss = distillation_loss(model, prefix, prompts[i]["chunks"], target, header, trailer)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state["losses"].append(loss.item())
+        state["step"] = step + 1
+        bar.set_postfix(kl=f"{sum(state['losses'][-20:]) / len(state['losses'][-20:]):.3f}")
+        if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
+            recent = state["losses"][-cfg.eval_every:]
+            state["curve"].append({"step": state["step"], "kl": sum(recent) / len(recent),
+                                   **evaluate(model, prefix, questions, full, header.detach(), trailer.detach(),
+                                              progress)})
+            checkpoint()
+    checkpoint()
+    result = Wrapper(header.detach().clone(), trailer.detach().clone(), model.fingerprint(), {
+        "recipe": {**cfg.__dict__, "teacher": "full prefill of prefix + k chunks + question (greedy answer)",
+                   "questions": "fidelity suite, train split", "text": "built-in calibration text (train part)"},
+        "eval": {"plain": plain, "final": state["curve"][-1], "split": "dev"}})
+    result.save(out)
+    plot_curve(out)
+    return result
+
+
+def plot_curve(out: Path) -> Path:
+    """curve.png: correct relative to full prefill and token agreement on the dev questions against
+    the step, the unwrapped `none` as a line, and the training KL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads((Path(out) / "curve.json").read_text())
+    steps = [p["step"] for p in data["curve"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, colour in (("correct_vs_full", "C0"), ("right_where_full_right", "C1"), ("token_agreement", "C2")):
+        a.plot(steps, [p[key] for p in data["curve"]], "o-", color=colour, label=key.replace("_", " "))
+        a.axhline(data["plain"][key], color=colour, ls=":", lw=1)
+    a.set(xlabel="step", title=f"dev split, {data['curve'][0]['questions']} questions (dotted: no wrapper)")
+    a.legend(fontsize=8)
+    kl = [(p["step"], p["kl"]) for p in data["curve"] if p["kl"] is not None]
+    b.plot([s for s, _ in kl], [v for _, v in kl], "o-")
+    b.set(xlabel="step", ylabel="KL(teacher ‖ student), mean per token", title="training loss")
+    fig.tight_layout()
+    path = Path(out) / "curve.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,134 @@
+"""Learned chunk wrappers (KV Packet): a few soft tokens around every independently encoded chunk.
+
+A wrapper is `header` [H, d] and `trailer` [T, d]: vectors in the model's input-embedding space
+(after any embedding scale, Gemma's included), shared by every chunk. A chunk is encoded as
+`prefix | header | chunk | trailer`, and a query lays the wrapped chunks out one after another,
+`prefix | header chunk₁ trailer | header chunk₂ trailer | … | question`, at consecutive global
+positions, so the header's K/V is the same for every chunk (it sees only the prefix and itself).
+The model is never changed: the wrapper is learned by self-distillation (`learn_wrapper.py`)
+so that the wrapped chunks, read without recomputing anything, answer as full prefill does.
+
+This module holds the artifact (safetensors + JSON, found by the model's fingerprint like a
+dictionary) and the wrapped layout, differentiable for training and the same for answering.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .durable import write_atomic
+from .errors import ConfigError
+from .fingerprint import same_model
+from .model import KVModel, _kv_taps, kv_cache
+
+WRAPPER_FILE = "wrapper.safetensors"
+META_FILE = "wrapper.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Wrapper:
+    """header [H, d] and trailer [T, d] float32, plus the model they were learned for and how."""
+
+    header: torch.Tensor
+    trailer: torch.Tensor
+    model: dict  # the model's fingerprint
+    meta: dict = field(default_factory=dict)  # the recipe and its evaluation record
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        return self.header.shape[0], self.trailer.shape[0]
+
+    def save(self, out: str | Path) -> Path:
+        from safetensors.torch import save
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / WRAPPER_FILE, save({"header": self.header.detach().float().cpu().contiguous(),
+                                               "trailer": self.trailer.detach().float().cpu().contiguous()}))
+        write_atomic(out / META_FILE, json.dumps({"format": FORMAT_VERSION, "model": self.model,
+                                                   "header": self.lengths[0], "trailer": self.lengths[1],
+                                                   **self.meta}, indent=1))
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Wrapper":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        path = path.parent if path.name in (WRAPPER_FILE, META_FILE) else path
+        if not (path / META_FILE).exists():
+            raise ConfigError(f"{path} is not a wrapper (no {META_FILE}): learn one with `sparsecache learn-wrapper`")
+        meta = json.loads((path / META_FILE).read_text())
+        tensors = load_file(str(path / WRAPPER_FILE))
+        model = meta.pop("model")
+        for key in ("format", "header", "trailer"):
+            meta.pop(key, None)
+        return cls(tensors["header"], tensors["trailer"], model, meta)
+
+    def check_model(self, model: KVModel) -> None:
+        if not same_model(model.fingerprint(), self.model):
+            raise ConfigError(f"this wrapper was learned for {self.model.get('name')}, not {model.name}")
+        if self.header.shape[1] != model.config.hidden_size:
+            raise ConfigError(f"wrapper width {self.header.shape[1]} != the model's hidden size {model.config.hidden_size}")
+
+
+def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:
+    """A wrapper whose soft tokens start as the embeddings of real text (a neutral sentence for the
+    header, paragraph breaks for the trailer): training starts from what the model knows how to read."""
+    tok = model.tokenizer
+
+    def tokens(text: str, n: int) -> torch.Tensor:
+        ids = tok(text, add_special_tokens=False)["input_ids"] or [0]
+        ids = (ids * (n // len(ids) + 1))[:n]
+        with torch.no_grad():
+            return model.hf.model.embed_tokens(torch.tensor(ids, device=model.device)).float().detach().clone()
+
+    return Wrapper(tokens("The following passage is one of several documents.", header),
+                   tokens("\n\n", trailer), model.fingerprint())
+
+
+def wrapped_kv(model: KVModel, chunks: list[list[int]], prefix: list[int], header: torch.Tensor | None,
+               trailer: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-RoPE keys and values [n_layers, S, m] of `prefix | header chunk₁ trailer | … `, every
+    chunk encoded on its own after `prefix | header` and placed at consecutive global positions
+    (header/trailer None or empty: plain per-chunk K/V after the prefix, the `none` layout).
+
+    Differentiable in `header` and `trailer` (the model's weights need no gradient); under
+    `torch.no_grad()` it is what a query reads from a wrapped store before any compression."""
+    dev = model.device
+    embed = model.hf.model.embed_tokens
+    dtype = embed.weight.dtype
+    head = header.to(dev, dtype) if header is not None else torch.zeros(0, embed.embedding_dim, device=dev, dtype=dtype)
+    tail = trailer.to(dev, dtype) if trailer is not None else head[:0]
+    P, H = len(prefix), head.shape[0]
+    pre = embed(torch.tensor(list(prefix), dtype=torch.long, device=dev))
+    rows = [torch.cat([pre, head, embed(torch.tensor(c, dtype=torch.long, device=dev)), tail]) for c in chunks]
+    width = max(r.shape[0] for r in rows)
+    batch = torch.stack([torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in rows])
+    with _kv_taps(model) as taps:  # right padding: causal attention keeps real tokens blind to it
+        model.hf.model(inputs_embeds=batch, use_cache=False)
+        k = torch.stack([taps["k", i] for i in range(model.n_layers)], 1)  # (k, L, W, m) pre-RoPE
+        v = torch.stack([taps["v", i] for i in range(model.n_layers)], 1)
+    pieces_k, pieces_v = [k[0, :, :P]], [v[0, :, :P]]
+    for row, c in enumerate(chunks):
+        span = slice(P, P + H + len(c) + tail.shape[0])  # header, chunk, trailer
+        pieces_k.append(k[row, :, span])
+        pieces_v.append(v[row, :, span])
+    keys, values = torch.cat(pieces_k, 1), torch.cat(pieces_v, 1)
+    return model.rope.rotate(keys, torch.arange(keys.shape[1], device=dev)), values
+
+
+def continuation_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """float32 [len(ids), vocab]: the next-token logits after each of `ids`, run after a context's
+    post-RoPE K/V [L, S, m] (differentiable through the K/V)."""
+    S = keys.shape[1]
+    cache = kv_cache(keys, values, model)
+    out = model.hf(input_ids=torch.tensor([ids], device=model.device),
+                   position_ids=torch.arange(S, S + len(ids), device=model.device)[None],
+                   **{model.cache_arg: cache}, use_cache=True)
+    return out.logits[0].float()

@@ -1,0 +1,40 @@
+"""How a chunk wrapper is learned (`sparsecache learn-wrapper`): a plain dataclass, importable
+without torch, so the CLI states its defaults without loading it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class WrapperConfig:
+    """The wrapper's lengths and its self-distillation recipe (`learn_wrapper.learn_wrapper`)."""
+
+    header: int = 8  # soft tokens before every chunk (KV Packet's 8 + 8)
+    trailer: int = 8  # soft tokens after every chunk
+    steps: int = 300  # one prompt per step: its k chunks re-encoded with gradients (~15 s on 2 CPU cores at k = 8)
+    lr: float = 3e-3  # Adam's peak rate (warm-up, then cosine decay)
+    k: int = 8  # chunks per training prompt
+    prompts: int = 400  # distinct training prompts, cycled
+    text_share: float = 0.25  # prompts that are running text (continue k chunks of calibration text), not questions
+    answer_tokens: int = 24  # teacher's greedy answer: the tokens the loss is taken on
+    text_tokens: int = 32  # continuation tokens of a running-text prompt
+    top: int = 256  # teacher log-probabilities kept per token (the KL is taken over them, renormalised)
+    eval_every: int = 50  # steps between learning-curve points (and checkpoints)
+    eval_questions: int = 20  # dev-split questions per learning-curve point
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.header < 0 or self.trailer < 0 or self.header + self.trailer == 0:
+            raise ConfigError(f"a wrapper needs a header or a trailer (got {self.header} + {self.trailer} tokens)")
+        if self.k < 2:
+            raise ConfigError(f"--k must be >= 2 (chunks per training prompt), got {self.k}")
+        if not 0.0 <= self.text_share <= 1.0:
+            raise ConfigError(f"--text-share must be in [0, 1], got {self.text_share}")
+        for name in ("steps", "prompts", "answer_tokens", "text_tokens", "top", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")

@@ -1,0 +1,130 @@
+"""Learned chunk wrappers: the wrapped layout against full prefill, gradients, the artifact, and
+`learn-wrapper` end to end (checkpoint, resume, the learning curve)."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from sparsecache.blend import question_ids
+from sparsecache.errors import ConfigError
+from sparsecache.model import default_prefix_ids, extract_kv
+from sparsecache.wrapper import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
+from sparsecache.wrapper_config import WrapperConfig
+
+
+def _ids(model, text):
+    return model.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _embedded(model, ids):
+    with torch.no_grad():
+        return model.hf.model.embed_tokens(torch.tensor(ids)).float()
+
+
+def test_one_wrapped_chunk_is_full_prefill_of_the_wrapped_sequence(default_model):
+    """k = 1: `prefix | header chunk trailer | question` from the per-chunk path gives the logits of a
+    full prefill of the same tokens (the wrapper here is real tokens' embeddings)."""
+    m = default_model
+    prefix, chunk = default_prefix_ids(m), _ids(m, "The town of Velesk was founded in 1721. It has nine bridges.")
+    head, tail = _ids(m, "Here is a document:"), _ids(m, "\n\n")
+    q = question_ids(m, "When was Velesk founded?")
+    with torch.no_grad():
+        keys, values = wrapped_kv(m, [chunk], prefix, _embedded(m, head), _embedded(m, tail))
+        got = continuation_logits(m, keys, values, q)
+        want = m.hf(input_ids=torch.tensor([prefix + head + chunk + tail + q])).logits[0, -len(q):].float()
+    assert keys.shape[1] == len(prefix + head + chunk + tail)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)
+
+
+def test_no_wrapper_is_the_stores_per_chunk_layout(default_model):
+    """Without a wrapper the layout is what a store's `none` reads: each chunk's pre-RoPE K/V after
+    the prefix, rotated to consecutive global positions after the prefix's own."""
+    m = default_model
+    prefix = default_prefix_ids(m)
+    chunks = [_ids(m, "Alpha beta gamma delta."), _ids(m, "One two three four five six.")]
+    with torch.no_grad():
+        keys, values = wrapped_kv(m, chunks, prefix, None, None)
+    parts = extract_kv(m, [prefix] + chunks, [])[:1] + extract_kv(m, chunks, prefix)
+    k = torch.cat([p[0] for p in parts], 1)
+    v = torch.cat([p[1] for p in parts], 1)
+    torch.testing.assert_close(keys, m.rope.rotate(k, torch.arange(k.shape[1])), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(values, v, atol=1e-4, rtol=1e-4)
+
+
+def test_the_loss_reaches_header_and_trailer_and_leaves_the_model_alone(tiny_model):
+    from sparsecache.learn_wrapper import distillation_loss
+
+    m = tiny_model
+    for p in m.hf.parameters():
+        p.requires_grad_(False)
+    w = initial_wrapper(m, 2, 3)
+    header, trailer = w.header.requires_grad_(), w.trailer.requires_grad_()
+    target = {"inputs": [5, 6, 7], "n": 2, "idx": torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32),
+              "logp": torch.tensor([[-0.1, -2.0, -4.0], [-1.0, -1.0, -3.0]]).half()}
+    loss = distillation_loss(m, [1, 2], [[10, 11, 12], [13, 14]], target, header, trailer)
+    loss.backward()
+    assert loss.item() >= 0
+    assert header.grad.abs().sum() > 0 and trailer.grad.abs().sum() > 0
+    assert all(p.grad is None for p in m.hf.parameters())
+
+
+def test_a_wrapper_round_trips_and_refuses_another_model(tmp_path, tiny_model, default_model):
+    w = initial_wrapper(tiny_model, 3, 2)
+    w.meta = {"recipe": {"steps": 1}}
+    w.save(tmp_path / "w")
+    back = Wrapper.load(tmp_path / "w" / "wrapper.json")
+    assert back.lengths == (3, 2) and back.meta == w.meta
+    assert torch.equal(back.header, w.header) and torch.equal(back.trailer, w.trailer)
+    back.check_model(tiny_model)
+    with pytest.raises(ConfigError, match="learned for"):
+        back.check_model(default_model)
+    with pytest.raises(ConfigError, match="not a wrapper"):
+        Wrapper.load(tmp_path)
+
+
+def test_bad_settings_are_refused():
+    for bad in ({"header": 0, "trailer": 0}, {"k": 1}, {"text_share": 1.5}, {"steps": 0}, {"lr": 0.0}):
+        with pytest.raises(ConfigError):
+            WrapperConfig(**bad)
+
+
+TINY = ["--header", "1", "--trailer", "1", "--steps", "4", "--k", "2", "--prompts", "3", "--eval-every", "2",
+        "--eval-questions", "1"]
+
+
+def test_learn_wrapper_checkpoints_resumes_and_writes_its_curve(tiny_model_dir, tmp_path, monkeypatch):
+    """An interrupted run resumes from its checkpoint to the wrapper an uninterrupted run learns."""
+    from sparsecache.cli.main import cli
+    import sparsecache.learn_wrapper as lw
+
+    args = ["learn-wrapper", "--model", str(tiny_model_dir), "--device", "cpu", *TINY]
+    whole = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "whole")])
+    assert whole.exit_code == 0, whole.output
+    assert "none with the wrapper" in whole.output
+    curve = json.loads((tmp_path / "whole" / "curve.json").read_text())
+    assert [p["step"] for p in curve["curve"]] == [0, 2, 4]
+    assert {"correct_vs_full", "right_where_full_right", "token_agreement"} <= set(curve["plain"])
+    assert (tmp_path / "whole" / "curve.png").stat().st_size > 0
+
+    real, calls = lw.distillation_loss, []
+
+    def dies_at_step_3(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(lw, "distillation_loss", dies_at_step_3)
+    out = str(tmp_path / "cut")
+    assert CliRunner().invoke(cli, [*args, "--out", out]).exit_code != 0
+    refused = CliRunner().invoke(cli, [*args, "--out", out])
+    assert refused.exit_code != 0 and "--resume" in refused.output
+    monkeypatch.setattr(lw, "distillation_loss", real)
+    resumed = CliRunner().invoke(cli, [*args, "--out", out, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    a, b = Wrapper.load(tmp_path / "whole"), Wrapper.load(out)
+    torch.testing.assert_close(a.header, b.header)
+    torch.testing.assert_close(a.trailer, b.trailer)
+    other = CliRunner().invoke(cli, [*args, "--out", out, "--resume", "--lr", "0.5"])
+    assert other.exit_code != 0 and "other settings" in other.output
