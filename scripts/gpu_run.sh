@@ -9,7 +9,7 @@
 # with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
 # out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]
 # `default` is the one to run first on a lent GPU: the current default measured end to end in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -219,8 +219,21 @@ default)  # #55: the current default (L10-s80 dictionary) in one call of at most
   stamp profile; run 60 python3 scripts/experiments/gpu_query.py profile --store /tmp/bench-store/store --out "$OUT/profile-recompute.txt"
   grep -a "==\|launches" "$OUT/profile-recompute.txt"; stamp done
   ;;
+wrapper)  # #52: learned chunk wrappers on the GPU (`learn-wrapper`), cut to SECONDS (540); a second call on the
+  # still-warm machine continues the same run (--resume). Staged (scripts/gpu_stage.sh with no workdirs): whl/
+  # and pkgs/ (the default model); WRAPPER_MODEL names a staged .gguf for Gemma 3 270M. WRAPPER_ARGS: more
+  # learn-wrapper options (--steps, --header, ...). The wrapper, its curve and the log come back.
+  stage
+  W=/tmp/wrapper-out; M=${WRAPPER_MODEL:-default}
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | grep 'Model name'
+    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; } > "$OUT/gpu.txt" 2>&1
+  resume=""; [ -e $W/checkpoint.pt ] && resume=--resume
+  stamp "learn-wrapper $resume"; timeout "${2:-540}" $SC learn-wrapper --model "$M" --out $W --device cuda \
+    ${WRAPPER_ARGS:-} $resume > "$OUT/learn-wrapper.log" 2>&1; echo "rc $?"
+  tr '\r' '\n' < "$OUT/learn-wrapper.log" | tail -n 4; cp $W/curve.json $W/curve.png $W/wrapper.* "$OUT/" 2>/dev/null; ls $OUT
+  ;;
 piece-back)  # the gemma-dict atoms' pieces after the third
   cp /tmp/gemma-dict/piece[d-z] "$OUT/" && ls -la "$OUT"
   ;;
-*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]"; exit 2 ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]"; exit 2 ;;
 esac
