@@ -100,6 +100,16 @@ def wrapped_kv(model: KVModel, chunks: list[list[int]], prefix: list[int], heade
 
     Differentiable in `header` and `trailer` (the model's weights need no gradient); under
     `torch.no_grad()` it is what a query reads from a wrapped store before any compression."""
+    prefix_kv, pieces = wrapped_pieces(model, chunks, prefix, header, trailer)
+    keys = torch.cat([prefix_kv[0]] + [k for piece in pieces for k, _ in piece], 1)
+    values = torch.cat([prefix_kv[1]] + [v for piece in pieces for _, v in piece], 1)
+    return model.rope.rotate(keys, torch.arange(keys.shape[1], device=model.device)), values
+
+
+def wrapped_pieces(model: KVModel, chunks: list[list[int]], prefix: list[int], header: torch.Tensor | None,
+                   trailer: torch.Tensor | None) -> tuple[tuple[torch.Tensor, torch.Tensor], list]:
+    """Pre-RoPE K/V [n_layers, T, m] of the prefix, and per chunk of its header and of its chunk
+    with the trailer: what a wrapped store keeps (the prefix and one header exactly, the rest coded)."""
     dev = model.device
     embed = model.hf.model.embed_tokens
     dtype = embed.weight.dtype
@@ -114,13 +124,11 @@ def wrapped_kv(model: KVModel, chunks: list[list[int]], prefix: list[int], heade
         model.hf.model(inputs_embeds=batch, use_cache=False)
         k = torch.stack([taps["k", i] for i in range(model.n_layers)], 1)  # (k, L, W, m) pre-RoPE
         v = torch.stack([taps["v", i] for i in range(model.n_layers)], 1)
-    pieces_k, pieces_v = [k[0, :, :P]], [v[0, :, :P]]
+    pieces = []
     for row, c in enumerate(chunks):
-        span = slice(P, P + H + len(c) + tail.shape[0])  # header, chunk, trailer
-        pieces_k.append(k[row, :, span])
-        pieces_v.append(v[row, :, span])
-    keys, values = torch.cat(pieces_k, 1), torch.cat(pieces_v, 1)
-    return model.rope.rotate(keys, torch.arange(keys.shape[1], device=dev)), values
+        head_span, body = slice(P, P + H), slice(P + H, P + H + len(c) + tail.shape[0])  # chunk and trailer
+        pieces.append([(k[row, :, head_span], v[row, :, head_span]), (k[row, :, body], v[row, :, body])])
+    return (k[0, :, :P], v[0, :, :P]), pieces
 
 
 def continuation_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor, ids: list[int]) -> torch.Tensor:
