@@ -122,7 +122,26 @@ def decode_chunks(store, chunk_ids: list[str], device, watch: Stopwatch) -> Deco
         prefix_ids, pk, pv = store.prefix()
     kv = store.decode_codes(codes, device, watch)
     tokens = [t.tolist() for t in torch.from_numpy(codes.tokens).split(codes.lengths)]
-    return DecodedChunks(prefix_ids, (pk, pv), list(chunk_ids), tokens, kv, int(codes.nbytes))
+    return stored_chunks(store, prefix_ids, (pk, pv), list(chunk_ids), tokens, kv, int(codes.nbytes))
+
+
+def stored_chunks(store, prefix_ids: list[int], prefix_kv, ids: list[str], tokens: list[list[int]],
+                  kv: list[tuple[torch.Tensor, torch.Tensor]], nbytes: int) -> DecodedChunks:
+    """DecodedChunks of what a store read gave; in a wrapped store every chunk (stored with its
+    trailer) gets the store's one header in front, K/V and soft token ids, as it was encoded."""
+    return DecodedChunks(prefix_ids, prefix_kv, ids, *with_header(store, tokens, kv), nbytes)
+
+
+def with_header(store, tokens: list[list[int]], kv: list[tuple[torch.Tensor, torch.Tensor]]
+                ) -> tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Chunks' token ids and pre-RoPE K/V as a query lays them out: in a wrapped store, the store's
+    header (soft token ids, exact K/V) in front of each; as they are otherwise."""
+    header = store.header()
+    if header is None:
+        return tokens, kv
+    h_ids, hk, hv = header
+    return [h_ids + t for t in tokens], [(torch.cat([hk.to(k.device, k.dtype), k], 1),
+                                          torch.cat([hv.to(v.device, v.dtype), v], 1)) for k, v in kv]
 
 
 @torch.inference_mode()

@@ -10,7 +10,7 @@ would have, it writes the same codes an uninterrupted run would.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -23,10 +23,12 @@ from .dictionary import Dictionary
 from .learn import AdaptConfig
 from .index import Embedder, FaissIndexer
 from .encode_batch import code_batch
-from .model import KVModel, chunk_context_ids, extract_kv, prefix_ids
+from .model import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
 from .omp import Screening
+from .errors import ConfigError
 from .stopwatch import Stopwatch
 from .store import StoreConfig, Writer
+from .wrapper import Wrapper
 
 
 @dataclass
@@ -110,7 +112,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
                   embedder: Embedder | None = None, device="cpu", batch_tokens: int = 8192,
                   delete_missing: bool = False, index: str = "auto", keep: int = 5, progress: bool = True,
                   workers: int = 0, ray_address: str | None = None, model_path: str = "default",
-                  adapt: AdaptConfig | None = None, screening: Screening | None = None) -> EncodeReport:
+                  adapt: AdaptConfig | None = None, screening: Screening | None = None,
+                  wrapper: Wrapper | None = None) -> EncodeReport:
     """Bring the store at `store` (a directory or an s3://, gs://, az:// URL) up to date with
     `corpus`; returns what was done and how long it took.
 
@@ -127,7 +130,15 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     `screening` is the CPU OMP's candidate screening (`omp.Screening`; `omp.EXACT` for exact
     Batch-OMP; None: the dictionary's default). It is not part of the store: codes from
     either are the same format.
+
+    `wrapper` (a learned chunk wrapper, `wrapper.py`; `config.wrapper` must be its digest) wraps
+    every chunk of a new store as prefix | header | chunk | trailer: the header's K/V is kept
+    once with the prefix's, the trailer's with each chunk's codes. An existing store keeps its own.
     """
+    if config.wrapper and wrapper is not None and wrapper.digest() != config.wrapper:
+        raise ConfigError(f"the wrapper given is {wrapper.digest()}, the config names {config.wrapper}")
+    if config.wrapper and (workers or ray_address):
+        raise ConfigError("a wrapped store is encoded in this process for now: drop --workers/--ray-address")
     t_start = time.perf_counter()
     timer = Stopwatch(device, unit=1.0)
     with timer.step("scan"):
@@ -140,7 +151,9 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
             if adapt is not None:
                 with timer.step("adapt"):
                     dictionary = _adapted(load(), sources, dictionary, adapt, device, progress)
-            _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device))
+            if config.wrapper and wrapper is None:
+                raise ConfigError(f"a new store with wrapper {config.wrapper} needs the wrapper itself (--wrapper DIR)")
+            _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device), wrapper)
         elif adapt is not None:
             dictionary = _stored_adaptation(w, dictionary)
         w.check_compatible(config, dictionary, None)  # a wrong --dict or option is refused even when idle
@@ -219,13 +232,37 @@ def _loader(model, timer: Stopwatch) -> Callable[[], KVModel]:
     return load
 
 
-def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVModel, embedder: Embedder) -> None:
-    """Lay out a new store for this model, dictionary and embedder."""
+def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVModel, embedder: Embedder,
+            wrapper: Wrapper | None = None) -> None:
+    """Lay out a new store for this model, dictionary and embedder (and wrapper: its header
+    follows the prefix in the prefix group, its soft tokens beside them)."""
     dictionary.check_model(model.fingerprint())
     ids = prefix_ids(model, config.prefix)
+    soft = None
+    if wrapper is not None:
+        wrapper.check_model(model)
+        soft = wrapper.table()
+        use_soft_tokens(model, soft)
+        ids = ids + wrapper.ids()[0]
     kv = extract_kv(model, [ids])[0] if ids else _empty_kv(model)
     w.create(config, dictionary, model.fingerprint(), ids, tuple(t.float().cpu().numpy() for t in kv), embedder.dim,
-             FaissIndexer())
+             FaissIndexer(), None if soft is None else soft.numpy())
+
+
+def _wrapping(w: Writer, model: KVModel) -> tuple[list[int], tuple[int, ...]]:
+    """A wrapped store's header ids (which every chunk is encoded after, following the prefix) and
+    trailer ids (appended to every chunk), its soft tokens loaded into `model`; ([], ()) without."""
+    from .store.layout import open_group
+    from .wrapper import soft_ids
+
+    g = open_group(w.backend, "prefix")
+    if "soft" not in g:
+        return [], ()
+    soft = torch.from_numpy(g["soft"][:])
+    use_soft_tokens(model, soft)
+    H = sum(int(t) < 0 for t in g["token_ids"][:])
+    header, trailer = soft_ids(H, soft.shape[0] - H)
+    return header, tuple(trailer)
 
 
 def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
@@ -254,7 +291,8 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
 def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
     """Encode `run.plan.work` batch by batch, recording progress in the store after every batch."""
     w, plan, model, timer, report = run.writer, run.plan, run.model, run.timer, run.report
-    prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor)
+    header, trailer = _wrapping(w, model)
+    prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor) + header
     with timer.step("chunk"):
         total = token_estimate(plan.work, model.tokenizer) if run.progress else 0
     bar = tqdm(total=total, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
@@ -269,7 +307,8 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
     for batch, finished in _batches(plan.work, model.tokenizer, run.config.chunk_tokens, run.batch_tokens, skip,
                                     timer):
         if batch:
-            _encode_batch(w, batch, open_docs, model, codec, embedder, prefix, run.batch_tokens, timer, bar)
+            wrapped = [replace(c, token_ids=tuple(c.token_ids) + trailer) for c in batch] if trailer else batch
+            _encode_batch(w, wrapped, open_docs, model, codec, embedder, prefix, run.batch_tokens, timer, bar)
             report.chunks += len(batch)
             report.tokens += sum(len(c.token_ids) for c in batch)
         done = {}

@@ -78,6 +78,9 @@ class KVModel:
     hf: torch.nn.Module
     tokenizer: object
     name: str
+    # soft tokens: the input embeddings [n, hidden] that token id -1-i stands for (a wrapped store's
+    # header and trailer, `wrapper.py`); None where no wrapped store is read
+    soft: torch.Tensor | None = None
 
     @property
     def config(self):
@@ -222,6 +225,34 @@ def chunk_context_ids(model: KVModel, prefix: str | None, anchor: str | None = N
     return ids + model.tokenizer(anchor, add_special_tokens=False)["input_ids"] if anchor else ids
 
 
+def embed_ids(model: KVModel, ids: torch.Tensor) -> torch.Tensor:
+    """Input embeddings of token ids [..., T], an id -1-i standing for soft token i (`KVModel.soft`)."""
+    embed = model.hf.model.embed_tokens
+    soft = ids < 0
+    if not bool(soft.any()):
+        return embed(ids)
+    if model.soft is None:
+        raise ModelError("soft token ids (a wrapped store's header or trailer) but no wrapper loaded")
+    out = embed(ids.clamp(min=0))
+    table = model.soft.to(out.device, out.dtype)
+    return torch.where(soft[..., None], table[(-1 - ids).clamp(0, table.shape[0] - 1)], out)
+
+
+def use_soft_tokens(model: KVModel, soft: torch.Tensor | None) -> None:
+    """Let `model` read a wrapped store's soft tokens (`soft`, [n, hidden]; None: nothing to do).
+    One model serves one wrapper: a second, different one is refused."""
+    if soft is None:
+        return
+    if model.soft is not None and not torch.equal(model.soft.cpu(), soft.cpu()):
+        raise ModelError("this model already reads a store with another wrapper: load the model once per wrapper")
+    model.soft = soft.to(model.device)
+
+
+def model_inputs(model: KVModel, ids: torch.Tensor) -> dict:
+    """What a forward takes for token ids [B, T]: `input_ids`, or `inputs_embeds` where some are soft."""
+    return {"inputs_embeds": embed_ids(model, ids)} if bool((ids < 0).any()) else {"input_ids": ids}
+
+
 def qkv_states(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Queries, keys and values [B, T, heads, D] of one attention module for its input `x`,
     as the module itself forms them before RoPE: separate or fused (Phi-3's qkv_proj)
@@ -293,7 +324,7 @@ def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = 
             for row, i in enumerate(batch):
                 seq = prefix + list(chunks[i])
                 ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            model.hf.model(input_ids=ids.to(model.device), use_cache=False)
+            model.hf.model(**model_inputs(model, ids.to(model.device)), use_cache=False)
             k = torch.stack([taps["k", l] for l in range(model.n_layers)], 1)  # (B, L, W, m)
             v = torch.stack([taps["v", l] for l in range(model.n_layers)], 1)  # (B, L, W, m)
             for row, i in enumerate(batch):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .blend import Context, assemble, layout
-from .model import KVModel, cache_heads
+from .blend import Context, assemble, layout, with_header
+from .model import KVModel, cache_heads, model_inputs
 
 
 def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_per_s: float) -> int:
@@ -88,7 +88,7 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
     at once; (context, chunks recomputed, code bytes read). `split` fixes how many chunks are
     recomputed (None: the two threads meet where they meet)."""
     prefix_ids, pk, pv = store.prefix()
-    tokens = store.tokens(chunk_ids)
+    tokens, _ = with_header(store, store.tokens(chunk_ids), [])  # a wrapped store's header before each chunk
     n, dev = len(chunk_ids), model.device
     pointers = _Pointers(n, split)
     decoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -104,7 +104,8 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
             with torch.cuda.stream(side) if side is not None else nullcontext():
                 while claimed := pointers.claim_back():
                     codes = store.read_codes([chunk_ids[i] for i in claimed])
-                    decoded.update(zip(claimed, store.decode_codes(codes, dev)))
+                    decoded.update(zip(claimed, with_header(store, [[]] * len(claimed),
+                                                            store.decode_codes(codes, dev))[1]))
                     nbytes[0] += codes.nbytes
             if side is not None:  # finished before the main stream reads (or frees) them
                 side.synchronize()
@@ -120,7 +121,7 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
         while (i := pointers.claim_front()) is not None:
             ids = torch.tensor([tokens[i]], device=dev)
             pos = torch.arange(position, position + ids.shape[1], device=dev)[None]
-            model.hf.model(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True)
+            model.hf.model(**model_inputs(model, ids), position_ids=pos, **{model.cache_arg: cache}, use_cache=True)
             position += ids.shape[1]
     finally:
         loader.join()

@@ -132,6 +132,9 @@ class RagPrompts:
         if order == "reverse":
             hits = hits[::-1]
         ids = [h["id"] for h in hits]
+        if store.header() is not None:
+            raise ConfigError("this store's chunks carry a learned wrapper, which serving through vLLM does not "
+                              "lay out yet: answer from it with `sparsecache query`")
         prefix = store.prefix()[0]
         context = prefix + [t for toks in store.tokens(ids) for t in toks]
         prompt = context + question_ids(self.tokenizer, question, answer_prefix)

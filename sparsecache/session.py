@@ -17,11 +17,11 @@ import torch
 
 from . import OPENMP_SPINS
 from . import methods
-from .blend import Context, DecodedChunks, question_ids, truncate
+from .blend import Context, DecodedChunks, question_ids, stored_chunks, truncate
 from .durable import publish_file
 from .errors import ConfigError, VersionGone
 from .generate import forced_agreement, greedy_continue
-from .model import KVModel, extract_kv, load_model, query_dtype
+from .model import KVModel, extract_kv, load_model, query_dtype, use_soft_tokens
 from .overlap import Rates
 from .query_config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .stopwatch import Stopwatch
@@ -89,6 +89,7 @@ class Session:
         self.model = model if isinstance(model, KVModel) else \
             load_model(model, device=self.device, dtype=query_dtype(dtype, self.device))
         self.store.check_model(self.model.fingerprint())
+        use_soft_tokens(self.model, self.store.soft())
         if self.device.type == "cpu":
             self.store.codec().warm_up()  # set-up, like loading the model: not a query's TTFT
             if OPENMP_SPINS:
@@ -178,6 +179,9 @@ class Session:
         if path is None:
             return None
         if path not in self._selectors:
+            if self.store.header() is not None:
+                raise ConfigError("--selector-model cannot read this store's wrapper (its soft tokens are the main "
+                                  "model's embeddings): leave it out, and the model's own first layers select")
             selector = load_model(path, device=self.device, dtype=self.model.dtype)
             if selector.tokenizer.get_vocab() != self.model.tokenizer.get_vocab():
                 raise ConfigError(f"--selector-model {path}: its tokenizer differs from {self.model.name}'s; "
@@ -187,7 +191,8 @@ class Session:
 
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        total = len(self.store.prefix()[0]) + sum(self.store.chunk(c).token_length for c in ids) + extra
+        header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # before every chunk
+        total = len(self.store.prefix()[0]) + sum(self.store.chunk(c).token_length + header for c in ids) + extra
         if limit and total > limit:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)
@@ -197,7 +202,7 @@ class Session:
         (after the shared prefix) for those not there yet."""
         from safetensors.torch import save_file
 
-        prefix = self.store.prefix()[0]
+        prefix = self.store.encoded_after()  # the prefix (and a wrapped store's header)
         files = [raw_file(self.raw_dir, c) for c in ids]
         for f, toks in zip(files, self.store.tokens(ids)):
             if not f.exists():  # a reader (the vLLM connector, another query) sees the whole file or none
@@ -237,7 +242,7 @@ def raw_chunks(store: KVStore, ids: list[str], files: list[Path]) -> DecodedChun
     """The prefix and chunks `ids` with their exact fp16 K/V (on the host) from raw-KV `files`."""
     prefix, pk, pv = store.prefix()
     raw, nbytes = read_raw(files)
-    return DecodedChunks(prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
+    return stored_chunks(store, prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
 
 
 def retrieve(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:

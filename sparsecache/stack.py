@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from .model import KVModel, Rope, layer_windows
+from .model import KVModel, Rope, embed_ids, layer_windows
 
 
 @dataclass
@@ -220,7 +220,7 @@ class HFStack(Stack):
     def run(self, ids, positions, attend, n_layers=None, logits=False):
         hf = self.model.hf.model
         n = self.n_layers if n_layers is None else n_layers
-        h = hf.embed_tokens(ids[None])  # (1, T, d)
+        h = embed_ids(self.model, ids[None])  # (1, T, d); a wrapped store's soft tokens have ids < 0
         pe = self.model.rope.embeddings(h, positions[None], n)
         with self._routed():
             for i, block in enumerate(hf.layers[:n]):

@@ -43,6 +43,22 @@ class Wrapper:
     def lengths(self) -> tuple[int, int]:
         return self.header.shape[0], self.trailer.shape[0]
 
+    def table(self) -> torch.Tensor:
+        """[H + T, d] float32: the soft tokens ids -1 … -(H + T) stand for (`KVModel.soft`)."""
+        return torch.cat([self.header, self.trailer]).detach().float().cpu()
+
+    def ids(self) -> tuple[list[int], list[int]]:
+        """The header's and the trailer's token ids in a wrapped store (soft tokens: negative)."""
+        H, T = self.lengths
+        return soft_ids(H, T)
+
+    def digest(self) -> str:
+        """What a store records to refuse another wrapper: a hash of the soft tokens' values."""
+        import hashlib
+
+        H, T = self.lengths
+        return f"{H}+{T}:" + hashlib.sha256(self.table().numpy().tobytes()).hexdigest()[:16]
+
     def save(self, out: str | Path) -> Path:
         from safetensors.torch import save
 
@@ -75,6 +91,16 @@ class Wrapper:
             raise ConfigError(f"this wrapper was learned for {self.model.get('name')}, not {model.name}")
         if self.header.shape[1] != model.config.hidden_size:
             raise ConfigError(f"wrapper width {self.header.shape[1]} != the model's hidden size {model.config.hidden_size}")
+
+
+def soft_ids(header: int, trailer: int) -> tuple[list[int], list[int]]:
+    """Token ids of a wrapper's header and trailer: soft token i is id -1-i (`model.embed_ids`)."""
+    return [-1 - i for i in range(header)], [-1 - header - j for j in range(trailer)]
+
+
+def plain_ids(ids: list[int]) -> list[int]:
+    """Token ids without soft tokens: a wrapped chunk's own text, as full prefill reads it."""
+    return [t for t in ids if t >= 0]
 
 
 def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:

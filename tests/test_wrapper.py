@@ -128,3 +128,107 @@ def test_learn_wrapper_checkpoints_resumes_and_writes_its_curve(tiny_model_dir, 
     torch.testing.assert_close(a.trailer, b.trailer)
     other = CliRunner().invoke(cli, [*args, "--out", out, "--resume", "--lr", "0.5"])
     assert other.exit_code != 0 and "other settings" in other.output
+
+
+# ---------------------------------------------------------------- stores encoded with a wrapper
+
+
+QUESTION = "What does the text say?"
+
+
+@pytest.fixture
+def wrapped_store(tmp_path, corpus_dir, tiny_model_dir, tiny_dictionary_dir, tiny_model):
+    """A store of the tiny model encoded with a wrapper made of real tokens' embeddings, so a wrapped
+    chunk is exactly prefix | head tokens | chunk | tail tokens, which full prefill can read."""
+    from conftest import cli_encode
+
+    w = initial_wrapper(tiny_model, 3, 2)
+    w.save(tmp_path / "wrapper")
+    r = cli_encode(corpus_dir, tmp_path / "wrapped", tiny_model_dir, tiny_dictionary_dir, "--wrapper", tmp_path / "wrapper")
+    assert r.exit_code == 0, r.output
+    return tmp_path / "wrapped", w
+
+
+def _real_ids(model, w):
+    """The real tokens the tiny wrapper's soft tokens are the embeddings of (initial_wrapper's texts)."""
+    head = (_ids(model, "The following passage is one of several documents.") * 3)[:3]
+    tail = (_ids(model, "\n\n") * 2)[:2]
+    torch.testing.assert_close(w.header, _embedded(model, head))
+    torch.testing.assert_close(w.trailer, _embedded(model, tail))
+    return head, tail
+
+
+def test_a_wrapped_store_keeps_the_header_once_and_each_chunks_trailer(wrapped_store, tiny_model, corpus_dir):
+    from sparsecache.kvstore import KVStore
+    from sparsecache.model import prefix_ids
+
+    path, w = wrapped_store
+    s = KVStore.open(path)
+    assert s.config.wrapper == w.digest()
+    header_ids, trailer_ids = w.ids()
+    assert s.prefix()[0] == prefix_ids(tiny_model, None) and s.header()[0] == header_ids == [-1, -2, -3]
+    assert s.encoded_after() == s.prefix()[0] + header_ids
+    torch.testing.assert_close(s.soft(), w.table())
+    chunk = s.chunks()[0]
+    tokens = s.tokens([chunk.id])[0]
+    assert tokens[-2:] == trailer_ids == [-4, -5] and all(t >= 0 for t in tokens[:-2])
+    assert chunk.token_length == len(tokens)
+
+
+def test_recomputing_everything_in_a_wrapped_store_is_full_prefill_of_the_wrapped_text(wrapped_store, tiny_model,
+                                                                                       embedder):
+    """Soft tokens are recomputed like any other (their embeddings from the store): infoflow at r = 1
+    gives full prefill's logits of prefix | head chunk₁ tail | head chunk₂ tail | question, and `full`
+    prefills the chunks' own text alone, as it does from a plain store."""
+    from sparsecache.blend import question_ids as q_ids
+    from sparsecache.generate import full_prefill
+    from sparsecache.session import Session
+
+    path, w = wrapped_store
+    head, tail = _real_ids(tiny_model, w)
+    s = Session(path, tiny_model)
+    s._embedder = embedder
+    ids = [c.id for c in s.store.chunks()][:2]
+    got = s.query(QUESTION, chunks=ids, method="infoflow", recompute_ratio=1.0, max_new_tokens=1)
+    text = [[t for t in toks if t >= 0] for toks in s.store.tokens(ids[::-1])]  # the default order: best last
+    q = q_ids(tiny_model, QUESTION)
+    seq = s.store.prefix()[0] + [t for c in text for t in head + c + tail] + q
+    want, _ = full_prefill(seq, tiny_model)
+    torch.testing.assert_close(got.logits, want, atol=2e-4, rtol=1e-4)
+    assert got.context_tokens == len(seq) - len(q)
+    full = s.query(QUESTION, chunks=ids, method="full", max_new_tokens=1)
+    plain, _ = full_prefill(s.store.prefix()[0] + [t for c in text for t in c] + q, tiny_model)
+    torch.testing.assert_close(full.logits, plain, atol=2e-4, rtol=1e-4)
+    none = s.query(QUESTION, chunks=ids, method="none", max_new_tokens=2)
+    assert none.context_tokens == len(seq) - len(q) and none.recomputed_tokens == 0
+    # k = 1: exact per-chunk K/V (raw, fp16) of a wrapped chunk is full prefill of the wrapped text
+    raw = s.query(QUESTION, chunks=ids[:1], method="raw", max_new_tokens=1)
+    one, _ = full_prefill(s.store.prefix()[0] + head + text[-1] + tail + q, tiny_model)
+    torch.testing.assert_close(raw.logits, one, atol=2e-2, rtol=1e-2)
+    for method in ("a3", "cacheblend", "cacheclip", "cake"):  # every method lays the wrapper out
+        exact = s.query(QUESTION, chunks=ids, method=method, recompute_ratio=1.0, max_new_tokens=1,
+                        **({"cake_split": 2} if method == "cake" else {}))
+        torch.testing.assert_close(exact.logits, want, atol=2e-4, rtol=1e-4, msg=method)
+    kept = s.query(QUESTION, chunks=ids, method="superposition", paths=1, max_new_tokens=2)
+    assert kept.context_tokens in {len(s.store.prefix()[0]) + len(head) + len(c) + len(tail) for c in text}  # one path
+
+
+def test_a_wrapped_store_refuses_another_wrapper_and_keeps_its_own(wrapped_store, tmp_path, corpus_dir, tiny_model,
+                                                                   tiny_model_dir, tiny_dictionary_dir):
+    from conftest import cli_encode
+    from sparsecache.kvstore import KVStore
+
+    path, w = wrapped_store
+    other = initial_wrapper(tiny_model, 2, 2)
+    other.save(tmp_path / "other")
+    r = cli_encode(corpus_dir, path, tiny_model_dir, tiny_dictionary_dir, "--wrapper", tmp_path / "other")
+    assert r.exit_code == 1 and "was built with wrapper=" in r.output and "Traceback" not in r.output
+    (corpus_dir / "added.txt").write_text("A new document arrives in the nightly run.\n\nIt has two paragraphs.\n")
+    r = cli_encode(corpus_dir, path, tiny_model_dir, tiny_dictionary_dir)  # no --wrapper: the store's own
+    assert r.exit_code == 0, r.output
+    s = KVStore.open(path)
+    new = [c for c in s.chunks() if "added" in c.doc_id]
+    assert new and s.tokens([new[0].id])[0][-2:] == w.ids()[1]
+    plain = tmp_path / "plain"
+    assert cli_encode(corpus_dir, plain, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    assert KVStore.open(plain).header() is None and KVStore.open(plain).soft() is None

@@ -30,6 +30,10 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--anchor", default=None, help="Text every chunk is encoded after (after the prefix), its K/V not "
               "kept: chunks then carry context a query's layout would not give them (Star Attention's anchor "
               "block; fixed when the store is created).  [default: none]")
+@click.option("--wrapper", "wrapper_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A learned chunk wrapper (`learn-wrapper`, experimental): every chunk is encoded as prefix | "
+              "header | chunk | trailer, soft tokens a query lays out with it (fixed when the store is created; "
+              "`query` reads it, `serve` does not yet).  [default: none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
 @click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw"]), default="auto", show_default=True,
               help="FAISS index: exact (flat) or HNSW; auto picks HNSW above 50,000 chunks.")
@@ -58,7 +62,8 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @device_option
 @json_option
 @library_errors
-def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, anchor, delete_missing, index_kind,
+def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, anchor, wrapper_dir, delete_missing,
+                      index_kind,
                       embedder, compressor, coef_dtype, index_coding, adapt_steps, batch_tokens, keep, workers,
                       ray_address, exact_omp, device, as_json):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
@@ -67,7 +72,7 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     kill at any point: a rerun resumes where it stopped, and readers only ever see
     published versions.
 
-    The dictionary, chunking, prefix, anchor, embedder, compressor and code formats are fixed when
+    The dictionary, chunking, prefix, anchor, wrapper, embedder, compressor and code formats are fixed when
     a store is created: an existing store keeps its own, and an option that contradicts
     them is refused.
 
@@ -80,8 +85,12 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     from sparsecache.model import load_model
     from sparsecache.store import config_for
 
+    from sparsecache.wrapper import Wrapper
+
+    wrapper = Wrapper.load(wrapper_dir) if wrapper_dir else None
     config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, anchor=anchor, coef_dtype=coef_dtype,
-                        index_coding=index_coding, compressor=compressor, embedder=embedder)
+                        index_coding=index_coding, compressor=compressor, embedder=embedder,
+                        wrapper=wrapper.digest() if wrapper else None)
     dev = resolve_device(device)
     d = dictionary_for(store, dictionary, model_path)
 
@@ -95,7 +104,8 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
                       delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json,
                       workers=workers, ray_address=ray_address, model_path=model_path,
-                      adapt=AdaptConfig(steps=adapt_steps) if adapt_steps else None, screening=screening(exact_omp))
+                      adapt=AdaptConfig(steps=adapt_steps) if adapt_steps else None, screening=screening(exact_omp),
+                      wrapper=wrapper)
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
     emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
                                               f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))

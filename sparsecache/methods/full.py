@@ -15,7 +15,7 @@ class Full(Method):
         with watch.step("read"):
             prefix, _, _ = session.store.prefix()
             tokens = session.store.tokens(ids)
-        seq = prefix + [t for c in tokens for t in c] + q_ids
+        seq = prefix + [t for c in tokens for t in c if t >= 0] + q_ids  # a wrapped store's soft tokens: not text
         with watch.step("prefill"):
             logits, cache = full_prefill(seq, session.model)
         session.rates.observe("prefill_tokens_per_s", len(seq), watch["prefill"])

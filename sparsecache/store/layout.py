@@ -48,6 +48,9 @@ class StoreConfig:
     # offline enrichment (Star Attention's anchor block): every chunk is encoded after the prefix and
     # this text, whose K/V is not kept; None: after the prefix alone, as a query lays it out
     anchor: str | None = None
+    # a learned chunk wrapper's digest (`wrapper.Wrapper.digest`): every chunk encoded as
+    # prefix | header | chunk | trailer, the soft tokens kept in the prefix group; None: no wrapper
+    wrapper: str | None = None
 
     def __post_init__(self):
         if not 16 <= self.chunk_tokens <= 8192:
@@ -60,6 +63,8 @@ class StoreConfig:
             raise ConfigError("zarr_chunk_tokens must be positive")
         if self.compressor not in COMPRESSORS:
             raise ConfigError(f"compressor must be one of {', '.join(COMPRESSORS)}")
+        if self.wrapper and self.anchor:
+            raise ConfigError("a store has a wrapper or an anchor, not both")
 
 
 def now() -> str:

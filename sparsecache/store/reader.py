@@ -250,14 +250,36 @@ class Store:
         return [str(text[self.row(c)]) for c in chunk_ids]
 
     def prefix(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m].
+        """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m]
+        (a wrapped store's header excluded: `header`).
 
         Read once per Store (it never changes); treat the tensors as read-only."""
+        ids, k, v, _ = self._prefix_group()
+        P = sum(t >= 0 for t in ids)
+        return (ids, k, v) if P == len(ids) else (ids[:P], k[:, :P], v[:, :P])
+
+    def header(self) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
+        """A wrapped store's header: its soft token ids and exact pre-RoPE K/V [n_layers, H, m],
+        the same before every chunk (encoded after the prefix alone); None without a wrapper."""
+        ids, k, v, _ = self._prefix_group()
+        P = sum(t >= 0 for t in ids)
+        return None if P == len(ids) else (ids[P:], k[:, P:], v[:, P:])
+
+    def encoded_after(self) -> list[int]:
+        """The token ids every chunk was encoded after: the prefix, and a wrapped store's header."""
+        return self._prefix_group()[0]
+
+    def soft(self) -> torch.Tensor | None:
+        """A wrapped store's soft tokens [H + T, hidden] (`KVModel.soft`); None without a wrapper."""
+        return self._prefix_group()[3]
+
+    def _prefix_group(self):
         if self._prefix is None:
             try:
                 g = open_group(self.backend, "prefix")
                 ids = [int(t) for t in g["token_ids"][:]]
-                self._prefix = (ids, torch.from_numpy(g["keys"][:]), torch.from_numpy(g["values"][:]))
+                soft = torch.from_numpy(g["soft"][:]) if "soft" in g else None
+                self._prefix = (ids, torch.from_numpy(g["keys"][:]), torch.from_numpy(g["values"][:]), soft)
             except (ValueError, KeyError, FileNotFoundError) as e:
                 raise StoreCorrupt(f"{self.backend}: prefix KV unreadable: {e}") from e
         return self._prefix

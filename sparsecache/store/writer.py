@@ -118,10 +118,12 @@ class Writer:
         return bool(versions(self.backend))
 
     def create(self, config: StoreConfig, dictionary: DictionaryCopy, model_fp: dict, prefix_ids: list[int],
-               prefix_kv: tuple[np.ndarray, np.ndarray], embed_dim: int, indexer: Indexer) -> None:
+               prefix_kv: tuple[np.ndarray, np.ndarray], embed_dim: int, indexer: Indexer,
+               soft: np.ndarray | None = None) -> None:
         """Lay out a new store and publish an empty version 1 (overwrites a half-created one:
         `__enter__` has checked that this is a store sparsecache created). `prefix_kv` is the
-        shared prefix's (keys, values) [n_layers, P, m]."""
+        shared prefix's (keys, values) [n_layers, P, m]; with a wrapper, `prefix_ids` ends with
+        the header's soft token ids (< 0) and `soft` holds the soft tokens [H + T, hidden]."""
         b = self.backend
         for sub in ("data", "prefix", "dictionary", "manifests", "index"):
             b.delete_tree(sub)
@@ -133,6 +135,8 @@ class Writer:
         for name, data in (("token_ids", np.asarray(prefix_ids, np.int32)), ("keys", np.asarray(k, np.float32)),
                            ("values", np.asarray(v, np.float32))):
             prefix.create_array(name, data=data, compressors=compressors("none"))
+        if soft is not None:
+            prefix.create_array("soft", data=np.asarray(soft, np.float32), compressors=compressors("none"))
         self._save_dictionary(dictionary)
         failpoint("create")
         create_generation(b, "g000001", config, dictionary.config, dictionary.model["layers"], embed_dim)
@@ -171,7 +175,7 @@ class Writer:
         if model_fp:
             check_same_model(model_fp, a["model"], str(self.backend))
         stored = store_config(a)
-        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder", "anchor"):
+        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder", "anchor", "wrapper"):
             if getattr(stored, key) != getattr(config, key):
                 raise ConfigError(f"{self.backend} was built with {key}={getattr(stored, key)!r}; "
                                   f"got {getattr(config, key)!r} (use a new store to change it)")
