@@ -10,6 +10,7 @@ not read the codes, so its answers are the plain store's).
 `--anchor-doc central` picks the anchor without looking at the questions: the corpus document
 whose embedding (the store's embedder) has the highest mean cosine similarity to all others.
 `--no-plain` skips re-encoding the plain store (its encode time is already known).
+`--wrapper DIR` encodes the store with a learned chunk wrapper (`learn-wrapper`) instead of an anchor.
 
 W is a `bench fidelity` workdir (its corpus, questions and results.json); W2 gets the anchored
 store, results.json and encode.json (the encode's time and tokens, beside the plain store's
@@ -43,6 +44,7 @@ def main() -> None:
     p.add_argument("--anchor-doc", default="0", help="the corpus document whose text is the anchor: an index or 'central'")
     p.add_argument("--anchor-tokens", type=int, default=None, help="cut the anchor to its first N tokens")
     p.add_argument("--no-plain", action="store_true", help="do not encode the plain store for the cost")
+    p.add_argument("--wrapper", type=Path, default=None, help="a learn-wrapper directory: a wrapped store, no anchor")
     p.add_argument("--anchor-text", default=None, help="the anchor's text instead of a corpus document")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
@@ -72,15 +74,19 @@ def main() -> None:
     report = args.work / "encode.json"
     if not (args.work / "store").exists():
         t = time.perf_counter()
-        configs = (("anchored", StoreConfig(anchor=anchor)),) if args.no_plain else (
-            ("plain", StoreConfig()), ("anchored", StoreConfig(anchor=anchor)))
+        from sparsecache.wrapper import Wrapper
+
+        wrapper = Wrapper.load(args.wrapper) if args.wrapper else None
+        enriched = StoreConfig(wrapper=wrapper.digest()) if wrapper else StoreConfig(anchor=anchor)
+        configs = (("anchored", enriched),) if args.no_plain else (("plain", StoreConfig()), ("anchored", enriched))
         for name, config in configs:
             start = time.perf_counter()
-            encode_corpus([str(args.work / "corpus.jsonl")], args.work / name, d, model, config, device=args.device)
+            encode_corpus([str(args.work / "corpus.jsonl")], args.work / name, d, model, config, device=args.device,
+                          wrapper=wrapper if config.wrapper else None)
             t_name = time.perf_counter() - start
             json.dump({**(json.loads(report.read_text()) if report.exists() else {}), f"{name}_s": round(t_name, 1),
                        "anchor_tokens": len(model.tokenizer(anchor, add_special_tokens=False)["input_ids"]),
-                       "anchor": anchor},
+                       "anchor": None if args.wrapper else anchor, "wrapper": str(args.wrapper or "")},
                       open(report, "w"))
         shutil.rmtree(args.work / "plain", ignore_errors=True)
         (args.work / "anchored").rename(args.work / "store")
