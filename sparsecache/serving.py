@@ -86,6 +86,9 @@ class RagPrompts:
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
+        if self.store.header() is not None:
+            raise ConfigError(f"{self.store.backend}: its chunks carry a learned wrapper, which serving through vLLM "
+                              "does not lay out yet; answer from it with `sparsecache query`")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model_config = config
         self.device = device
@@ -132,9 +135,6 @@ class RagPrompts:
         if order == "reverse":
             hits = hits[::-1]
         ids = [h["id"] for h in hits]
-        if store.header() is not None:
-            raise ConfigError("this store's chunks carry a learned wrapper, which serving through vLLM does not "
-                              "lay out yet: answer from it with `sparsecache query`")
         prefix = store.prefix()[0]
         context = prefix + [t for toks in store.tokens(ids) for t in toks]
         prompt = context + question_ids(self.tokenizer, question, answer_prefix)

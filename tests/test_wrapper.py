@@ -232,3 +232,10 @@ def test_a_wrapped_store_refuses_another_wrapper_and_keeps_its_own(wrapped_store
     plain = tmp_path / "plain"
     assert cli_encode(corpus_dir, plain, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     assert KVStore.open(plain).header() is None and KVStore.open(plain).soft() is None
+
+
+def test_serving_through_vllm_refuses_a_wrapped_store_in_one_line(wrapped_store, tiny_model_dir):
+    from sparsecache.serving import RagPrompts
+
+    with pytest.raises(ConfigError, match="learned wrapper"):
+        RagPrompts(wrapped_store[0], model=str(tiny_model_dir))
