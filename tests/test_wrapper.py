@@ -173,6 +173,12 @@ def test_a_wrapped_store_keeps_the_header_once_and_each_chunks_trailer(wrapped_s
     tokens = s.tokens([chunk.id])[0]
     assert tokens[-2:] == trailer_ids == [-4, -5] and all(t >= 0 for t in tokens[:-2])
     assert chunk.token_length == len(tokens)
+    info = s.info()
+    assert info["wrapper"] == {"digest": w.digest(), "header": 3, "trailer": 2, "trailer_tokens": 2 * info["chunks"]}
+    c = info["compression"]  # the trailers' codes count as overhead, not as compressed text
+    text = info["stored_tokens"] - info["wrapper"]["trailer_tokens"]
+    assert c["measured_codes_only"] == round(c["fp16_bytes_per_token"] * text / sum(
+        info["bytes_on_disk"][n] for n in ("k_indices", "k_coefficients", "v_indices", "v_coefficients")), 3)
 
 
 def test_recomputing_everything_in_a_wrapped_store_is_full_prefill_of_the_wrapped_text(wrapped_store, tiny_model,

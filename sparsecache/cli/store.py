@@ -136,6 +136,10 @@ def info_cmd(store, version, as_json):
         "as the corpus grows)",
         "bytes on disk: " + ", ".join(f"{k} {v:,}" for k, v in disk.items()),
     ]
+    if "wrapper" in r:
+        w = r["wrapper"]
+        lines.insert(3, f"wrapper {w['digest']}: {w['header']} + {w['trailer']} soft tokens per chunk; the trailers' "
+                        f"{w['trailer_tokens']} stored tokens count as overhead in the measured ratios")
     emit(r, as_json, lines)
 
 

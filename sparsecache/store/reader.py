@@ -348,6 +348,8 @@ class Store:
           (chunk headers, CRCs and padding of the last chunk included);
         - measured_with_dictionary: the same with the dictionary copy's bytes added to the
           denominator (it is fixed, so this ratio approaches the codes-only one as the corpus grows).
+        In a wrapped store the measured ratios count the chunks' text tokens only: the trailers'
+        codes are overhead in the denominator (`wrapper` says how many tokens they take).
         """
         m = self.manifest
         fp = self.attrs["model"]
@@ -360,6 +362,10 @@ class Store:
         codes_disk = sum(disk[n] for n in CODE_ARRAYS)
         dict_disk = self.backend.size("dictionary")
         live_tokens = sum(d["tokens"] for d in m.documents.values())
+        ids, _, _, soft = self._prefix_group()
+        header = sum(t < 0 for t in ids)
+        trailer = 0 if soft is None else soft.shape[0] - header
+        text_tokens = m.tokens - trailer * m.chunks  # every stored chunk ends with the trailer
 
         def ratio(num, den):
             return round(num / den, 3) if den else None
@@ -378,13 +384,15 @@ class Store:
                               "index": len(self.index_bytes()) if m.index else 0},
             "compression": {
                 "theoretical": ratio(fp16_per_token, code_bytes_per_token),
-                "measured_codes_only": ratio(fp16_per_token * m.tokens, codes_disk),
-                "measured_with_dictionary": ratio(fp16_per_token * m.tokens, codes_disk + dict_disk),
+                "measured_codes_only": ratio(fp16_per_token * text_tokens, codes_disk),
+                "measured_with_dictionary": ratio(fp16_per_token * text_tokens, codes_disk + dict_disk),
                 "code_bytes_per_token": code_bytes_per_token,
                 "fp16_bytes_per_token": fp16_per_token,
                 "disk_vs_theoretical_codes": ratio(codes_disk, code_bytes_per_token * m.tokens),
             },
             "index_kind": m.index_kind,
+            **({"wrapper": {"digest": self.config.wrapper, "header": header, "trailer": trailer,
+                            "trailer_tokens": trailer * m.chunks}} if soft is not None else {}),
             "model": fp,
             "dictionary": self.attrs["dictionary"],
             "config": self.attrs["config"],
