@@ -50,10 +50,23 @@ def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split:
 
     entities = max(40, cfg.k + 2, -(-n // 5))  # 40 below 200 questions, as `bench fidelity` makes them
     suite = make_suite(out, (cfg.k,), n, entities=entities, seed=seed, split=split)[cfg.k][:first]
-    docs = {d["id"]: d["text"] for d in map(json.loads, (out / "corpus.jsonl").read_text().splitlines())}
-    ids = {d: model.tokenizer(t, add_special_tokens=False)["input_ids"][:CHUNK_TOKENS] for d, t in docs.items()}
+    ids = _chunked(model, out / "corpus.jsonl")
     return [{"kind": "question", "chunks": [ids[d] for d in reversed(q.chunk_docs)],
              "question": question_ids(model, q.question), "truth": q.truth, "id": q.id} for q in suite]
+
+
+def _chunked(model: KVModel, corpus: Path) -> dict[str, list[int]]:
+    """Each document's token ids as a store holds them (`corpus.chunks`: a store's chunking and
+    tokenisation, which full prefill's answers are sensitive to); a suite document is one chunk."""
+    from .corpus import chunks, scan
+
+    out = {}
+    for source in scan([str(corpus)]):
+        pieces = list(chunks(source, model.tokenizer, CHUNK_TOKENS))
+        if len(pieces) != 1:
+            raise ValueError(f"{source.id}: {len(pieces)} chunks; a suite document must be one")
+        out[source.id] = list(pieces[0].token_ids)
+    return out
 
 
 def _text_prompts(model: KVModel, n: int, cfg: WrapperConfig) -> list[dict]:
