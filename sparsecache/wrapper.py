@@ -25,6 +25,9 @@ from .errors import ConfigError
 from .fingerprint import same_model
 from .model import KVModel, _kv_taps, kv_cache
 
+# Wrappers that ship, beside the dictionaries (the repository's dictionaries/, and a wheel), found by
+# the model's fingerprint: experimental, none is used unless asked for (`encode-corpus --wrapper shipped`)
+SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h8-t8",)
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1
@@ -91,6 +94,18 @@ class Wrapper:
             raise ConfigError(f"this wrapper was learned for {self.model.get('name')}, not {model.name}")
         if self.header.shape[1] != model.config.hidden_size:
             raise ConfigError(f"wrapper width {self.header.shape[1]} != the model's hidden size {model.config.hidden_size}")
+
+
+def shipped_wrapper(fingerprint: dict) -> Path:
+    """The directory of the wrapper shipped for the model `fingerprint` describes; ConfigError where none ships."""
+    from .dictionary import SHIPPED_DIR
+
+    for name in SHIPPED_WRAPPERS:
+        meta = SHIPPED_DIR / name / META_FILE
+        if meta.exists() and same_model(fingerprint, json.loads(meta.read_text()).get("model", {})):
+            return meta.parent
+    raise ConfigError(f"no wrapper ships for model {fingerprint.get('name')}: learn one with "
+                      "`sparsecache learn-wrapper --model MODEL --out DIR` and pass --wrapper DIR")
 
 
 def soft_ids(header: int, trailer: int) -> tuple[list[int], list[int]]:

@@ -245,3 +245,17 @@ def test_serving_through_vllm_refuses_a_wrapped_store_in_one_line(wrapped_store,
 
     with pytest.raises(ConfigError, match="learned wrapper"):
         RagPrompts(wrapped_store[0], model=str(tiny_model_dir))
+
+
+def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, tiny_model, tmp_path, corpus_dir,
+                                                                 tiny_model_dir, tiny_dictionary_dir):
+    from conftest import cli_encode
+    from sparsecache.wrapper import shipped_wrapper
+
+    w = Wrapper.load(shipped_wrapper(default_model.fingerprint()))
+    w.check_model(default_model)
+    assert w.lengths == (8, 8) and w.meta["store_eval"]["split"] == "dev"
+    with pytest.raises(ConfigError, match="no wrapper ships"):
+        shipped_wrapper(tiny_model.fingerprint())
+    r = cli_encode(corpus_dir, tmp_path / "s", tiny_model_dir, tiny_dictionary_dir, "--wrapper", "shipped")
+    assert r.exit_code == 1 and "no wrapper ships" in r.output and "Traceback" not in r.output

@@ -30,10 +30,10 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--anchor", default=None, help="Text every chunk is encoded after (after the prefix), its K/V not "
               "kept: chunks then carry context a query's layout would not give them (Star Attention's anchor "
               "block; fixed when the store is created).  [default: none]")
-@click.option("--wrapper", "wrapper_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="A learned chunk wrapper (`learn-wrapper`, experimental): every chunk is encoded as prefix | "
-              "header | chunk | trailer, soft tokens a query lays out with it (fixed when the store is created; "
-              "`query` reads it, `serve` does not yet).  [default: none]")
+@click.option("--wrapper", "wrapper_dir", default=None,
+              help="A learned chunk wrapper's directory (`learn-wrapper`, experimental), or 'shipped' (the one shipped "
+              "for --model): every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays "
+              "out with it (fixed when the store is created; `query` reads it, `serve` does not yet).  [default: none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
 @click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw"]), default="auto", show_default=True,
               help="FAISS index: exact (flat) or HNSW; auto picks HNSW above 50,000 chunks.")
@@ -87,6 +87,11 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
 
     from sparsecache.wrapper import Wrapper
 
+    if wrapper_dir == "shipped":
+        from sparsecache.model import model_fingerprint
+        from sparsecache.wrapper import shipped_wrapper
+
+        wrapper_dir = shipped_wrapper(model_fingerprint(model_path))
     wrapper = Wrapper.load(wrapper_dir) if wrapper_dir else None
     config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, anchor=anchor, coef_dtype=coef_dtype,
                         index_coding=index_coding, compressor=compressor, embedder=embedder,
