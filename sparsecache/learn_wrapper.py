@@ -35,6 +35,7 @@ from .wrapper_config import WrapperConfig
 CHUNK_TOKENS = 512  # a suite document is one chunk of at most this many tokens
 TEXT_PIECE = 256  # tokens per chunk of a running-text prompt
 EVAL_ANSWER_TOKENS = 24  # as `bench fidelity` generates
+TEXT_EVAL = 10  # held-out running-text prompts per learning-curve point (the held-out text holds ~10 at k = 8)
 DEV_QUESTIONS = 200  # the learning curve reads the first questions of `bench fidelity --split dev --questions 200`
 
 
@@ -69,13 +70,13 @@ def _chunked(model: KVModel, corpus: Path) -> dict[str, list[int]]:
     return out
 
 
-def _text_prompts(model: KVModel, n: int, cfg: WrapperConfig) -> list[dict]:
-    """Running-text prompts: k consecutive pieces of the built-in calibration text (its train part)
-    and the `text_tokens` that follow them."""
+def _text_prompts(model: KVModel, n: int, cfg: WrapperConfig, split: str = "train") -> list[dict]:
+    """Running-text prompts: k consecutive pieces of the built-in calibration text (its `split`
+    part: train for training, heldout for the learning curve) and the `text_tokens` that follow them."""
     from .text import builtin_documents
 
     rng = random.Random(f"{cfg.seed}-text")
-    docs = builtin_documents("train")
+    docs = builtin_documents(split)
     rng.shuffle(docs)
     need = cfg.k * TEXT_PIECE + cfg.text_tokens + 1
     stream: list[int] = []
@@ -169,9 +170,41 @@ def answer(model: KVModel, keys: torch.Tensor, values: torch.Tensor, q: list[int
     return model.tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens, agreement
 
 
+@torch.no_grad()
+def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: torch.Tensor | None,
+                  trailer: torch.Tensor | None, full: list[list[int]] | None = None) -> dict:
+    """Running text after wrapped pieces: the continuation's perplexity and (given full prefill's
+    top-1 tokens `full`) how often its top-1 is full prefill's. `header` None: pieces alone;
+    "full": full prefill itself (then `top1` holds its predictions, for later comparisons)."""
+    nll, n, same, top1 = 0.0, 0, 0, []
+    for t in texts:
+        cont = t["text"]
+        if isinstance(header, str):  # "full"
+            ctx = prefix + [x for c in t["chunks"] for x in c]
+            out = model.hf(input_ids=torch.tensor([ctx + cont[:-1]], device=model.device))
+            logits = out.logits[0, -(len(cont) - 1):].float()
+        else:
+            keys, values = wrapped_kv(model, t["chunks"], prefix, header, trailer)
+            logits = continuation_logits(model, keys, values, cont[:-1])
+        target = torch.tensor(cont[1:], device=logits.device)
+        nll += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+        n += len(target)
+        top1.append(logits.argmax(-1).tolist())
+        if full is not None:
+            same += sum(a == b for a, b in zip(top1[-1], full[len(top1) - 1]))
+    out = {"text_ppl": math.exp(nll / max(1, n)), "text_tokens": n}
+    if full is not None:
+        out["text_top1"] = same / max(1, n)
+    if isinstance(header, str):
+        out["top1"] = top1
+    return out
+
+
 def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: list[dict],
-             header: torch.Tensor | None, trailer: torch.Tensor | None, progress: bool = False) -> dict:
-    """`none` from wrapped chunks (raw K/V, nothing recomputed) against full prefill on `questions`."""
+             header: torch.Tensor | None, trailer: torch.Tensor | None, progress: bool = False,
+             texts: list[dict] | None = None, text_full: list[list[int]] | None = None) -> dict:
+    """`none` from wrapped chunks (raw K/V, nothing recomputed) against full prefill on `questions`,
+    and with `texts` (held-out running text) its continuation against full prefill's (`text_full`)."""
     from tqdm import tqdm
 
     from .bench.fidelity import contains
@@ -184,10 +217,11 @@ def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: lis
         agree.append(a or 0.0)
     full_right = [f["correct"] for f in full]
     both = sum(r and f for r, f in zip(right, full_right))
+    text = text_fidelity(model, prefix, texts, header, trailer, text_full) if texts else {}
     return {"correct": sum(right) / len(right), "full_correct": sum(full_right) / len(right),
             "correct_vs_full": sum(right) / max(1, sum(full_right)),
             "right_where_full_right": both / max(1, sum(full_right)),
-            "token_agreement": sum(agree) / len(agree), "questions": len(right)}
+            "token_agreement": sum(agree) / len(agree), "questions": len(right), **text}
 
 
 @torch.no_grad()
@@ -208,18 +242,22 @@ def full_answers(model: KVModel, prefix: list[int], questions: list[dict], progr
 
 
 def _eval_set(model: KVModel, prefix: list[int], out: Path, cfg: WrapperConfig, progress: bool
-              ) -> tuple[list, list, dict]:
+              ) -> tuple[list, list, dict, list, list]:
     """The dev split's first questions (the suite `bench fidelity --split dev` makes), full prefill's
-    answers to them and the plain (unwrapped) `none` score, computed once and kept in `out`."""
+    answers to them, held-out running text and full prefill's top-1 along it, and the plain
+    (unwrapped) scores on both, computed once and kept in `out`."""
     path = out / "eval.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        return saved["questions"], saved["full"], saved["plain"]
-    questions = _suite_prompts(model, out / "dev-suite", DEV_QUESTIONS, cfg, "dev", first=cfg.eval_questions)
-    full = full_answers(model, prefix, questions, progress)
-    plain = evaluate(model, prefix, questions, full, None, None, progress)
-    write_atomic(path, json.dumps({"questions": questions, "full": full, "plain": plain}))
-    return questions, full, plain
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    if "questions" not in saved:
+        questions = _suite_prompts(model, out / "dev-suite", DEV_QUESTIONS, cfg, "dev", first=cfg.eval_questions)
+        saved = {"questions": questions, "full": full_answers(model, prefix, questions, progress)}
+    if "texts" not in saved:  # (an eval.json from before held-out text was part of the curve gains it)
+        texts = _text_prompts(model, min(cfg.eval_questions, TEXT_EVAL), cfg, "heldout")
+        saved |= {"texts": texts, "text_full": text_fidelity(model, prefix, texts, "full", None)["top1"]}
+        saved["plain"] = evaluate(model, prefix, saved["questions"], saved["full"], None, None, progress,
+                                  saved["texts"], saved["text_full"])
+        write_atomic(path, json.dumps(saved))
+    return saved["questions"], saved["full"], saved["plain"], saved["texts"], saved["text_full"]
 
 
 # ---------------------------------------------------------------- training
@@ -247,7 +285,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
         p.requires_grad_(False)
     prefix = default_prefix_ids(model)
     prompts = training_prompts(model, out, cfg)
-    questions, full, plain = _eval_set(model, prefix, out, cfg, progress)
+    questions, full, plain, texts, text_full = _eval_set(model, prefix, out, cfg, progress)
     wrapper = initial_wrapper(model, cfg.header, cfg.trailer)
     header, trailer = wrapper.header.requires_grad_(), wrapper.trailer.requires_grad_()
     opt = torch.optim.Adam([header, trailer], lr=cfg.lr)
@@ -264,7 +302,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
         state = saved["state"]
     if not state["curve"]:
         state["curve"].append({"step": 0, "kl": None, **evaluate(model, prefix, questions, full, header.detach(),
-                                                                  trailer.detach(), progress)})
+                                                                  trailer.detach(), progress, texts, text_full)})
 
     def checkpoint():
         buf = io.BytesIO()
@@ -291,7 +329,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
             recent = state["losses"][-cfg.eval_every:]
             state["curve"].append({"step": state["step"], "kl": sum(recent) / len(recent),
                                    **evaluate(model, prefix, questions, full, header.detach(), trailer.detach(),
-                                              progress)})
+                                              progress, texts, text_full)})
             checkpoint()
     checkpoint()
     result = Wrapper(header.detach().clone(), trailer.detach().clone(), model.fingerprint(), {
@@ -314,8 +352,12 @@ def plot_curve(out: Path) -> Path:
     data = json.loads((Path(out) / "curve.json").read_text())
     steps = [p["step"] for p in data["curve"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, colour in (("correct_vs_full", "C0"), ("right_where_full_right", "C1"), ("token_agreement", "C2")):
-        a.plot(steps, [p[key] for p in data["curve"]], "o-", color=colour, label=key.replace("_", " "))
+    for key, colour in (("correct_vs_full", "C0"), ("right_where_full_right", "C1"), ("token_agreement", "C2"),
+                        ("text_top1", "C3")):
+        if key not in data["plain"]:
+            continue
+        a.plot(steps, [p.get(key) for p in data["curve"]], "o-", color=colour,
+               label="held-out text: top-1 = full prefill's" if key == "text_top1" else key.replace("_", " "))
         a.axhline(data["plain"][key], color=colour, ls=":", lw=1)
     a.set(xlabel="step", title=f"dev split, {data['curve'][0]['questions']} questions (dotted: no wrapper)")
     a.legend(fontsize=8)

@@ -105,7 +105,9 @@ def test_learn_wrapper_checkpoints_resumes_and_writes_its_curve(tiny_model_dir, 
     assert "none with the wrapper" in whole.output
     curve = json.loads((tmp_path / "whole" / "curve.json").read_text())
     assert [p["step"] for p in curve["curve"]] == [0, 2, 4]
-    assert {"correct_vs_full", "right_where_full_right", "token_agreement"} <= set(curve["plain"])
+    assert {"correct_vs_full", "right_where_full_right", "token_agreement", "text_ppl", "text_top1"} <= \
+        set(curve["plain"]) & set(curve["curve"][-1])
+    assert "held-out text" in whole.output
     assert (tmp_path / "whole" / "curve.png").stat().st_size > 0
 
     real, calls = lw.distillation_loss, []

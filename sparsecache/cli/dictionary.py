@@ -163,7 +163,7 @@ W = WrapperConfig()
 @click.option("--eval-every", default=W.eval_every, show_default=True,
               help="Steps between learning-curve points and checkpoints.")
 @click.option("--eval-questions", default=W.eval_questions, show_default=True,
-              help="Dev-split questions per learning-curve point.")
+              help="Dev-split questions (and up to 10 held-out text prompts) per learning-curve point.")
 @click.option("--seed", default=W.seed, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out.")
 @device_option
@@ -191,4 +191,5 @@ def learn_wrapper_cmd(model_path, out, header, trailer, steps, lr, k, prompts, t
     e = w.meta["eval"]
     click.echo(f"wrote {out}: dev split, {e['final']['questions']} questions, none with the wrapper: correct vs full "
                f"{e['final']['correct_vs_full']:.2f} (without: {e['plain']['correct_vs_full']:.2f}), token agreement "
-               f"{e['final']['token_agreement']:.3f} (without: {e['plain']['token_agreement']:.3f})")
+               f"{e['final']['token_agreement']:.3f} (without: {e['plain']['token_agreement']:.3f}); held-out text "
+               f"perplexity {e['final']['text_ppl']:.2f} (without: {e['plain']['text_ppl']:.2f})")
