@@ -98,8 +98,8 @@ def training_prompts(model: KVModel, out: Path, cfg: WrapperConfig) -> list[dict
     if path.exists():
         return json.loads(path.read_text())
     n_text = round(cfg.prompts * cfg.text_share)
-    prompts = _suite_prompts(model, out / "train-suite", cfg.prompts - n_text, cfg, "train", seed=cfg.seed) if n_text < cfg.prompts \
-        else []
+    n_questions = cfg.prompts - n_text
+    prompts = _suite_prompts(model, out / "train-suite", n_questions, cfg, "train", seed=cfg.seed) if n_questions else []
     prompts += _text_prompts(model, n_text, cfg)
     random.Random(cfg.seed).shuffle(prompts)
     write_atomic(path, json.dumps(prompts))
@@ -171,15 +171,16 @@ def answer(model: KVModel, keys: torch.Tensor, values: torch.Tensor, q: list[int
 
 
 @torch.no_grad()
-def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: torch.Tensor | None,
-                  trailer: torch.Tensor | None, full: list[list[int]] | None = None) -> dict:
-    """Running text after wrapped pieces: the continuation's perplexity and (given full prefill's
-    top-1 tokens `full`) how often its top-1 is full prefill's. `header` None: pieces alone;
-    "full": full prefill itself (then `top1` holds its predictions, for later comparisons)."""
+def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: torch.Tensor | None = None,
+                  trailer: torch.Tensor | None = None, full: list[list[int]] | None = None,
+                  as_full: bool = False) -> dict:
+    """Running text after pieces of it: the continuation's perplexity, its top-1 predictions
+    (`top1`) and, given full prefill's (`full`), how often they agree (`text_top1`). The pieces are
+    read encoded alone (header/trailer None), wrapped, or by full prefill itself (`as_full`)."""
     nll, n, same, top1 = 0.0, 0, 0, []
     for t in texts:
         cont = t["text"]
-        if isinstance(header, str):  # "full"
+        if as_full:
             ctx = prefix + [x for c in t["chunks"] for x in c]
             out = model.hf(input_ids=torch.tensor([ctx + cont[:-1]], device=model.device))
             logits = out.logits[0, -(len(cont) - 1):].float()
@@ -192,11 +193,9 @@ def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: 
         top1.append(logits.argmax(-1).tolist())
         if full is not None:
             same += sum(a == b for a, b in zip(top1[-1], full[len(top1) - 1]))
-    out = {"text_ppl": math.exp(nll / max(1, n)), "text_tokens": n}
+    out = {"text_ppl": math.exp(nll / max(1, n)), "text_tokens": n, "top1": top1}
     if full is not None:
         out["text_top1"] = same / max(1, n)
-    if isinstance(header, str):
-        out["top1"] = top1
     return out
 
 
@@ -218,6 +217,7 @@ def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: lis
     full_right = [f["correct"] for f in full]
     both = sum(r and f for r, f in zip(right, full_right))
     text = text_fidelity(model, prefix, texts, header, trailer, text_full) if texts else {}
+    text.pop("top1", None)
     return {"correct": sum(right) / len(right), "full_correct": sum(full_right) / len(right),
             "correct_vs_full": sum(right) / max(1, sum(full_right)),
             "right_where_full_right": both / max(1, sum(full_right)),
@@ -253,7 +253,7 @@ def _eval_set(model: KVModel, prefix: list[int], out: Path, cfg: WrapperConfig, 
         saved = {"questions": questions, "full": full_answers(model, prefix, questions, progress)}
     if "texts" not in saved:  # (an eval.json from before held-out text was part of the curve gains it)
         texts = _text_prompts(model, min(cfg.eval_questions, TEXT_EVAL), cfg, "heldout")
-        saved |= {"texts": texts, "text_full": text_fidelity(model, prefix, texts, "full", None)["top1"]}
+        saved |= {"texts": texts, "text_full": text_fidelity(model, prefix, texts, as_full=True)["top1"]}
         saved["plain"] = evaluate(model, prefix, saved["questions"], saved["full"], None, None, progress,
                                   saved["texts"], saved["text_full"])
         write_atomic(path, json.dumps(saved))

@@ -11,7 +11,6 @@ perplexity and top-1 agreement with full prefill of the same pieces, read from:
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 
@@ -23,12 +22,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
-    import torch
-
-    from sparsecache.learn_wrapper import TEXT_PIECE
+    from sparsecache.learn_wrapper import TEXT_PIECE, text_fidelity
     from sparsecache.model import default_prefix_ids, load_model
     from sparsecache.text import builtin_documents
-    from sparsecache.wrapper import Wrapper, continuation_logits, wrapped_kv
+    from sparsecache.wrapper import Wrapper
 
     model = load_model()
     w = Wrapper.load(args.wrapper)
@@ -41,25 +38,13 @@ def main() -> None:
         while len(stream) >= need and len(prompts) < args.prompts:
             prompts.append(stream[:need])
             stream = stream[need:]
-    stats = {name: {"nll": 0.0, "top1_vs_full": 0, "n": 0} for name in ("full", "plain", "wrapped")}
-    with torch.no_grad():
-        for window in prompts:
-            pieces = [window[i * TEXT_PIECE:(i + 1) * TEXT_PIECE] for i in range(args.k)]
-            cont = window[args.k * TEXT_PIECE:]
-            ctx = prefix + [t for piece in pieces for t in piece]
-            full = model.hf(input_ids=torch.tensor([ctx + cont[:-1]])).logits[0, -(len(cont) - 1):].float()
-            target = torch.tensor(cont[1:])
-            runs = {"full": full}
-            for name, (h, t) in (("plain", (None, None)), ("wrapped", (w.header, w.trailer))):
-                keys, values = wrapped_kv(model, pieces, prefix, h, t)
-                runs[name] = continuation_logits(model, keys, values, cont[:-1])  # each predicts cont[1:], as full
-            for name, logits in runs.items():
-                s = stats[name]
-                s["nll"] += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
-                s["top1_vs_full"] += int((logits.argmax(-1) == runs["full"].argmax(-1)).sum())
-                s["n"] += len(target)
-    out = {name: {"ppl": math.exp(s["nll"] / s["n"]), "top1_agreement_with_full": s["top1_vs_full"] / s["n"],
-                  "tokens": s["n"]} for name, s in stats.items()}
+    texts = [{"chunks": [w_[i * TEXT_PIECE:(i + 1) * TEXT_PIECE] for i in range(args.k)], "text": w_[args.k * TEXT_PIECE:]}
+             for w_ in prompts]
+    full = text_fidelity(model, prefix, texts, as_full=True)
+    runs = {"full": {**full, "text_top1": 1.0}, "plain": text_fidelity(model, prefix, texts, full=full["top1"]),
+            "wrapped": text_fidelity(model, prefix, texts, w.header, w.trailer, full=full["top1"])}
+    out = {name: {"ppl": r["text_ppl"], "top1_agreement_with_full": r["text_top1"], "tokens": r["text_tokens"]}
+           for name, r in runs.items()}
     out = {"prompts": len(prompts), "k": args.k, "piece_tokens": TEXT_PIECE, "wrapper": str(args.wrapper), **out}
     print(json.dumps(out, indent=1))
     if args.out:
