@@ -227,15 +227,20 @@ def chunk_context_ids(model: KVModel, prefix: str | None, anchor: str | None = N
 
 def embed_ids(model: KVModel, ids: torch.Tensor) -> torch.Tensor:
     """Input embeddings of token ids [..., T], an id -1-i standing for soft token i (`KVModel.soft`)."""
-    embed = model.hf.model.embed_tokens
-    soft = ids < 0
-    if not bool(soft.any()):
+    return embed_soft(model.hf.model.embed_tokens, ids, model.soft)
+
+
+def embed_soft(embed, ids: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
+    """`embed(ids)` (an engine's own token embedding, scaling included) with each id -1-i replaced
+    by row i of `soft` [n, hidden], a wrapper's soft tokens as input embeddings."""
+    where = ids < 0
+    if not bool(where.any()):
         return embed(ids)
-    if model.soft is None:
+    if soft is None:
         raise ModelError("soft token ids (a wrapped store's header or trailer) but no wrapper loaded")
     out = embed(ids.clamp(min=0))
-    table = model.soft.to(out.device, out.dtype)
-    return torch.where(soft[..., None], table[(-1 - ids).clamp(0, table.shape[0] - 1)], out)
+    table = soft.to(out.device, out.dtype)
+    return torch.where(where[..., None], table[(-1 - ids).clamp(0, table.shape[0] - 1)], out)
 
 
 def use_soft_tokens(model: KVModel, soft: torch.Tensor | None) -> None:

@@ -2,8 +2,11 @@
 
 The engine is given the prompt as token ids, laid out exactly as the store's KV was made:
 the store's shared prefix, the chunks' token ids in order, then the question (the same chat
-template `sparsecache query` uses). The connector recognises that layout, checks it token
-for token, and injects the chunks' decoded KV instead of prefilling them.
+template `sparsecache query` uses). In a store encoded with a learned wrapper every chunk is
+`header chunk trailer`; the engine takes token ids only, so each soft token is given as one
+placeholder id (`wrapper.placeholder_id`): its KV comes from the store (stored, or recomputed
+from the soft token the store keeps), never from that id. The connector recognises the layout,
+checks it token for token, and injects the chunks' decoded KV instead of prefilling them.
 
     rag = RagPrompts("corpus.store")
     req = rag.request("How do I open a file?", top_k=4)
@@ -27,6 +30,7 @@ from .model import config_fingerprint
 from .query_config import ORDERS, QueryConfig
 from .kvstore import KVStore
 from .store import LatestVersion
+from .wrapper import placeholder_id, with_placeholders
 
 PARAMS_KEY = "sparsecache"  # kv_transfer_params[PARAMS_KEY] = {"chunks": [...], "version": N}
 
@@ -37,6 +41,7 @@ class RagRequest:
     kv_transfer_params: dict
     chunks: list[dict]  # id, doc_id, ordinal, score of each retrieved chunk, in prompt order
     context_tokens: int  # prefix + chunk tokens: what the connector can supply
+    wrapper: str | None = None  # the digest of the store's wrapper (its soft tokens' KV), if any
 
     @property
     def params(self) -> dict:
@@ -49,11 +54,12 @@ class RagRequest:
         made: without a salt, a blended context would be reused by a request asking for another
         method, or for full prefill, of the same tokens. Blended KV depends on the question and
         the blend settings, decoded KV (`method: none`) on neither; the salt says exactly that,
-        so cached blocks are reused only where they are the same KV."""
+        so cached blocks are reused only where they are the same KV (a wrapped store's wrapper too)."""
         p = self.params
         settings = {k: v for k, v in p.items() if k not in ("chunks", "version")}  # chunks: in the tokens already
         question = self.prompt_token_ids[self.context_tokens:] if p.get("method") != "none" else []
-        material = json.dumps([settings, question], sort_keys=True)
+        # a wrapper's soft tokens are placeholder ids in the prompt: the salt says which KV they stand for
+        material = json.dumps([settings, question] + ([self.wrapper] if self.wrapper else []), sort_keys=True)
         return f"{PARAMS_KEY}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
 
     def vllm_prompt(self) -> dict:
@@ -86,11 +92,9 @@ class RagPrompts:
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
-        if self.store.header() is not None:
-            raise ConfigError(f"{self.store.backend}: its chunks carry a learned wrapper, which serving through vLLM "
-                              "does not lay out yet; answer from it with `sparsecache query`")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model_config = config
+        self.placeholder = placeholder_id(config)
         self.device = device
         self._embedder = None
         self._latest = None if follow_s is None else LatestVersion(self.store.backend, follow_s)
@@ -135,8 +139,16 @@ class RagPrompts:
         if order == "reverse":
             hits = hits[::-1]
         ids = [h["id"] for h in hits]
-        prefix = store.prefix()[0]
-        context = prefix + [t for toks in store.tokens(ids) for t in toks]
+        context = context_ids(store, ids, self.placeholder)
         prompt = context + question_ids(self.tokenizer, question, answer_prefix)
         params = {PARAMS_KEY: {"chunks": ids, "version": store.version}}
-        return RagRequest(prompt, params, hits, len(context))
+        return RagRequest(prompt, params, hits, len(context), store.config.wrapper)
+
+
+def context_ids(store: KVStore, chunk_ids: list[str], placeholder: int) -> list[int]:
+    """The prompt's context as an engine is given it: the store's prefix, then each chunk's token
+    ids (`header chunk trailer` in a wrapped store, soft tokens as `placeholder`)."""
+    header = store.header()
+    head = header[0] if header is not None else []
+    ids = store.prefix()[0] + [t for toks in store.tokens(chunk_ids) for t in head + toks]
+    return with_placeholders(ids, placeholder)

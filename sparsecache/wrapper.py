@@ -118,6 +118,23 @@ def plain_ids(ids: list[int]) -> list[int]:
     return [t for t in ids if t >= 0]
 
 
+def placeholder_id(config) -> int:
+    """The real token id an engine that takes only token ids (vLLM) is given in place of every soft
+    token: the model's pad token (else its end-of-sequence token). The KV at those positions comes
+    from the store, never from this id; a request the connector cannot serve is prefilled with it."""
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        t = getattr(config, name, None)
+        t = t[0] if isinstance(t, (list, tuple)) and t else t
+        if isinstance(t, int) and t >= 0:
+            return t
+    return 0
+
+
+def with_placeholders(ids: list[int], fill: int) -> list[int]:
+    """`ids` with every soft token id (< 0) replaced by the real id `fill` (`placeholder_id`)."""
+    return [fill if t < 0 else t for t in ids]
+
+
 def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:
     """A wrapper whose soft tokens start as the embeddings of real text (a neutral sentence for the
     header, paragraph breaks for the trailer): training starts from what the model knows how to read."""

@@ -242,11 +242,27 @@ def test_a_wrapped_store_refuses_another_wrapper_and_keeps_its_own(wrapped_store
     assert KVStore.open(plain).header() is None and KVStore.open(plain).soft() is None
 
 
-def test_serving_through_vllm_refuses_a_wrapped_store_in_one_line(wrapped_store, tiny_model_dir):
-    from sparsecache.serving import RagPrompts
+def test_serving_lays_soft_tokens_out_as_placeholders_and_salts_with_the_wrapper(wrapped_store, tiny_model_dir):
+    """vLLM takes token ids only: each soft token is the model's placeholder id in the prompt, every
+    chunk `header chunk trailer`; the salt names the wrapper, whose KV those placeholders stand for."""
+    import dataclasses
 
-    with pytest.raises(ConfigError, match="learned wrapper"):
-        RagPrompts(wrapped_store[0], model=str(tiny_model_dir))
+    from sparsecache.serving import RagPrompts
+    from sparsecache.wrapper import placeholder_id
+
+    path, w = wrapped_store
+    rag = RagPrompts(path, model=str(tiny_model_dir))
+    ids = [c.id for c in rag.store.chunks()][:2]
+    req = rag.request("What is it?", chunks=ids)
+    fill = rag.placeholder
+    assert fill == placeholder_id(rag.model_config) >= 0
+    H, T = w.lengths
+    want = rag.store.prefix()[0]
+    for toks in rag.store.tokens(req.params["chunks"]):  # in prompt order
+        want += [fill] * H + [t if t >= 0 else fill for t in toks]
+    assert req.prompt_token_ids[: req.context_tokens] == want and all(t >= 0 for t in req.prompt_token_ids)
+    assert req.wrapper == w.digest()
+    assert req.cache_salt != dataclasses.replace(req, wrapper=None).cache_salt
 
 
 def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, tiny_model, tmp_path, corpus_dir,

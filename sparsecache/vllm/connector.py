@@ -31,6 +31,11 @@ Worker side, `method: none`: the chunks' codes are read once per request, decode
 device (all chunks of a request in one batched gather per layer group), keys rotated to
 the global positions where they land, and written as they are.
 
+A store encoded with a learned wrapper is served the same way: each chunk is laid out as
+`header chunk trailer`, the soft tokens given as placeholder ids (`RagPrompts` does it), the
+header's exact K/V placed before every chunk, and recomputation embeds a soft token it picks
+from the store's own soft-token table (the prefix cache's salt names the wrapper).
+
 Both write through the attention backend's own cache-update op and the request's slots, so
 the layout is always the backend's (CPU, FlashAttention, Triton alike). A load or blend that
 fails after the scheduler claimed it is reported through `get_block_ids_with_load_errors`,
@@ -75,11 +80,12 @@ from ..errors import ConfigError, SparseCacheError
 from ..model import Rope, config_fingerprint
 from .. import methods
 from ..query_config import SERVE_METHOD, QueryConfig
-from ..serving import PARAMS_KEY
+from ..serving import PARAMS_KEY, context_ids
 from ..session import _raw_dir, raw_chunks, raw_file, read_raw
 from ..stopwatch import Stopwatch
 from ..kvstore import KVStore
 from ..store import LatestVersion, open_backend
+from ..wrapper import placeholder_id
 from .plugin import loaded_model
 from .stack import UnsupportedModel, VLLMStack
 
@@ -197,6 +203,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.blend = blend_config(QueryConfig(method=SERVE_METHOD), extra, "kv_connector_extra_config")
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
+        self.placeholder = placeholder_id(vllm_config.model_config.hf_config)  # for a wrapper's soft tokens
         self._stores: dict[int, KVStore] = {}
         # a nightly re-index is followed within version_check_s seconds of publishing
         every = extra.get("version_check_s", 1.0)
@@ -259,7 +266,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
             raise ValueError(f'"version" must be a version number, got {version!r}')
         store = self._store(version)
-        expected = store.prefix()[0] + [t for toks in store.tokens(chunks) for t in toks]
+        expected = context_ids(store, chunks, self.placeholder)
         prompt = list(request.prompt_token_ids or [])
         if len(prompt) <= len(expected) or prompt[: len(expected)] != expected:
             return None
@@ -429,6 +436,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             chunks = raw_chunks(store, spec.chunks, files).to(self.device)
         else:
             chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device))
+        self.stack.soft = store.soft()  # a wrapped store's soft tokens, where recomputation picks them
         ctx = chunks.assemble(self.stack)
         if ctx.length != spec.end:
             raise ValueError(f"{ctx.length} context tokens decoded, {spec.end} claimed")
@@ -439,11 +447,20 @@ class SparsecacheConnector(KVConnectorBase_V1):
         [0, end) on the decode device. Reads everything it needs now (one read per request)."""
         store = self._store(spec.version)
         _, pk, pv = store.prefix()
+        header = store.header()  # a wrapped store's: its exact K/V goes in front of every chunk
         dev = self.device
+
+        def context(x: torch.Tensor, prefix: torch.Tensor, head: torch.Tensor | None, lengths: list[int]):
+            """Layers' prefix, then each chunk (of x, the chunks' tokens concatenated) after the header."""
+            pieces = x.split(lengths, 1) if head is not None else [x]
+            head = [head.to(dev, x.dtype)] if head is not None else []
+            return torch.cat([prefix.to(dev, x.dtype)] + [t for p in pieces for t in (*head, p)], 1)[:, : spec.end]
+
         if spec.source == "raw":
             raw, _ = read_raw([raw_file(self._raw_dir(store), c) for c in spec.chunks])
-            k = torch.cat([pk] + [rk.float() for rk, _ in raw], 1)[:, : spec.end].to(dev)
-            v = torch.cat([pv] + [rv.float() for _, rv in raw], 1)[:, : spec.end].to(dev)
+            lengths = [rk.shape[1] for rk, _ in raw]
+            k = context(torch.cat([rk.float() for rk, _ in raw], 1).to(dev), pk, header and header[1], lengths)
+            v = context(torch.cat([rv.float() for _, rv in raw], 1).to(dev), pv, header and header[2], lengths)
             return lambda lo, hi: (k[lo:hi], v[lo:hi])
         codes = store.read_codes(spec.chunks)
         codec = store.codec()
@@ -451,11 +468,10 @@ class SparsecacheConnector(KVConnectorBase_V1):
 
         def group(lo: int, hi: int):
             g = slice(lo // L, -(-hi // L))
-            k = codec.decode((codes.k.indices[g], codes.k.coefficients[g]), "k", dev, g)
-            v = codec.decode((codes.v.indices[g], codes.v.coefficients[g]), "v", dev, g)
-            k = torch.cat([pk[lo:hi].to(dev), k[: hi - lo]], 1)[:, : spec.end]
-            v = torch.cat([pv[lo:hi].to(dev), v[: hi - lo]], 1)[:, : spec.end]
-            return k, v
+            k = codec.decode((codes.k.indices[g], codes.k.coefficients[g]), "k", dev, g)[: hi - lo]
+            v = codec.decode((codes.v.indices[g], codes.v.coefficients[g]), "v", dev, g)[: hi - lo]
+            return (context(k, pk[lo:hi], header and header[1][lo:hi], codes.lengths),
+                    context(v, pv[lo:hi], header and header[2][lo:hi], codes.lengths))
 
         return group
 

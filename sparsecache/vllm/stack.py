@@ -1,6 +1,7 @@
 """The model vLLM loaded, as the `Stack` blending runs on (`sparsecache.stack`).
 
-vLLM's decoder models share one shape: `model.model.embed_input_ids(ids)`, then each layer
+vLLM's decoder models share one shape: `model.model.embed_input_ids(ids)` (a wrapped store's
+soft tokens, ids < 0, are the store's embeddings instead: `model.embed_soft`), then each layer
 `layer(positions, hidden, residual) -> (hidden, residual)` (norms fused with the residual
 add), then `model.model.norm(hidden, residual)` and `model.compute_logits`. Each layer's
 attention module (`Attention`) receives post-RoPE q, k, v [T, heads·D] from the family's
@@ -18,7 +19,7 @@ import functools
 
 import torch
 
-from ..model import Rope
+from ..model import Rope, embed_soft
 from ..stack import Pass, Stack
 
 
@@ -55,11 +56,12 @@ class VLLMStack(Stack):
         self.n_layers, self.n_kv_heads, self.head_dim = len(layers), self.rope.n_kv_heads, self.rope.head_dim
         self.device = next(model.parameters()).device
         self.dtype = vllm_config.model_config.dtype
+        self.soft: torch.Tensor | None = None  # a wrapped store's soft tokens (ids < 0), set per request
 
     @torch.inference_mode()
     def run(self, ids, positions, attend, n_layers=None, logits=False):
         n = self.n_layers if n_layers is None else n_layers
-        h, residual = self.inner.embed_input_ids(ids), None  # (T, d)
+        h, residual = embed_soft(self.inner.embed_input_ids, ids, self.soft), None  # (T, d)
         with self._routed(attend, n):
             for layer in self.layers[:n]:
                 h, residual = layer(positions, h, residual)
