@@ -26,7 +26,10 @@ _PACKAGE = "all_minilm_l6_v2"  # located with find_spec, never imported
 WINDOW = 256  # the encoder's training length (sentence-transformers' max_seq_length)
 STRIDE = 32
 HNSW_ABOVE = 50_000  # live chunks above which "auto" picks HNSW over exact search
-INDEX_KINDS = ("auto", "flat", "hnsw")
+IVF_ABOVE = 2_000_000  # and above which IVF with 8-bit scalar-quantised vectors (HNSW's floats: 1.5 KB a chunk)
+INDEX_KINDS = ("auto", "flat", "hnsw", "ivf-sq8")
+IVF_NPROBE = 48  # lists an IVF search visits (BENCHMARKS.md, "A store for a real corpus": recall@8 against exact)
+BUILD_BATCH = 262_144  # vectors read and added at a time
 
 
 def default_embedder_dir() -> Path:
@@ -86,30 +89,55 @@ class Embedder:
         return torch.nn.functional.normalize(out, dim=-1).numpy()
 
 
-def build_index(embeddings: np.ndarray, ids: np.ndarray, kind: str = "auto"):
-    """A FAISS inner-product index over `embeddings` [n, dim] answering with `ids` (int64)."""
-    import faiss
-
+def pick_kind(n: int, kind: str = "auto") -> str:
+    """The index kind for `n` vectors: `kind`, or by size where it is "auto"."""
     if kind not in INDEX_KINDS:
         raise ValueError(f"index kind must be one of {', '.join(INDEX_KINDS)}, got {kind!r}")
-    n, dim = embeddings.shape
-    if kind == "auto":
-        kind = "hnsw" if n > HNSW_ABOVE else "flat"
-    if kind == "hnsw":
-        inner = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
-        inner.hnsw.efConstruction = 80
-        inner.hnsw.efSearch = 128
+    if kind != "auto":
+        return kind
+    return "ivf-sq8" if n > IVF_ABOVE else "hnsw" if n > HNSW_ABOVE else "flat"
+
+
+def build_index(embeddings: np.ndarray, ids: np.ndarray, kind: str = "auto"):
+    """A FAISS inner-product index over `embeddings` [n, dim] answering with `ids` (int64)."""
+    return build_index_from(lambda i: embeddings[i], np.asarray(ids, np.int64), embeddings.shape[1], kind)
+
+
+def build_index_from(read, ids: np.ndarray, dim: int, kind: str = "auto"):
+    """The same, reading the vectors in batches: `read(positions)` → float32 [len, dim] for
+    positions into `ids` (ascending), so an index of any size is built in bounded memory."""
+    import faiss
+
+    n = len(ids)
+    kind = pick_kind(n, kind)
+    if kind == "ivf-sq8":
+        nlist = int(2 ** round(np.log2(max(1.0, np.sqrt(n)))))  # ~√n lists (4,096 at 10M)
+        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                              faiss.METRIC_INNER_PRODUCT)
+        sample = np.sort(np.random.default_rng(0).choice(n, min(n, 40 * nlist), replace=False)) if n else ids[:0]
+        index.train(np.ascontiguousarray(read(sample), dtype=np.float32) if n else np.zeros((0, dim), np.float32))
+        index.nprobe = IVF_NPROBE
+        add = index.add_with_ids
     else:
-        inner = faiss.IndexFlatIP(dim)
-    index = faiss.IndexIDMap2(inner)
-    if n:
-        index.add_with_ids(np.ascontiguousarray(embeddings, dtype=np.float32), ids.astype(np.int64))
+        if kind == "hnsw":
+            inner = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+            inner.hnsw.efConstruction = 80
+            inner.hnsw.efSearch = 128
+        else:
+            inner = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIDMap2(inner)
+        add = index.add_with_ids
+    for lo in range(0, n, BUILD_BATCH):
+        pos = np.arange(lo, min(n, lo + BUILD_BATCH))
+        add(np.ascontiguousarray(read(pos), dtype=np.float32), ids[pos])
     return index
 
 
 def index_kind(index) -> str:
     import faiss
 
+    if isinstance(faiss.downcast_index(index), faiss.IndexIVFScalarQuantizer):
+        return "ivf-sq8"
     return "hnsw" if isinstance(faiss.downcast_index(index.index), faiss.IndexHNSWFlat) else "flat"
 
 
@@ -124,6 +152,12 @@ def index_ids(index) -> np.ndarray:
     """The ids [ntotal] int64 an index answers with (the chunk rows it holds)."""
     import faiss
 
+    ivf = faiss.downcast_index(index)  # a view: `index` must stay referenced, it owns the C++ object
+    if isinstance(ivf, faiss.IndexIVF):
+        lists = faiss.downcast_InvertedLists(ivf.invlists)
+        parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy() for i in range(ivf.nlist)
+                 if lists.list_size(i)]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
     return faiss.vector_to_array(index.id_map).astype(np.int64)
 
 
@@ -133,25 +167,74 @@ def load_index_bytes(data: bytes):
     return faiss.deserialize_index(np.frombuffer(data, np.uint8))
 
 
+def load_index_file(path) -> object:
+    """An index file memory-mapped where FAISS can (IVF lists, flat vectors): opening costs no
+    read of the vectors, the page cache holds what searches touch."""
+    import faiss
+
+    try:
+        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError:
+        return faiss.read_index(str(path))
+
+
+def _params(index, sel):
+    """Search parameters for `index` with selector `sel`, its own search breadth carried over."""
+    import faiss
+
+    ivf = faiss.downcast_index(index)
+    if isinstance(ivf, faiss.IndexIVF):
+        return faiss.SearchParametersIVF(sel=sel, nprobe=ivf.nprobe)
+    inner = faiss.downcast_index(index.index)
+    if isinstance(inner, faiss.IndexHNSWFlat):
+        return faiss.SearchParametersHNSW(sel=sel, efSearch=inner.hnsw.efSearch)
+    return faiss.SearchParameters(sel=sel)
+
+
 def search(index, query: np.ndarray, k: int, within: np.ndarray | None = None) -> list[tuple[int, float]]:
     """The k best (id, score) for one query embedding [dim], best first; with `within`, only
     among those ids (FAISS's selector: the search itself is restricted, so k are still found)."""
+    return search_segments([index], query, k, within)
+
+
+def search_segments(indexes: list, query: np.ndarray, k: int, within: np.ndarray | None = None,
+                    live: "LiveRows | None" = None) -> list[tuple[int, float]]:
+    """`search` over several indexes (a version's segments), merged by score: ids in `within`
+    only, if given, else the ids `live` holds (rows an index still has but a later version
+    deleted or replaced are never answered)."""
     import faiss
 
-    params = None
+    sel = None
     if within is not None:
-        sel = faiss.IDSelectorBatch(np.ascontiguousarray(within, dtype=np.int64))
-        inner = faiss.downcast_index(index.index)
-        # HNSW takes its own parameter type; its search breadth is carried over, not reset
-        params = (faiss.SearchParametersHNSW(sel=sel, efSearch=inner.hnsw.efSearch)
-                  if isinstance(inner, faiss.IndexHNSWFlat) else faiss.SearchParameters(sel=sel))
-    scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k, params=params)
-    return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        keep = np.ascontiguousarray(within, dtype=np.int64)
+        sel = faiss.IDSelectorBatch(keep)
+    elif live is not None:
+        sel = live.selector
+    q = np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32)
+    hits = []
+    for index in indexes:
+        if index.ntotal:
+            scores, ids = index.search(q, k, params=None if sel is None else _params(index, sel))
+            hits += [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+    return sorted(hits, key=lambda h: -h[1])[:k]
+
+
+class LiveRows:
+    """The live chunk rows of a version as a FAISS selector (a bitmap: one bit per row)."""
+
+    def __init__(self, rows: np.ndarray, extent: int):
+        import faiss
+
+        mask = np.zeros(max(extent, 1), bool)
+        mask[rows] = True
+        self.bits = np.packbits(mask, bitorder="little")  # kept: FAISS holds a pointer into it
+        self.selector = faiss.IDSelectorBitmap(len(self.bits), faiss.swig_ptr(self.bits))
 
 
 class FaissIndexer:
     """The index a store version publishes (`store.layout.Indexer`): FAISS, exact inner
-    product or HNSW (`kind`: "auto" picks HNSW above HNSW_ABOVE live chunks)."""
+    product, HNSW or IVF over 8-bit quantised vectors (`kind`: "auto" picks by the number of
+    vectors an index holds: HNSW above HNSW_ABOVE, IVF-SQ8 above IVF_ABOVE)."""
 
     def __init__(self, kind: str = "auto"):
         if kind not in INDEX_KINDS:
@@ -161,6 +244,15 @@ class FaissIndexer:
     def build(self, embeddings: np.ndarray, rows: np.ndarray) -> tuple[bytes, str]:
         index = build_index(embeddings, rows, self.kind)
         return index_to_bytes(index), index_kind(index)
+
+    def write(self, read, rows: np.ndarray, dim: int, path) -> str:
+        """Build the index of `rows` (vectors by `read(positions)`, as `build_index_from`) into
+        the file `path`; its kind."""
+        import faiss
+
+        index = build_index_from(read, rows, dim, self.kind)
+        faiss.write_index(index, str(path))
+        return index_kind(index)
 
     def rows(self, data: bytes) -> np.ndarray:
         return index_ids(load_index_bytes(data))

@@ -2,7 +2,7 @@
 
 `store` keeps bytes, arrays, manifests and versions and hands back codes and the index file
 as bytes; it never interprets either. `KVStore` adds the dictionary copy and its `Codec`
-(codes → pre-RoPE K/V on any device) and the FAISS index (`index`), which is what the
+(codes → pre-RoPE K/V on any device) and the FAISS index segments (`indexes`, `search`), which the
 session, blending, serving and the vLLM connector read through. `verify` and `compact` here
 are the store's, given FAISS and the dictionary format to check and rebuild with.
 """
@@ -16,7 +16,7 @@ from . import store as storage
 from .codec import Codec
 from .dictionary import Dictionary
 from .errors import StoreCorrupt
-from .index import FaissIndexer, load_index_bytes, search
+from .index import FaissIndexer, LiveRows, index_ids, load_index_bytes, load_index_file, search_segments
 from .stopwatch import Stopwatch
 from .store import ChunkCodes, ChunkInfo, Manifest
 
@@ -24,10 +24,14 @@ from .store import ChunkCodes, ChunkInfo, Manifest
 class KVStore(storage.Store):
     """A read-only view of one published version that decodes K/V and answers searches."""
 
-    _carried = (*storage.Store._carried, "_dictionary", "_codec")  # never change over a store's life
+    _carried = (*storage.Store._carried, "_dictionary", "_codec", "_index_cache")  # never change over a store's life
     _dictionary: Dictionary | None = None
     _codec: Codec | None = None
-    _index = None
+    _live = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._index_cache: dict[str, object] = {}
 
     @property
     def dictionary(self) -> Dictionary:
@@ -62,24 +66,45 @@ class KVStore(storage.Store):
             v = codec.decode((parts[2], parts[3]), "v", dev)
         return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
 
-    def index(self):
-        """The FAISS index of this version (ids are chunk rows)."""
-        if self._index is None:
-            raw = self.index_bytes()
-            try:
-                self._index = load_index_bytes(raw)
-            except RuntimeError as e:
-                raise StoreCorrupt(f"{self.backend}/{self.manifest.index}: unreadable FAISS index: "
-                                   f"{str(e).splitlines()[0]}") from e
-        return self._index
+    def indexes(self) -> list:
+        """The FAISS index segments of this version (ids are chunk rows), loaded once each; a
+        local store's are memory-mapped, so opening reads no vectors. Segments are immutable
+        files, so a newer version of the store (`latest`) reuses the ones it shares."""
+        out = []
+        for piece in self.manifest.index_pieces():
+            key = piece["key"]
+            if key not in self._index_cache:
+                self._index_cache[key] = self._load_index(key)
+            out.append(self._index_cache[key])
+        for stale in set(self._index_cache) - {p["key"] for p in self.manifest.index_pieces()}:
+            del self._index_cache[stale]
+        return out
+
+    def _load_index(self, key: str):
+        try:
+            if self.backend.local_root is not None:
+                path = self.backend.local_root / key
+                if not path.is_file():
+                    raise self.missing_index(key)
+                return load_index_file(path)
+            return load_index_bytes(self.index_bytes(key))
+        except RuntimeError as e:
+            raise StoreCorrupt(f"{self.backend}/{key}: unreadable FAISS index: {str(e).splitlines()[0]}") from e
+
+    def index_rows(self) -> np.ndarray:
+        """The live rows the index answers with (sorted): every live row, where the store is whole."""
+        ids = np.concatenate([index_ids(ix) for ix in self.indexes()] or [np.zeros(0, np.int64)])
+        return np.intersect1d(ids, self.live_rows())
 
     def search(self, query_embedding: np.ndarray, k: int,
                documents: list[str] | None = None) -> list[tuple[ChunkInfo, float]]:
         """The k live chunks nearest to a query embedding [dim], best first, with scores; with
         `documents`, only among those documents' chunks (an unknown document id is an error)."""
         within = None if documents is None else self.document_rows(documents)
-        return [(self.chunk(self.chunk_ids([row])[0]), score)
-                for row, score in search(self.index(), query_embedding, k, within)]
+        if self._live is None:
+            self._live = LiveRows(self.live_rows(), self.manifest.chunks)
+        hits = search_segments(self.indexes(), query_embedding, k, within, self._live)
+        return list(zip(self.chunks_at([row for row, _ in hits]), [score for _, score in hits]))
 
 
 def verify(where, version: int | None = None) -> dict:

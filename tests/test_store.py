@@ -17,7 +17,7 @@ from sparsecache.encoder import encode_corpus
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
 from sparsecache.kvstore import KVStore, compact, verify
 from sparsecache.model import extract_kv, prefix_ids
-from sparsecache.store import LatestVersion, Lock, StoreConfig, Writer, open_backend, versions
+from sparsecache.store import LatestVersion, Lock, StoreConfig, Writer, open_backend, read_manifest, versions
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
@@ -132,7 +132,12 @@ def test_old_versions_beyond_keep_are_pruned(build, store, corpus_dir):
         write_corpus(corpus_dir, (topic,))
         build([corpus_dir], store, keep=2)
     assert versions(store) == [4, 5]
-    assert sorted(p.name for p in (store / "index").iterdir()) == ["v000004.faiss", "v000005.faiss"]
+    kept = [read_manifest(store, v) for v in (4, 5)]
+    # what the kept versions name and nothing else: index segments and document-table pieces they share stay
+    assert {f"index/{p.name}" for p in (store / "index").iterdir()} == {r["key"] for m in kept for r in m.index_segments}
+    assert {f"meta/{k}/{p.name}" for k in ("segments", "live") for p in (store / "meta" / k).iterdir()
+            if p.name != "zarr.json"} == \
+        {r["key"] for m in kept for r in m.segments} | {m.live for m in kept}
     assert verify(store)["ok"] and KVStore.open(store, 4).chunks()
 
 
@@ -192,7 +197,7 @@ def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):
     assert s.info()["tombstoned_chunks"] == 0 and m.generation == "g000002"
     assert [p.name for p in (store / "data").iterdir() if p.is_dir()] == ["g000002"]
     assert_same_codes(all_codes(store), live)
-    assert s.index().ntotal == len(live)
+    assert sum(ix.ntotal for ix in s.indexes()) == len(live)  # one fresh segment: no deleted rows left in it
     assert verify(store)["ok"]
 
 
@@ -351,7 +356,8 @@ def test_path_traversal_ids_stay_data(build, tmp_path):
     assert [c.doc_id for c in s.chunks()] == ["../../etc/passwd"]
     assert set(tmp_path.parent.rglob("passwd")) == before
     files = {p.relative_to(tmp_path / "s").parts[0] for p in (tmp_path / "s").rglob("*")}
-    assert files <= {"zarr.json", "prefix", "dictionary", "data", "manifests", "index", ".lock", ".sparsecache-store"}
+    assert files <= {"zarr.json", "prefix", "dictionary", "data", "manifests", "meta", "index", ".lock",
+                     ".sparsecache-store"}
 
 
 def test_not_a_store(tmp_path, build, corpus_dir):
@@ -514,3 +520,20 @@ def test_a_session_reads_again_at_the_newest_version_when_its_version_is_compact
     a = s.query("What does the global statement do?", top_k=2, max_new_tokens=2)
     assert a.chunks and s.rereads == 1 and s.store.version == before + 1
     assert s.retrieve("What does the global statement do?", 2) and s.rereads == 1
+
+
+def test_a_large_stores_reader_reads_single_rows_as_the_whole_columns_say(store, monkeypatch):
+    """Above WHOLE_COLUMNS_UP_TO chunks a reader reads only the rows a search answers with
+    (two rounds of concurrent Zarr reads); they must be what the whole columns hold."""
+    import sparsecache.store.reader as reader
+
+    whole = KVStore.open(store)
+    rows = whole.live_rows()[[0, -1, 1, len(whole.live_rows()) // 2]]
+    monkeypatch.setattr(reader, "WHOLE_COLUMNS_UP_TO", 0)
+    lazy = KVStore.open(store)
+    assert lazy.chunks_at(rows) == whole.chunks_at(rows) and not lazy._columns
+    ids = [c.id for c in whole.chunks_at(rows)]
+    assert lazy.texts(ids) == whole.texts(ids) and lazy.spans(ids) == whole.spans(ids)
+    q = whole.search(np.ones(whole.attrs["embed_dim"], np.float32) / 20, 3)
+    assert [(c, round(s, 5)) for c, s in lazy.search(np.ones(whole.attrs["embed_dim"], np.float32) / 20, 3)] == \
+        [(c, round(s, 5)) for c, s in q]

@@ -14,7 +14,12 @@ Layout (any Zarr v3 implementation reads the arrays; only core data types are us
         {col}_utf8, {col}_ends uint8 [bytes], int64 [C]   text columns chunk_id, doc_id, content_hash, text, meta
         ordinal, token_length  int32 [C];  token_offset int64 [C]
         embeddings             float32 [C, dim]           so the index can be rebuilt without the embedder
-    manifests/vNNNNNN.json     one per published version: generation, extents, live documents → rows
+    manifests/vNNNNNN.json     one per published version: generation, extents, counts, and the keys of
+                               its document-table segments, live-row bitmap and index (a few KB at any size)
+    meta/segments/<digest>/    an immutable piece of the document table (doc_id, hash → first, count,
+                               tokens, token_offset; ids it deletes), written once: a publish adds
+                               the documents that changed and merges pieces log-structured (`doctable`)
+    meta/live/<digest>/        bits uint8 [C / 8]: which chunk rows a version's documents own
     index/vNNNNNN.faiss        the FAISS index of that version (ids are chunk rows)
     pending.json               a writer's progress since the last version (resume after a crash)
     .lock / lease.json         the one writer: an flock locally, a lease object on object storage
@@ -32,7 +37,8 @@ created, every file written since the last such point and its directory are fsyn
 object store a PUT is durable once acknowledged.
 
 Modules: `backend` (local directory, object store), `layout` (config, arrays, text columns),
-`versions` (manifests, publishing, lock and lease), `writer`, `reader`, `verify`, `compact`.
+`versions` (manifests, publishing, lock and lease), `doctable` (the document table's pieces),
+`writer`, `reader`, `verify`, `compact`.
 """
 
 from __future__ import annotations

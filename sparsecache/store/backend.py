@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..durable import publish_dir, sync_tree, write_atomic
+from ..durable import publish_dir, publish_file, sync_tree, write_atomic
 from ..errors import StoreError
 
 _MTIME_SLACK_NS = 2_000_000_000  # file timestamps can lag the clock by a tick; re-syncing clean files is free
@@ -70,6 +70,11 @@ class Backend:
         """Bytes of every object under `prefix/`."""
         raise NotImplementedError
 
+    def size_of(self, key: str) -> int:
+        """Bytes of the object `key` (0 where it is missing)."""
+        data = self._get_or_none(key)
+        return 0 if data is None else len(data)
+
     def mark(self) -> None:
         """Start counting writes for `sync`."""
 
@@ -78,6 +83,17 @@ class Backend:
 
     def check_root(self) -> None:
         """Raise StoreError where the root cannot hold a store at all."""
+
+    def put_built(self, key: str, build) -> object:
+        """`build(path)` writes a local file (an index of any size), which is then stored as `key`.
+        Returns what `build` returned."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "built"
+            out = build(path)
+            self.put(key, path.read_bytes())
+        return out
 
     def put_dir(self, local: Path, prefix: str) -> None:
         for f in sorted(Path(local).rglob("*")):
@@ -151,6 +167,10 @@ class LocalBackend(Backend):
     def size(self, prefix: str) -> int:
         return sum(f.stat().st_size for f in (self.root / prefix).rglob("*") if f.is_file())
 
+    def size_of(self, key: str) -> int:
+        path = self.root / key
+        return path.stat().st_size if path.is_file() else 0
+
     def mark(self) -> None:
         # Only what this writer writes needs syncing: a crashed run synced its rows before
         # pending.json recorded them, and the rest of the store is published, hence synced.
@@ -164,6 +184,15 @@ class LocalBackend(Backend):
     def check_root(self) -> None:
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"{self.root} exists and is not a directory")
+
+    def put_built(self, key: str, build) -> object:
+        """`build(path)` writes a file (an index of any size); it becomes `key` the way `put`
+        makes a file (fsynced, then renamed into place). Returns what `build` returned."""
+        out = []
+        dst = self.root / key
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        publish_file(dst, lambda tmp: out.append(build(tmp)))
+        return out[0]
 
     def put_dir(self, local: Path, prefix: str) -> None:
         dst = self.root / prefix

@@ -40,8 +40,10 @@ def compact(where, indexer: Indexer, keep: int = 2) -> Manifest:
             docs[doc_id] = {**d, "first": row, "token_offset": tok}
             row, tok = row + d["count"], tok + d["tokens"]
             failpoint("append")
-        m = Manifest(base.version + 1, name, tok, row, docs, created=now(), note=f"compacted from v{base.version}")
-        w.write_index(m, w.group, indexer)
+        m = Manifest(base.version + 1, name, tok, row, created=now(), note=f"compacted from v{base.version}",
+                     _backend=b)
+        w.write_documents(m, docs, base)  # a new generation: the whole table, one segment
+        w.write_index(m, w.group, indexer, base)  # and one index over it
         failpoint("index")
         w.publish_manifest(m)  # also drops pending.json: it pointed into the old generation
         w.prune(keep)

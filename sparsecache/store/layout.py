@@ -10,6 +10,8 @@ Format-2 generations still read (and are appended to in their own layout).
 
 from __future__ import annotations
 
+import asyncio
+
 import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -20,7 +22,7 @@ from ..codes import COEF_DTYPE_NAMES, INDEX_CODINGS, STORAGE_DTYPES, index_row_b
 from ..errors import ConfigError, StoreError
 from .backend import Backend
 
-FORMAT_VERSION = 3  # 3: text columns as UTF-8 bytes + ends; 2: config.index_coding
+FORMAT_VERSION = 4  # 4: manifests list document-table segments + a live bitmap; 3: text columns as UTF-8 bytes + ends; 2: config.index_coding
 ATTR = "sparsecache"
 CODE_ARRAYS = ("k_indices", "k_coefficients", "v_indices", "v_coefficients")
 TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
@@ -201,6 +203,46 @@ def read_strings(group, col: str, rows: int, legacy: bool) -> np.ndarray:
     blob = group[f"{col}_utf8"][: int(ends[-1])].tobytes() if rows else b""
     starts = np.concatenate([[0], ends[:-1]]) if rows else ends
     return np.array([blob[a:b].decode("utf-8") for a, b in zip(starts, ends)], dtype=object)
+
+
+def read_rows(arrays, names: list[str], rows, legacy: bool) -> dict[str, list]:
+    """Values of chunk-table columns `names` at `rows` (`arrays`: name → zarr Array), reading
+    only the Zarr chunks that hold them, all columns at once: two rounds of concurrent reads
+    (the integer columns and the text columns' ends, then the text columns' bytes)."""
+    from zarr.core.sync import sync
+
+    rows = np.asarray(rows, np.int64)
+
+    def gather(reads):
+        handles = [arrays[a]._async_array for a, _ in reads]  # opened here: not inside zarr's loop
+
+        async def every():
+            return await asyncio.gather(*(h.get_coordinate_selection(at) for h, (_, at) in zip(handles, reads)))
+
+        return sync(every())
+
+    text = [n for n in names if n in TABLE_STR]
+    first = [(n, rows) for n in names if n not in TABLE_STR or legacy]
+    need = np.unique(np.concatenate([rows, rows - 1]))
+    need = need[need >= 0]
+    first += [(f"{n}_ends", need) for n in text if not legacy]
+    got = dict(zip([a for a, _ in first], gather(first) if len(rows) else [np.zeros(0)] * len(first)))
+    out = {n: got[n].tolist() for n in names if n not in TABLE_STR}
+    if legacy:
+        out.update({n: [str(v) for v in got[n]] for n in text})
+        return out
+    spans, second = {}, []
+    for n in text:
+        ends = dict(zip(need.tolist(), got[f"{n}_ends"].tolist()))
+        spans[n] = [(ends.get(r - 1, 0) if r else 0, ends[r]) for r in rows.tolist()]
+        second.append((f"{n}_utf8", np.concatenate([np.arange(a, b) for a, b in spans[n]] + [np.zeros(0, np.int64)])))
+    blobs = gather([(a, at) for a, at in second if len(at)]) if any(len(at) for _, at in second) else []
+    blobs = iter(blobs)
+    for (n, (_, at)) in zip(text, second):
+        blob = next(blobs).tobytes() if len(at) else b""
+        cuts = np.cumsum([0] + [b - a for a, b in spans[n]])
+        out[n] = [blob[cuts[i]: cuts[i + 1]].decode("utf-8") for i in range(len(rows))]
+    return out
 
 
 def write_strings(group, col: str, values: list[str], row0: int, legacy: bool, start: int | None = None) -> int:

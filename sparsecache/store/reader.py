@@ -17,9 +17,14 @@ from ..codes import Codes
 from ..errors import StoreCorrupt, StoreError, VersionGone
 from ..fingerprint import check_same_model
 from .backend import Backend, open_backend
-from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_strings, root_attrs, store_config,
-                     text_arrays)
+from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_rows, read_strings, root_attrs,
+                     store_config, text_arrays)
 from .versions import READ_ATTEMPTS, Manifest, manifest_key, read_manifest, versions
+
+INFO_COLUMNS = ("doc_id", "ordinal", "token_offset", "token_length")  # a ChunkInfo's, beside its id
+ROWS_ONE_BY_ONE = 256  # more rows than this: a column is read whole (once) rather than row by row
+WHOLE_COLUMNS_UP_TO = 100_000  # chunks up to which a column is read whole (once) on first use: quicker
+# than Zarr's per-call cost on every search; above it, the rows a search answers with are read alone
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,18 @@ def read_spans_direct(arr, backend: Backend, folder: str, spans: list[tuple[int,
     return out
 
 
+class _Handles(dict):
+    """A generation's arrays by name, each opened once."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+
+    def __missing__(self, name: str):
+        self[name] = self.group[name]
+        return self[name]
+
+
 class Store:
     """A read-only view of one published version (the latest unless `version` is given)."""
 
@@ -123,12 +140,12 @@ class Store:
         self._arrays = {name: self.group[name] for name in (*CODE_ARRAYS, "tokens")}
         self.legacy_strings = legacy_strings(self.group)
         self._rows = manifest.live_rows()
-        ids = self.column("chunk_id") if manifest.chunks else np.zeros(0, object)
-        self._row_of = {str(ids[r]): int(r) for r in self._rows}
-        self._offset = self.column("token_offset")
-        self._length = self.column("token_length")
-        self._ids = ids
-        self._table = None
+        # the chunk table's columns are read whole only when something needs them whole; a
+        # search reads the rows it answers with (`chunk_at`), so opening costs O(1) reads
+        self._columns: dict[str, np.ndarray] = {}
+        self._row_of: dict[str, int] | None = None
+        self._known: dict[str, int] = {}  # ids of live rows read one by one
+        self._handles = _Handles(self.group)  # opened arrays: opening one by name costs a read
         self._prefix = None
 
     @classmethod
@@ -191,10 +208,14 @@ class Store:
                 return read_strings(self.group, name, n, self.legacy_strings)
             return self.group[name][:n]
         except (ValueError, RuntimeError, OSError) as e:
-            names = text_arrays(name, self.legacy_strings) if name in TABLE_STR else (name,)
-            bad = [f"{self.manifest.generation}/{a}/{k}" for a in names for k in damaged_chunks(self.group[a])]
-            raise StoreCorrupt(f"{self.backend}: {', '.join(bad) or name} unreadable "
-                               f"({str(e).splitlines()[0][:80]}); `sparsecache verify` lists all damage") from e
+            raise self._damaged(name, e) from e
+
+    def _damaged(self, name: str, e: Exception) -> StoreCorrupt:
+        """The error for an unreadable column: which of its Zarr chunks fail to read."""
+        names = text_arrays(name, self.legacy_strings) if name in TABLE_STR else (name,)
+        bad = [f"{self.manifest.generation}/{a}/{k}" for a in names for k in damaged_chunks(self.group[a])]
+        return StoreCorrupt(f"{self.backend}: {', '.join(bad) or name} unreadable "
+                            f"({str(e).splitlines()[0][:80]}); `sparsecache verify` lists all damage")
 
     def check_model(self, fingerprint: dict) -> None:
         """Raise DictionaryMismatch unless this store was encoded with a model like `fingerprint`."""
@@ -207,37 +228,75 @@ class Store:
 
     def chunks(self) -> list[ChunkInfo]:
         """The live chunks of this version, in store order."""
-        return [self.chunk(str(self._ids[r])) for r in self._rows]
+        ids = self._column("chunk_id")
+        return [self.chunk(str(ids[r])) for r in self._rows]
 
     def live_rows(self) -> np.ndarray:
         return self._rows
 
+    def _column(self, name: str) -> np.ndarray:
+        """A whole column, read once."""
+        if name not in self._columns:
+            self._columns[name] = self.column(name) if self.manifest.chunks else np.zeros(0, object)
+        return self._columns[name]
+
+    def _at(self, name: str, rows) -> list:
+        """Values of column `name` at `rows`: from the whole column when it was read, else row by row."""
+        return self._many([name], rows)[name]
+
+    def _many(self, names: list[str], rows) -> dict[str, list]:
+        """Values of several columns at `rows`, read together (`layout.read_rows`) unless whole."""
+        if not len(rows) or all(n in self._columns for n in names) or len(rows) > ROWS_ONE_BY_ONE \
+                or self.manifest.chunks <= WHOLE_COLUMNS_UP_TO:
+            return {n: [self._column(n)[r] for r in rows] for n in names}
+        try:
+            return read_rows(self._handles, names, rows, self.legacy_strings)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise self._damaged(names[0], e) from e
+
     def chunk_ids(self, rows) -> list[str]:
-        return [str(self._ids[r]) for r in rows]
+        ids = [str(i) for i in self._at("chunk_id", rows)]
+        self._known.update(zip(ids, map(int, rows)))
+        return ids
 
     def row(self, chunk_id: str) -> int:
+        r = self._known.get(chunk_id)
+        if r is not None:
+            return r
+        if self._row_of is None:  # every live chunk id, read once
+            ids = self._column("chunk_id")
+            self._row_of = {str(ids[r]): int(r) for r in self._rows}
         try:
             return self._row_of[chunk_id]
         except KeyError:
             raise StoreError(f"no live chunk {chunk_id!r} in version {self.version} of {self.backend}") from None
 
     def chunk(self, chunk_id: str) -> ChunkInfo:
-        r = self.row(chunk_id)
-        doc_ids, ordinals = self._doc_table()
-        return ChunkInfo(chunk_id, str(doc_ids[r]), int(ordinals[r]), r, int(self._offset[r]), int(self._length[r]))
+        return self._infos([chunk_id], [self.row(chunk_id)])[0]
 
-    def _doc_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """The doc_id and ordinal columns, read once: a per-row zarr read costs ~5 ms."""
-        if self._table is None:
-            self._table = (self.column("doc_id"), self.column("ordinal"))
-        return self._table
+    def chunks_at(self, rows) -> list[ChunkInfo]:
+        """The live chunks at chunk-table rows `rows` (what the index answers with)."""
+        rows = [int(r) for r in rows]
+        v = self._many(["chunk_id", *INFO_COLUMNS], rows)
+        self._known.update(zip(map(str, v["chunk_id"]), rows))
+        return [ChunkInfo(str(c), str(d), int(o), r, int(a), int(n))
+                for c, r, d, o, a, n in zip(v["chunk_id"], rows, *(v[k] for k in INFO_COLUMNS))]
+
+    def _infos(self, chunk_ids: list[str], rows: list[int]) -> list[ChunkInfo]:
+        v = self._many(list(INFO_COLUMNS), rows)
+        return [ChunkInfo(c, str(d), int(o), r, int(a), int(n))
+                for c, r, d, o, a, n in zip(chunk_ids, rows, *(v[k] for k in INFO_COLUMNS))]
 
     def spans(self, chunk_ids: list[str]) -> list[tuple[int, int]]:
         """[start, end) of each chunk on the token axis."""
-        return [(int(self._offset[r]), int(self._offset[r] + self._length[r])) for r in map(self.row, chunk_ids)]
+        return self.row_spans([self.row(c) for c in chunk_ids])
+
+    def row_spans(self, rows) -> list[tuple[int, int]]:
+        v = self._many(["token_offset", "token_length"], rows)
+        return [(int(a), int(a + n)) for a, n in zip(v["token_offset"], v["token_length"])]
 
     def row_span(self, row: int) -> tuple[int, int]:
-        return int(self._offset[row]), int(self._offset[row] + self._length[row])
+        return self.row_spans([row])[0]
 
     def tokens(self, chunk_ids: list[str]) -> list[list[int]]:
         """Token ids of each chunk."""
@@ -246,8 +305,7 @@ class Store:
         return [t.tolist() for t in np.split(flat, np.cumsum([b - a for a, b in spans])[:-1])]
 
     def texts(self, chunk_ids: list[str]) -> list[str]:
-        text = self.column("text")
-        return [str(text[self.row(c)]) for c in chunk_ids]
+        return [str(t) for t in self._at("text", [self.row(c) for c in chunk_ids])]
 
     def prefix(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """The shared prefix: token ids and its exact pre-RoPE keys and values [n_layers, P, m]
@@ -320,19 +378,25 @@ class Store:
                 if not self.backend.exists(f"{self.data}/{name}/{key}"):
                     raise StoreCorrupt(f"{self.backend}: {name} is missing {key}")
 
-    def index_bytes(self) -> bytes:
-        """The search index file of this version (`layout.Indexer` made it; ids are chunk rows)."""
-        if not self.manifest.index:
-            raise StoreError(f"{self.backend}: version {self.version} has no index")
+    def index_bytes(self, key: str) -> bytes:
+        """One index segment's file (`layout.Indexer` made it; ids are chunk rows)."""
         try:
-            return self.backend.get(self.manifest.index)
+            return self.backend.get(key)
         except FileNotFoundError:
-            raise StoreCorrupt(f"{self.backend}/{self.manifest.index}: the FAISS index of version "
-                               f"{self.version} is missing") from None
+            raise self.missing_index(key) from None
+
+    def missing_index(self, key: str) -> StoreCorrupt:
+        return StoreCorrupt(f"{self.backend}/{key}: the FAISS index of version {self.version} is missing "
+                            "(`sparsecache compact` rebuilds it)")
+
+    def _index_size(self, key: str) -> int:
+        if not self.backend.exists(key):
+            raise self.missing_index(key)
+        return self.backend.size_of(key)
 
     def document_rows(self, documents: list[str]) -> np.ndarray:
         """The live chunk rows of `documents` (an unknown document id is an error)."""
-        live = self._doc_table()[0][self._rows]
+        live = self._column("doc_id")[self._rows]
         unknown = sorted(set(documents) - set(live.tolist()))
         if unknown:
             raise StoreError(f"no document {', '.join(map(repr, unknown[:5]))} in version {self.version} of "
@@ -361,7 +425,7 @@ class Store:
                 if n != "zarr.json"}
         codes_disk = sum(disk[n] for n in CODE_ARRAYS)
         dict_disk = self.backend.size("dictionary")
-        live_tokens = sum(d["tokens"] for d in m.documents.values())
+        live_tokens = m.live_tokens
         ids, _, _, soft = self._prefix_group()
         header = sum(t < 0 for t in ids)
         trailer = 0 if soft is None else soft.shape[0] - header
@@ -375,13 +439,13 @@ class Store:
             "version": m.version,
             "versions": versions(self.backend),
             "generation": m.generation,
-            "documents": len(m.documents),
+            "documents": m.n_documents,
             "chunks": len(self._rows),
             "tombstoned_chunks": m.chunks - len(self._rows),
             "tokens": live_tokens,
             "stored_tokens": m.tokens,
             "bytes_on_disk": {**disk, "dictionary": dict_disk, "prefix": self.backend.size("prefix"),
-                              "index": len(self.index_bytes()) if m.index else 0},
+                              "index": sum(self._index_size(p["key"]) for p in m.index_pieces())},
             "compression": {
                 "theoretical": ratio(fp16_per_token, code_bytes_per_token),
                 "measured_codes_only": ratio(fp16_per_token * text_tokens, codes_disk),
@@ -391,6 +455,8 @@ class Store:
                 "disk_vs_theoretical_codes": ratio(codes_disk, code_bytes_per_token * m.tokens),
             },
             "index_kind": m.index_kind,
+            "index_segments": len(m.index_pieces()),
+            "document_segments": len(m.segments),
             **({"wrapper": {"digest": self.config.wrapper, "header": header, "trailer": trailer,
                             "trailer_tokens": trailer * m.chunks}} if soft is not None else {}),
             "model": fp,

@@ -99,6 +99,34 @@ def _rows_of(store: Store, name: str, span: tuple[int, int]) -> tuple[int, int]:
     return int(np.searchsorted(ends, span[0], side="right")), int(np.searchsorted(ends, span[1] - 1, side="right")) + 1
 
 
+def _check_index(store: Store, indexer: Indexer | None, rows: np.ndarray) -> list[str]:
+    """Every index segment reads, holds only rows of its range, none twice; every live row is in one."""
+    m, out, held = store.manifest, [], []
+    for piece in m.index_pieces():
+        key = piece["key"]
+        try:
+            data = store.index_bytes(key)
+            ids = indexer.rows(data) if indexer is not None else None
+        except StoreError as e:
+            out.append(str(e))
+            continue
+        except RuntimeError as e:
+            out.append(f"{key}: unreadable index: {str(e).splitlines()[0]}")
+            continue
+        if ids is None:
+            continue
+        if len(np.unique(ids)) != len(ids) or ((ids < piece["lo"]) | (ids >= piece["hi"])).any():
+            out.append(f"index {key} holds {len(ids) - len(np.unique(ids))} duplicated rows and "
+                       f"{int(((ids < piece['lo']) | (ids >= piece['hi'])).sum())} outside its rows "
+                       f"{piece['lo']}..{piece['hi'] - 1}")
+        held.append(ids)
+    if indexer is not None and not out:
+        lost = np.setdiff1d(rows, np.concatenate(held) if held else np.zeros(0, np.int64))
+        if len(lost):
+            out.append(f"the index misses {len(lost)} of {len(rows)} live chunks (rows {lost[:5].tolist()})")
+    return out
+
+
 def _check_manifest(store: Store, indexer: Indexer | None, dictionary_fingerprint) -> list[str]:
     m, out = store.manifest, []
     for name in (*CODE_ARRAYS, "tokens"):
@@ -108,18 +136,7 @@ def _check_manifest(store: Store, indexer: Indexer | None, dictionary_fingerprin
     rows = store.live_rows()
     if len(rows) and rows[-1] >= m.chunks:
         out.append(f"manifest names chunk rows beyond its extent {m.chunks}")
-    try:
-        data = store.index_bytes()
-        ids = indexer.rows(data) if indexer is not None else None
-    except StoreError as e:
-        out.append(str(e))
-    except RuntimeError as e:
-        out.append(f"{m.index}: unreadable index: {str(e).splitlines()[0]}")
-    else:
-        if ids is not None and (len(ids) != len(rows) or not np.array_equal(np.sort(ids), rows)):
-            extra, lost = np.setdiff1d(ids, rows), np.setdiff1d(rows, ids)
-            out.append(f"index {m.index} holds {len(ids)} vectors for {len(rows)} live chunks "
-                       f"({len(ids) - len(np.unique(ids))} duplicated, {len(extra)} not live, {len(lost)} missing)")
+    out += _check_index(store, indexer, rows)
     try:
         out += _check_layout(store)
     except StoreCorrupt as e:

@@ -26,32 +26,89 @@ from .layout import FORMAT_VERSION, now
 
 @dataclass
 class Manifest:
-    """One published version: which generation, how far its arrays reach, which rows are live."""
+    """One published version: which generation, how far its arrays reach, which rows are live.
+
+    The document table ({id: {hash, first, count, tokens, token_offset}}) is not in the manifest
+    itself but in the immutable segments it lists (`doctable`), read only when asked for
+    (`documents`); which chunk rows are live is a bitmap beside them (`live_rows`), so a reader
+    opens a version of any size by reading a few small objects. A manifest of an earlier format
+    (format ≤ 3: the whole table inline) reads the same; the next publish writes segments."""
 
     version: int
     generation: str
     tokens: int = 0  # extent of the token axis
     chunks: int = 0  # extent of the chunk table
-    documents: dict[str, dict] = field(default_factory=dict)  # id → {hash, first, count, tokens}
-    index: str | None = None
-    index_kind: str | None = None
+    segments: list[dict] = field(default_factory=list)  # the document table's pieces, oldest first
+    live: str | None = None  # key of the live-row bitmap
+    n_documents: int = 0
+    live_chunks: int = 0
+    live_tokens: int = 0
+    index: str | None = None  # format ≤ 3: one index file of every live row
+    index_kind: str | None = None  # the kind of the largest index segment
+    # the search index as segments, oldest first: {key, lo, hi, rows, kind}, each over the rows
+    # [lo, hi) that were live when it was built (rows deleted since are filtered by `live`)
+    index_segments: list[dict] = field(default_factory=list)
     created: str = ""
     note: str = ""
+    _backend: Backend | None = field(default=None, repr=False, compare=False)
+    _documents: dict | None = field(default=None, repr=False, compare=False)
+    _rows: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def documents(self) -> dict[str, dict]:
+        """The document table, read from the segments on first use (O(documents): writers,
+        `verify` and `compact` need it; a reader answering queries does not)."""
+        if self._documents is None:
+            from .doctable import read_segment, resolve
+
+            if self.segments and self._backend is None:
+                raise StoreError(f"manifest v{self.version} has no store to read its document table from")
+            try:
+                self._documents = resolve([read_segment(self._backend, ref) for ref in self.segments])
+            except (FileNotFoundError, KeyError, ValueError) as e:
+                raise StoreCorrupt(f"{self._backend}: the document table of version {self.version} is "
+                                   f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        return self._documents
 
     def live_rows(self) -> np.ndarray:
         """int64 [n_live] chunk rows of live documents, ascending."""
-        spans = [np.arange(d["first"], d["first"] + d["count"]) for d in self.documents.values()]
-        return np.sort(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
+        if self._rows is None:
+            if self.live is not None and self._backend is not None:
+                from .doctable import read_live
+
+                try:
+                    self._rows = read_live(self._backend, self.live, self.chunks)
+                except (FileNotFoundError, KeyError, ValueError) as e:
+                    raise StoreCorrupt(f"{self._backend}: the live-row bitmap of version {self.version} is "
+                                       f"unreadable ({type(e).__name__})") from e
+            else:
+                spans = [np.arange(d["first"], d["first"] + d["count"]) for d in self.documents.values()]
+                self._rows = np.sort(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
+        return self._rows
+
+    def index_pieces(self) -> list[dict]:
+        """The index segments; a format ≤ 3 manifest's one index as one segment over every row."""
+        if self.index_segments or not self.index:
+            return list(self.index_segments)
+        return [{"key": self.index, "lo": 0, "hi": self.chunks, "rows": self.live_chunks, "kind": self.index_kind}]
 
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT_VERSION, **asdict(self)}, indent=1, sort_keys=True)
+        fields = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        return json.dumps({"format": FORMAT_VERSION, **fields}, indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Manifest":
+    def from_json(cls, text: str | bytes, backend: Backend | None = None) -> "Manifest":
         raw = json.loads(text)
         if raw.pop("format", 0) > FORMAT_VERSION:
             raise StoreError("manifest written by a newer sparsecache; upgrade to read this store")
-        return cls(**raw)
+        documents = raw.pop("documents", None)  # format ≤ 3: the table inline
+        m = cls(**raw, _backend=backend)
+        if documents is not None:
+            m._documents = documents
+            m.n_documents = len(documents)
+            m.live_chunks = sum(int(d["count"]) for d in documents.values())
+            m.live_tokens = sum(int(d["tokens"]) for d in documents.values())
+        return m
 
 
 def manifest_key(version: int) -> str:
@@ -106,7 +163,7 @@ def read_manifest(backend: Backend, version: int | None = None) -> Manifest:
                 raise VersionGone(f"{backend}: version {v} was deleted (compact or --keep) as it was read") from None
             continue
         try:
-            return Manifest.from_json(raw)
+            return Manifest.from_json(raw, backend)
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise StoreCorrupt(f"{backend}: manifest v{v} unreadable: {e}") from e
     raise StoreError(f"{backend}: the latest version was deleted {READ_ATTEMPTS} times as it was read "

@@ -28,6 +28,8 @@ from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE
 from .versions import Manifest, manifest_key, publish, read_manifest, versions, writer_lock
 
 PENDING = "pending.json"
+INDEX_MERGE_RATIO = 2  # merge the newest index segment into the one before while that one holds at most 2x its rows
+INDEX_MAX_SEGMENTS = 16
 
 
 def ours(backend: Backend) -> bool:
@@ -125,7 +127,7 @@ class Writer:
         shared prefix's (keys, values) [n_layers, P, m]; with a wrapper, `prefix_ids` ends with
         the header's soft token ids (< 0) and `soft` holds the soft tokens [H + T, hidden]."""
         b = self.backend
-        for sub in ("data", "prefix", "dictionary", "manifests", "index"):
+        for sub in ("data", "prefix", "dictionary", "manifests", "meta", "index"):
             b.delete_tree(sub)
         b.delete(PENDING)
         failpoint("create")
@@ -144,8 +146,9 @@ class Writer:
                             "dictionary": dictionary.fingerprint(), "dictionary_config": asdict(dictionary.config),
                             "embed_dim": embed_dim, "created": now()}
         failpoint("create")
-        m = Manifest(1, "g000001", created=now(), note="created")
-        self.write_index(m, open_group(b, f"data/{m.generation}"), indexer)
+        m = Manifest(1, "g000001", created=now(), note="created", _backend=b)
+        self.write_documents(m, {}, None)
+        self.write_index(m, open_group(b, f"data/{m.generation}"), indexer, None)
         self.sync()
         publish(b, m)  # an empty version with an (empty) index: every version can be searched
 
@@ -290,12 +293,39 @@ class Writer:
 
     def publish(self, documents: dict[str, dict], indexer: Indexer, note: str = "") -> Manifest:
         """Build the index of the live chunks, then publish a new version covering them."""
-        m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks,
-                     dict(sorted(documents.items())), created=now(), note=note)
-        self.write_index(m, self.group, indexer)
+        m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks, created=now(), note=note,
+                     _backend=self.backend)
+        self.write_documents(m, documents, self.base)
+        self.write_index(m, self.group, indexer, self.base)
         failpoint("index")
         self.publish_manifest(m)
         return m
+
+    def write_documents(self, m: Manifest, documents: dict[str, dict], base: Manifest | None) -> None:
+        """Write `m`'s document table and live-row bitmap (`doctable`): on top of `base` (same
+        generation, segmented) only the documents that changed, else the whole table."""
+        from .doctable import Segment, appended, write_live
+
+        old = base.documents if base is not None and base.generation == m.generation else None
+        live = np.zeros(m.chunks, bool)
+        if old is not None and base.segments:  # what changed since base
+            changed = {k: v for k, v in documents.items() if old.get(k) != v}
+            deleted = [k for k in old if k not in documents]
+            live[base.live_rows()] = True
+            for d in [old[k] for k in deleted] + [old[k] for k in changed if k in old]:
+                live[d["first"]: d["first"] + d["count"]] = False
+            segment, refs = Segment(changed, deleted), base.segments
+            tokens = base.live_tokens + sum(d["tokens"] for d in changed.values()) - sum(
+                d["tokens"] for d in [old[k] for k in deleted] + [old[k] for k in changed if k in old])
+        else:  # a new store or generation, or a base of the inline format: the whole table
+            changed, segment, refs = documents, Segment(dict(documents)), []
+            tokens = sum(int(d["tokens"]) for d in documents.values())
+        for d in changed.values():
+            live[d["first"]: d["first"] + d["count"]] = True
+        m.segments = appended(self.backend, refs, segment)
+        m.live = write_live(self.backend, live)
+        m.n_documents, m.live_chunks, m.live_tokens = len(documents), int(live.sum()), int(tokens)
+        m._documents, m._rows = documents, np.flatnonzero(live).astype(np.int64)
 
     def publish_manifest(self, m: Manifest) -> None:
         """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending."""
@@ -305,26 +335,66 @@ class Writer:
         failpoint("publish")
         self.backend.delete(PENDING)
 
-    def write_index(self, m: Manifest, group, indexer: Indexer) -> None:
-        rows = m.live_rows()
-        emb = group["embeddings"][: m.chunks][rows] if m.chunks else np.zeros((0, group["embeddings"].shape[1]))
-        data, m.index_kind = indexer.build(emb, rows)
-        m.index = f"index/v{m.version:06d}.faiss"
-        self.backend.put(m.index, data)
+    def write_index(self, m: Manifest, group, indexer: Indexer, base: Manifest | None) -> None:
+        """Index `m`'s live rows as segments: on top of `base` (same generation, segmented) one
+        new segment over the rows appended since, merged with the segments before it while the
+        newest of those holds at most INDEX_MERGE_RATIO times its live rows; else one segment
+        over every live row. Rows a segment holds that `m` no longer has live are filtered at
+        search time by the live bitmap, so a deletion rewrites no index."""
+        live = m.live_rows()
+
+        def live_in(lo: int, hi: int) -> int:
+            return int(np.searchsorted(live, hi) - np.searchsorted(live, lo))
+
+        same = base is not None and base.generation == m.generation and bool(base.index_segments)
+        refs = list(base.index_segments) if same else []
+        lo = base.chunks if same else 0
+        while refs and (live_in(refs[-1]["lo"], refs[-1]["hi"]) <= INDEX_MERGE_RATIO * live_in(lo, m.chunks)
+                        or len(refs) >= INDEX_MAX_SEGMENTS):
+            lo = refs.pop()["lo"]
+        rows = live[np.searchsorted(live, lo):]
+        if len(rows):
+            refs.append(self._index_segment(m, group, indexer, rows, lo))
+        m.index_segments, m.index = refs, None
+        m.index_kind = max(refs, key=lambda r: r["rows"])["kind"] if refs else None
+
+    def _index_segment(self, m: Manifest, group, indexer: Indexer, rows: np.ndarray, lo: int) -> dict:
+        emb = group["embeddings"]
+        first = int(rows[0])
+
+        def read(pos: np.ndarray) -> np.ndarray:  # a contiguous block of rows, then the live ones in it
+            r = rows[pos]
+            if not len(r):
+                return np.zeros((0, emb.shape[1]), np.float32)
+            return emb[int(r[0]): int(r[-1]) + 1][r - r[0]]
+
+        key = f"index/v{m.version:06d}-{first:012d}.faiss"
+        if hasattr(indexer, "write"):  # built into a file: an index of any size, never all in memory
+            kind = self.backend.put_built(key, lambda path: indexer.write(read, rows, emb.shape[1], path))
+        else:
+            data, kind = indexer.build(read(np.arange(len(rows))), rows)
+            self.backend.put(key, data)
+        return {"key": key, "lo": int(lo), "hi": int(m.chunks), "rows": int(len(rows)), "kind": kind}
 
     def prune(self, keep: int) -> list[int]:
-        """Delete all but the newest `keep` versions, and generations/indexes none of them uses."""
+        """Delete all but the newest `keep` versions, and the generations, indexes and document-table
+        pieces none of them uses."""
         vs = versions(self.backend)
         drop, kept = vs[:-keep], [read_manifest(self.backend, v) for v in vs[-keep:]]
         for v in drop:
             self.backend.delete(manifest_key(v))
             failpoint("prune")
         used_gen = {m.generation for m in kept}
-        used_idx = {m.index for m in kept}
+        used_idx = {r["key"] for m in kept for r in m.index_pieces()}
+        used_meta = {r["key"] for m in kept for r in m.segments} | {m.live for m in kept if m.live}
         for g in self.backend.children("data"):
             if g != "zarr.json" and g not in used_gen:
                 self.backend.delete_tree(f"data/{g}")
         for f in self.backend.children("index"):
             if f"index/{f}" not in used_idx:
                 self.backend.delete(f"index/{f}")
+        for kind in ("segments", "live"):
+            for f in self.backend.children(f"meta/{kind}"):
+                if f"meta/{kind}/{f}" not in used_meta and not is_temporary(f) and f != "zarr.json":
+                    self.backend.delete_tree(f"meta/{kind}/{f}")
         return drop

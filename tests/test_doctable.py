@@ -1,0 +1,103 @@
+"""The document table as immutable segments: any history of changes reads back as the table a
+plain dict would hold, a publish writes what changed (plus log-structured merging), and stores
+whose manifests hold the table inline (format ≤ 3) still open, answer and migrate."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from sparsecache.store import open_backend
+from sparsecache.store.doctable import Segment, appended, read_live, read_segment, resolve, write_live
+
+IDS = st.sampled_from([f"doc/{i}" for i in range(40)] + ["ünïcode/ß", "../x", ""])
+ENTRY = st.fixed_dictionaries({"hash": st.text(max_size=8), "first": st.integers(0, 2**40),
+                               "count": st.integers(0, 9), "tokens": st.integers(0, 10**6),
+                               "token_offset": st.integers(0, 2**40)})
+NIGHT = st.tuples(st.dictionaries(IDS, ENTRY, max_size=12), st.lists(IDS, max_size=6))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nights=st.lists(NIGHT, min_size=1, max_size=12))
+def test_any_history_of_segments_reads_back_as_the_table(tmp_path_factory, nights):
+    backend = open_backend(tmp_path_factory.mktemp("doctable"))
+    table: dict[str, dict] = {}
+    refs: list[dict] = []
+    for upserts, deletes in nights:
+        for d in deletes:
+            table.pop(d, None)
+        table.update(upserts)
+        refs = appended(backend, refs, Segment(upserts, deletes))
+        assert resolve([read_segment(backend, r) for r in refs]) == table
+    assert len(refs) <= 2 + math.log2(1 + sum(len(u) + len(d) for u, d in nights))  # each more than twice the next
+
+
+def test_a_nightly_change_writes_a_small_segment_and_merges_log_structured(tmp_path):
+    backend = open_backend(tmp_path)
+    base = {f"doc/{i}": {"hash": "a", "first": i, "count": 1, "tokens": 3, "token_offset": 3 * i} for i in range(1000)}
+    refs = appended(backend, [], Segment(base))
+    sizes = []
+    for night in range(8):
+        change = {f"doc/{i}": {**base[f"doc/{i}"], "hash": f"n{night}"} for i in range(night * 10, night * 10 + 10)}
+        refs = appended(backend, refs, Segment(change))
+        sizes.append([r["entries"] + r["deleted"] for r in refs])
+    assert sizes[:4] == [[1000, 10], [1000, 20], [1000, 30], [1000, 30, 10]]
+    assert all(s[0] == 1000 for s in sizes)  # the big base segment is never rewritten by a small change
+
+
+def test_the_live_bitmap_round_trips(tmp_path):
+    backend = open_backend(tmp_path)
+    live = np.random.default_rng(0).random(10_007) < 0.9
+    key = write_live(backend, live)
+    np.testing.assert_array_equal(read_live(backend, key, len(live)), np.flatnonzero(live))
+    assert write_live(backend, live) == key  # content-addressed: the same bits, the same piece
+
+
+def _inline(store) -> None:
+    """Rewrite every manifest the way format 3 kept it: the document table inline, no pieces."""
+    import shutil
+
+    from sparsecache.store import read_manifest
+
+    for path in sorted((store / "manifests").glob("v*.json")):
+        m = read_manifest(store, int(path.stem[1:]))
+        raw = json.loads(path.read_text())
+        for key in ("segments", "live", "n_documents", "live_chunks", "live_tokens"):
+            raw.pop(key)
+        raw.update(format=3, documents=m.documents)
+        path.write_text(json.dumps(raw))
+    shutil.rmtree(store / "meta")
+
+
+def test_a_store_with_inline_manifests_opens_answers_and_migrates_on_the_next_publish(
+        tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
+    from conftest import assert_same_live_chunks
+    from sparsecache.encoder import encode_corpus
+    from sparsecache.kvstore import KVStore, verify
+    from sparsecache.store import StoreConfig, read_manifest
+
+    def build(store):
+        encode_corpus([str(corpus_dir)], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+                      embedder=embedder, batch_tokens=256, progress=False)
+
+    store, fresh = tmp_path / "old", tmp_path / "fresh"
+    build(store)
+    before = KVStore.open(store)
+    want = [(c.id, c.doc_id) for c in before.chunks()]
+    q = embedder.embed(["gardens"])[0]
+    hits = [(c.id, round(s, 5)) for c, s in before.search(q, 3)]
+    _inline(store)
+    old = KVStore.open(store)
+    assert not old.manifest.segments and [(c.id, c.doc_id) for c in old.chunks()] == want
+    assert [(c.id, round(s, 5)) for c, s in old.search(q, 3)] == hits
+    assert verify(store)["ok"] and old.info()["documents"] == len(old.manifest.documents)
+    (corpus_dir / "added.txt").write_text("A document the nightly run adds.\n\nIt has two paragraphs.\n")
+    build(store)  # the next publish writes the table as segments
+    m = read_manifest(store)
+    assert m.segments and m.live and "documents" not in json.loads((store / "manifests" / f"v{m.version:06d}.json").read_text())
+    build(fresh)
+    assert_same_live_chunks(store, fresh)
+    assert verify(store)["ok"]
