@@ -4,6 +4,7 @@ import click
 
 from sparsecache.bench.config import FrontierConfig
 from sparsecache.bench.fidelity import SPLIT, SPLITS
+from sparsecache.bench.scale import ScaleConfig
 
 from .options import device_option, dtype_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
@@ -342,3 +343,36 @@ def quality_cmd(model_path, texts, configs, dicts, passages, prefix_tokens, cont
 
 def _num(x) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+@bench.command("scale")
+@click.option("--workdir", default="bench-scale", show_default=True, type=click.Path(file_okay=False),
+              help="Where the synthetic stores go (each is deleted once measured); scale.json and scale.png too.")
+@click.option("--sizes", default=",".join(map(str, ScaleConfig.sizes)), show_default=True, callback=int_list,
+              help="Chunks per store, comma-separated (10M needs ~20 GB of disk for its embeddings).")
+@click.option("--queries", default=ScaleConfig.queries, show_default=True, help="Searches timed per size.")
+@click.option("--embeddings", type=click.Choice(["clustered", "random"]), default=ScaleConfig.embeddings,
+              show_default=True, help="Synthetic vectors: clustered like sentence embeddings, or uniform (worst case).")
+@click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw", "ivf-sq8"]), default=ScaleConfig.index,
+              show_default=True, help="Index kind (auto: by the number of vectors, as encode-corpus does).")
+@json_option
+@library_errors
+def scale_cmd(workdir, sizes, queries, embeddings, index_kind, as_json):
+    """What a store's metadata and index cost as the corpus grows, with no model: per size, a
+    reader's open to first search, search p50/p99 and recall@8 against exact search, a nightly
+    publish changing (and one deleting) 1% of the documents and the bytes it writes, and the
+    writer's and reader's peak memory (each phase in its own process)."""
+    from pathlib import Path
+
+    from sparsecache.bench.scale import plot, run
+
+    cfg = ScaleConfig(tuple(sizes), queries, embeddings, index_kind)
+    r = run(Path(workdir), cfg, progress=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    plot(r, Path(workdir) / "scale.png")
+    lines = [f"{'chunks':>11} {'open s':>7} {'p50 ms':>7} {'p99 ms':>7} {'recall@8':>8} {'publish 1% s':>12} "
+             f"{'MB written':>10} {'writer GB':>9} {'reader GB':>9}"]
+    lines += [f"{x['chunks']:>11,} {x['open_s']:>7.2f} {x['search_p50_ms']:>7.2f} {x['search_p99_ms']:>7.2f} "
+              f"{x['recall_at_8']:>8.3f} {x['publish_1pct_s']:>12.1f} {x['publish_bytes'] / 1e6:>10.1f} "
+              f"{x['writer_peak_gb']:>9.2f} {x['reader_peak_gb']:>9.2f}" for x in r["rows"]]
+    lines.append(f"({r['machine']['cpu']}, {r['machine']['cores']} cores; {Path(workdir) / 'scale.json'}, scale.png)")
+    emit(r, as_json, lines)
