@@ -228,8 +228,7 @@ class Store:
 
     def chunks(self) -> list[ChunkInfo]:
         """The live chunks of this version, in store order."""
-        ids = self._column("chunk_id")
-        return [self.chunk(str(ids[r])) for r in self._rows]
+        return self.chunks_at(self._rows)
 
     def live_rows(self) -> np.ndarray:
         return self._rows
@@ -278,12 +277,12 @@ class Store:
         """The live chunks at chunk-table rows `rows` (what the index answers with)."""
         rows = [int(r) for r in rows]
         v = self._many(["chunk_id", *INFO_COLUMNS], rows)
-        self._known.update(zip(map(str, v["chunk_id"]), rows))
-        return [ChunkInfo(str(c), str(d), int(o), r, int(a), int(n))
-                for c, r, d, o, a, n in zip(v["chunk_id"], rows, *(v[k] for k in INFO_COLUMNS))]
+        ids = [str(c) for c in v["chunk_id"]]
+        self._known.update(zip(ids, rows))
+        return self._infos(ids, rows, v)
 
-    def _infos(self, chunk_ids: list[str], rows: list[int]) -> list[ChunkInfo]:
-        v = self._many(list(INFO_COLUMNS), rows)
+    def _infos(self, chunk_ids: list[str], rows: list[int], values: dict | None = None) -> list[ChunkInfo]:
+        v = values or self._many(list(INFO_COLUMNS), rows)
         return [ChunkInfo(c, str(d), int(o), r, int(a), int(n))
                 for c, r, d, o, a, n in zip(chunk_ids, rows, *(v[k] for k in INFO_COLUMNS))]
 

@@ -311,12 +311,12 @@ class Writer:
         if old is not None and base.segments:  # what changed since base
             changed = {k: v for k, v in documents.items() if old.get(k) != v}
             deleted = [k for k in old if k not in documents]
+            gone = [old[k] for k in deleted] + [old[k] for k in changed if k in old]  # entries no longer live
             live[base.live_rows()] = True
-            for d in [old[k] for k in deleted] + [old[k] for k in changed if k in old]:
+            for d in gone:
                 live[d["first"]: d["first"] + d["count"]] = False
             segment, refs = Segment(changed, deleted), base.segments
-            tokens = base.live_tokens + sum(d["tokens"] for d in changed.values()) - sum(
-                d["tokens"] for d in [old[k] for k in deleted] + [old[k] for k in changed if k in old])
+            tokens = base.live_tokens + sum(d["tokens"] for d in changed.values()) - sum(d["tokens"] for d in gone)
         else:  # a new store or generation, or a base of the inline format: the whole table
             changed, segment, refs = documents, Segment(dict(documents)), []
             tokens = sum(int(d["tokens"]) for d in documents.values())
