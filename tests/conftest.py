@@ -5,6 +5,7 @@ an in-process vLLM engine."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -598,6 +599,30 @@ def start_engine(model_path, store_path, max_model_len: int = 4096):
     finally:
         for k, v in hidden.items():
             sys.modules.setdefault(k, v)
+
+
+@contextlib.contextmanager
+def engine(model_path, store_path, max_model_len: int = 4096):
+    """`start_engine` under ENGINE_ENV, torn down on exit with everything vLLM keeps per process
+    (the KV connector, the model-parallel groups): another module's engine then starts clean
+    with its own store instead of failing on the groups this one left half destroyed."""
+    from vllm.distributed import cleanup_dist_env_and_memory
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
+    os.environ.update(ENGINE_ENV)
+    llm = None
+    try:
+        llm = start_engine(model_path, store_path, max_model_len)
+        yield llm
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        ensure_kv_transfer_shutdown()
+        cleanup_dist_env_and_memory()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def counters(llm) -> dict:

@@ -6,14 +6,13 @@ The connector's counters (vLLM's Prometheus metrics) show whether a request was 
 the store or fell back to prefill, so an equality can never pass by a silent fallback.
 """
 
-import os
 
 import pytest
 import torch
 from click.testing import CliRunner
 
 from sparsecache.serving import PARAMS_KEY as PARAMS
-from conftest import ENGINE_ENV, counters, generate, start_engine, with_source
+from conftest import counters, engine, generate, with_source
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
@@ -50,13 +49,8 @@ def rag(store):
 def llm(store):
     from sparsecache.gguf import default_model_dir
 
-    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
-    os.environ.update(ENGINE_ENV)
-    try:
-        yield start_engine(default_model_dir(), store.store.root)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with engine(default_model_dir(), store.store.root) as llm:
+        yield llm
 
 
 def test_one_chunk_of_exact_kv_equals_vllm_full_prefill(llm, store, rag):

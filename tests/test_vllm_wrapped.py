@@ -6,12 +6,11 @@ token ids: what the connector serves from placeholder ids plus the store's KV mu
 prefill, token for token. The connector's counters show that nothing fell back to prefill.
 """
 
-import os
 
 import pytest
 import torch
 
-from conftest import ENGINE_ENV, generate, invoke, start_engine, with_source
+from conftest import engine, generate, invoke, with_source
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
@@ -51,13 +50,8 @@ def rag(wrapped):
 def llm(wrapped):
     from sparsecache.gguf import default_model_dir
 
-    saved = {k: os.environ.get(k) for k in ENGINE_ENV}
-    os.environ.update(ENGINE_ENV)
-    try:
-        yield start_engine(default_model_dir(), wrapped[0].store.root)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with engine(default_model_dir(), wrapped[0].store.root) as llm:
+        yield llm
 
 
 def _as_text(req, session):
