@@ -18,6 +18,7 @@ import torch
 
 from .durable import publish_dir
 from .errors import ModelError
+from .index_config import INDEX_KINDS, IVF_CODES, IVF_NPROBE, pick_kind
 from .paths import cache_root
 
 DEFAULT = "default"
@@ -25,10 +26,6 @@ DEFAULT_NAME = "all-MiniLM-L6-v2"
 _PACKAGE = "all_minilm_l6_v2"  # located with find_spec, never imported
 WINDOW = 256  # the encoder's training length (sentence-transformers' max_seq_length)
 STRIDE = 32
-HNSW_ABOVE = 50_000  # live chunks above which "auto" picks HNSW over exact search
-IVF_ABOVE = 2_000_000  # and above which IVF with 8-bit scalar-quantised vectors (HNSW's floats: 1.5 KB a chunk)
-INDEX_KINDS = ("auto", "flat", "hnsw", "ivf-sq8")
-IVF_NPROBE = 48  # lists an IVF search visits (BENCHMARKS.md, "A store for a real corpus": recall@8 against exact)
 BUILD_BATCH = 262_144  # vectors read and added at a time
 
 
@@ -89,15 +86,6 @@ class Embedder:
         return torch.nn.functional.normalize(out, dim=-1).numpy()
 
 
-def pick_kind(n: int, kind: str = "auto") -> str:
-    """The index kind for `n` vectors: `kind`, or by size where it is "auto"."""
-    if kind not in INDEX_KINDS:
-        raise ValueError(f"index kind must be one of {', '.join(INDEX_KINDS)}, got {kind!r}")
-    if kind != "auto":
-        return kind
-    return "ivf-sq8" if n > IVF_ABOVE else "hnsw" if n > HNSW_ABOVE else "flat"
-
-
 def build_index(embeddings: np.ndarray, ids: np.ndarray, kind: str = "auto"):
     """A FAISS inner-product index over `embeddings` [n, dim] answering with `ids` (int64)."""
     return build_index_from(lambda i: embeddings[i], np.asarray(ids, np.int64), embeddings.shape[1], kind)
@@ -110,10 +98,10 @@ def build_index_from(read, ids: np.ndarray, dim: int, kind: str = "auto"):
 
     n = len(ids)
     kind = pick_kind(n, kind)
-    if kind == "ivf-sq8":
-        nlist = int(2 ** round(np.log2(max(1.0, np.sqrt(n)))))  # ~√n lists (4,096 at 10M)
-        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit,
-                                              faiss.METRIC_INNER_PRODUCT)
+    if kind in IVF_CODES:
+        nlist = int(2 ** round(np.log2(max(1.0, np.sqrt(n)))))  # ~√n lists (1,024 at 1M)
+        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist,
+                                              getattr(faiss.ScalarQuantizer, IVF_CODES[kind]), faiss.METRIC_INNER_PRODUCT)
         sample = np.sort(np.random.default_rng(0).choice(n, min(n, 40 * nlist), replace=False)) if n else ids[:0]
         index.train(np.ascontiguousarray(read(sample), dtype=np.float32) if n else np.zeros((0, dim), np.float32))
         index.nprobe = IVF_NPROBE
@@ -136,8 +124,9 @@ def build_index_from(read, ids: np.ndarray, dim: int, kind: str = "auto"):
 def index_kind(index) -> str:
     import faiss
 
-    if isinstance(faiss.downcast_index(index), faiss.IndexIVFScalarQuantizer):
-        return "ivf-sq8"
+    ivf = faiss.downcast_index(index)
+    if isinstance(ivf, faiss.IndexIVFScalarQuantizer):
+        return "ivf-f16" if ivf.sq.qtype == faiss.ScalarQuantizer.QT_fp16 else "ivf-sq8"
     return "hnsw" if isinstance(faiss.downcast_index(index.index), faiss.IndexHNSWFlat) else "flat"
 
 
@@ -173,7 +162,7 @@ def load_index_file(path) -> object:
     import faiss
 
     try:
-        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
     except RuntimeError:
         return faiss.read_index(str(path))
 
@@ -233,8 +222,8 @@ class LiveRows:
 
 class FaissIndexer:
     """The index a store version publishes (`store.layout.Indexer`): FAISS, exact inner
-    product, HNSW or IVF over 8-bit quantised vectors (`kind`: "auto" picks by the number of
-    vectors an index holds: HNSW above HNSW_ABOVE, IVF-SQ8 above IVF_ABOVE)."""
+    product, HNSW, or IVF over float16 or 8-bit quantised vectors (`kind`: "auto" picks by the
+    number of vectors an index segment holds: `index_config.pick_kind`)."""
 
     def __init__(self, kind: str = "auto"):
         if kind not in INDEX_KINDS:

@@ -113,5 +113,5 @@ def verify(where, version: int | None = None) -> dict:
 
 
 def compact(where, keep: int = 2, index_kind: str = "auto") -> Manifest:
-    """`store.compact` with a FAISS index of `index_kind` ("auto", "flat" or "hnsw")."""
+    """`store.compact` with a FAISS index of `index_kind` (`index_config.INDEX_KINDS`)."""
     return storage.compact(where, FaissIndexer(index_kind), keep)

@@ -49,14 +49,16 @@ def test_index_answers_with_the_given_ids(kind, embedder, tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_auto_picks_flat_for_small_and_hnsw_for_large(monkeypatch):
-    from sparsecache import index as index_mod
+def test_auto_picks_flat_for_small_then_hnsw_then_ivf(monkeypatch):
+    from sparsecache import index_config
 
     rng = np.random.default_rng(0)
     e = rng.standard_normal((50, 8)).astype(np.float32)
     assert index_kind(build_index(e, np.arange(50))) == "flat"
-    monkeypatch.setattr(index_mod, "HNSW_ABOVE", 10)
+    monkeypatch.setattr(index_config, "HNSW_ABOVE", 10)
     assert index_kind(build_index(e, np.arange(50))) == "hnsw"
+    monkeypatch.setattr(index_config, "IVF_ABOVE", 20)
+    assert index_kind(build_index(e, np.arange(50))) == "ivf-f16"
     with pytest.raises(ValueError, match="index kind"):
         build_index(e, np.arange(50), "ivf")
 

@@ -537,3 +537,29 @@ def test_a_large_stores_reader_reads_single_rows_as_the_whole_columns_say(store,
     q = whole.search(np.ones(whole.attrs["embed_dim"], np.float32) / 20, 3)
     assert [(c, round(s, 5)) for c, s in lazy.search(np.ones(whole.attrs["embed_dim"], np.float32) / 20, 3)] == \
         [(c, round(s, 5)) for c, s in q]
+    assert lazy._points.cache  # read from the chunk objects, not through zarr's pipeline
+
+
+def test_direct_table_reads_equal_zarrs_and_name_a_damaged_chunk(store, tmp_path, monkeypatch):
+    """`DirectPoints` (chunk objects, CRC-checked, zstd undone) reads what zarr reads, at any
+    positions of every chunk-table array; a damaged chunk is named, never decoded as data."""
+    import sparsecache.store.reader as reader
+    from sparsecache.store.layout import zarr_points
+
+    s = KVStore.open(store)
+    names = [n for n in s.group.array_keys() if s.group[n].ndim == 1 and s.group[n].shape[0] and n != "tokens"]
+    assert {"doc_id_ends", "doc_id_utf8", "ordinal"} <= set(names)
+    rng = np.random.default_rng(0)
+    reads = [(n, np.sort(rng.integers(0, s.group[n].shape[0], 7))) for n in names]
+    for got, want in zip(s._points(reads), zarr_points(s._handles)(reads)):
+        np.testing.assert_array_equal(got, want)
+
+    copy = tmp_path / "damaged"
+    shutil.copytree(store, copy)
+    chunk = copy / s.data / "doc_id_ends" / "c" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    monkeypatch.setattr(reader, "WHOLE_COLUMNS_UP_TO", 0)
+    with pytest.raises(StoreCorrupt, match="doc_id_ends/c/0 fails its CRC32C"):
+        KVStore.open(copy).chunks_at([0])

@@ -5,6 +5,7 @@ import click
 from sparsecache.bench.config import FrontierConfig
 from sparsecache.bench.fidelity import SPLIT, SPLITS
 from sparsecache.bench.scale import ScaleConfig
+from sparsecache.index_config import INDEX_KINDS
 
 from .options import device_option, dtype_option, emit, int_list, json_option, library_errors, model_option, resolve_device
 
@@ -353,7 +354,7 @@ def _num(x) -> str:
 @click.option("--queries", default=ScaleConfig.queries, show_default=True, help="Searches timed per size.")
 @click.option("--embeddings", type=click.Choice(["clustered", "random"]), default=ScaleConfig.embeddings,
               show_default=True, help="Synthetic vectors: clustered like sentence embeddings, or uniform (worst case).")
-@click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw", "ivf-sq8"]), default=ScaleConfig.index,
+@click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default=ScaleConfig.index,
               show_default=True, help="Index kind (auto: by the number of vectors, as encode-corpus does).")
 @json_option
 @library_errors

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from sparsecache.index_config import INDEX_KINDS, KIND_HELP
+
 from sparsecache.codes import COEF_DTYPE_NAMES
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
@@ -35,9 +37,8 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               "for --model): every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays "
               "out with it (fixed when the store is created; `query` reads it, `serve` does not yet).  [default: none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
-@click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw", "ivf-sq8"]), default="auto", show_default=True,
-              help="FAISS index kind for the segments this run builds: exact (flat), HNSW, or IVF over 8-bit "
-                   "vectors; auto picks by a segment's size (HNSW above 50,000 chunks, IVF-SQ8 above 2,000,000).")
+@click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default="auto", show_default=True,
+              help=f"FAISS index kind for the segments this run builds: {KIND_HELP}.")
 @click.option("--embedder", default=None,
               help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory.  [default: default]")
 @click.option("--compressor", type=click.Choice(["none", "zstd"]), default=None,
@@ -171,7 +172,7 @@ def verify_cmd(store, version, as_json):
 @click.command("compact")
 @store_argument
 @click.option("--keep", default=2, show_default=True, help="Published versions to keep (older ones are deleted).")
-@click.option("--index", "index_kind", type=click.Choice(["auto", "flat", "hnsw", "ivf-sq8"]), default="auto",
+@click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default="auto",
               show_default=True, help="FAISS index kind of the compacted version (auto: by its size).")
 @json_option
 @library_errors

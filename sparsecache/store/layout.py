@@ -205,15 +205,12 @@ def read_strings(group, col: str, rows: int, legacy: bool) -> np.ndarray:
     return np.array([blob[a:b].decode("utf-8") for a, b in zip(starts, ends)], dtype=object)
 
 
-def read_rows(arrays, names: list[str], rows, legacy: bool) -> dict[str, list]:
-    """Values of chunk-table columns `names` at `rows` (`arrays`: name → zarr Array), reading
-    only the Zarr chunks that hold them, all columns at once: two rounds of concurrent reads
-    (the integer columns and the text columns' ends, then the text columns' bytes)."""
+def zarr_points(arrays):
+    """A `read_rows` fetch through Zarr: values of 1-D arrays at positions, all concurrently
+    (`arrays`: name → zarr Array)."""
     from zarr.core.sync import sync
 
-    rows = np.asarray(rows, np.int64)
-
-    def gather(reads):
+    def fetch(reads: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         handles = [arrays[a]._async_array for a, _ in reads]  # opened here: not inside zarr's loop
 
         async def every():
@@ -221,12 +218,20 @@ def read_rows(arrays, names: list[str], rows, legacy: bool) -> dict[str, list]:
 
         return sync(every())
 
+    return fetch
+
+
+def read_rows(fetch, names: list[str], rows, legacy: bool) -> dict[str, list]:
+    """Values of chunk-table columns `names` at `rows`, reading only the chunks that hold them,
+    all columns at once: two rounds of `fetch` ([(array name, positions)] → [values], as
+    `zarr_points`): the integer columns and the text columns' ends, then the text bytes."""
+    rows = np.asarray(rows, np.int64)
     text = [n for n in names if n in TABLE_STR]
     first = [(n, rows) for n in names if n not in TABLE_STR or legacy]
     need = np.unique(np.concatenate([rows, rows - 1]))
     need = need[need >= 0]
     first += [(f"{n}_ends", need) for n in text if not legacy]
-    got = dict(zip([a for a, _ in first], gather(first) if len(rows) else [np.zeros(0)] * len(first)))
+    got = dict(zip([a for a, _ in first], fetch(first) if len(rows) else [np.zeros(0)] * len(first)))
     out = {n: got[n].tolist() for n in names if n not in TABLE_STR}
     if legacy:
         out.update({n: [str(v) for v in got[n]] for n in text})
@@ -236,8 +241,7 @@ def read_rows(arrays, names: list[str], rows, legacy: bool) -> dict[str, list]:
         ends = dict(zip(need.tolist(), got[f"{n}_ends"].tolist()))
         spans[n] = [(ends.get(r - 1, 0) if r else 0, ends[r]) for r in rows.tolist()]
         second.append((f"{n}_utf8", np.concatenate([np.arange(a, b) for a, b in spans[n]] + [np.zeros(0, np.int64)])))
-    blobs = gather([(a, at) for a, at in second if len(at)]) if any(len(at) for _, at in second) else []
-    blobs = iter(blobs)
+    blobs = iter(fetch([(a, at) for a, at in second if len(at)]) if any(len(at) for _, at in second) else [])
     for (n, (_, at)) in zip(text, second):
         blob = next(blobs).tobytes() if len(at) else b""
         cuts = np.cumsum([0] + [b - a for a, b in spans[n]])

@@ -29,7 +29,10 @@ from .versions import Manifest, manifest_key, publish, read_manifest, versions, 
 
 PENDING = "pending.json"
 INDEX_MERGE_RATIO = 2  # merge the newest index segment into the one before while that one holds at most 2x its rows
-INDEX_MAX_SEGMENTS = 16
+INDEX_MAX_SEGMENTS = 16  # past this the newest merge regardless of INDEX_SEGMENT_ROWS
+INDEX_SEGMENT_ROWS = 2_000_000  # rows per index segment at most: building one holds ~1.5 GB of float16
+# vectors, and a publish never rebuilds the corpus's index (10M chunks: five segments searched together)
+INDEX_LIVE_SHARE = 0.5  # a segment with fewer of its rows live than this share is rebuilt over the live ones
 
 
 def ours(backend: Backend) -> bool:
@@ -336,29 +339,42 @@ class Writer:
         self.backend.delete(PENDING)
 
     def write_index(self, m: Manifest, group, indexer: Indexer, base: Manifest | None) -> None:
-        """Index `m`'s live rows as segments: on top of `base` (same generation, segmented) one
+        """Index `m`'s live rows as segments. On top of `base` (same generation, segmented): one
         new segment over the rows appended since, merged with the segments before it while the
-        newest of those holds at most INDEX_MERGE_RATIO times its live rows; else one segment
-        over every live row. Rows a segment holds that `m` no longer has live are filtered at
-        search time by the live bitmap, so a deletion rewrites no index."""
+        newest of those holds at most INDEX_MERGE_RATIO times its live rows and the result stays
+        within INDEX_SEGMENT_ROWS; a segment whose rows are mostly no longer live is rebuilt over
+        the live ones. Else segments over every live row. Rows a segment holds that `m` no longer
+        has live are filtered at search time by the live bitmap, so a deletion rewrites no index
+        until it is most of a segment."""
         live = m.live_rows()
 
-        def live_in(lo: int, hi: int) -> int:
-            return int(np.searchsorted(live, hi) - np.searchsorted(live, lo))
+        def live_in(lo: int, hi: int) -> np.ndarray:
+            return live[np.searchsorted(live, lo): np.searchsorted(live, hi)]
 
         same = base is not None and base.generation == m.generation and bool(base.index_segments)
         refs = list(base.index_segments) if same else []
         lo = base.chunks if same else 0
-        while refs and (live_in(refs[-1]["lo"], refs[-1]["hi"]) <= INDEX_MERGE_RATIO * live_in(lo, m.chunks)
-                        or len(refs) >= INDEX_MAX_SEGMENTS):
+        while refs and (len(refs) >= INDEX_MAX_SEGMENTS or (
+                len(live_in(refs[-1]["lo"], refs[-1]["hi"])) <= INDEX_MERGE_RATIO * len(live_in(lo, m.chunks))
+                and len(live_in(refs[-1]["lo"], m.chunks)) <= INDEX_SEGMENT_ROWS)):
             lo = refs.pop()["lo"]
-        rows = live[np.searchsorted(live, lo):]
-        if len(rows):
-            refs.append(self._index_segment(m, group, indexer, rows, lo))
-        m.index_segments, m.index = refs, None
-        m.index_kind = max(refs, key=lambda r: r["rows"])["kind"] if refs else None
+        kept = []
+        for r in refs:
+            rows = live_in(r["lo"], r["hi"])
+            if len(rows) >= INDEX_LIVE_SHARE * r["rows"]:
+                kept.append(r)
+            elif len(rows):  # mostly deleted or replaced: its search would visit mostly dead rows
+                kept.append(self._index_segment(m, group, indexer, rows, r["lo"], r["hi"]))
+        rows = live_in(lo, m.chunks)
+        for at in range(0, len(rows), INDEX_SEGMENT_ROWS):
+            part = rows[at: at + INDEX_SEGMENT_ROWS]
+            hi = int(rows[at + INDEX_SEGMENT_ROWS]) if at + INDEX_SEGMENT_ROWS < len(rows) else m.chunks
+            kept.append(self._index_segment(m, group, indexer, part, lo if at == 0 else int(part[0]), hi))
+        m.index_segments, m.index = kept, None
+        m.index_kind = max(kept, key=lambda r: r["rows"])["kind"] if kept else None
 
-    def _index_segment(self, m: Manifest, group, indexer: Indexer, rows: np.ndarray, lo: int) -> dict:
+    def _index_segment(self, m: Manifest, group, indexer: Indexer, rows: np.ndarray, lo: int, hi: int) -> dict:
+        """One index segment over `rows` (live, ascending), covering rows [lo, hi)."""
         emb = group["embeddings"]
         first = int(rows[0])
 
@@ -374,7 +390,7 @@ class Writer:
         else:
             data, kind = indexer.build(read(np.arange(len(rows))), rows)
             self.backend.put(key, data)
-        return {"key": key, "lo": int(lo), "hi": int(m.chunks), "rows": int(len(rows)), "kind": kind}
+        return {"key": key, "lo": int(lo), "hi": int(hi), "rows": int(len(rows)), "kind": kind}
 
     def prune(self, keep: int) -> list[int]:
         """Delete all but the newest `keep` versions, and the generations, indexes and document-table
