@@ -14,7 +14,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .durable import publish_dir
 from .errors import ModelError
@@ -45,6 +44,7 @@ class Embedder:
     """A HF encoder turned into a sentence embedder: text → unit vectors float32 [n, dim]."""
 
     def __init__(self, name_or_path: str = DEFAULT, device="cpu"):
+        import torch
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -64,9 +64,10 @@ class Embedder:
     def dim(self) -> int:
         return self.model.config.hidden_size
 
-    @torch.inference_mode()
     def embed(self, texts: list[str], batch: int = 32) -> np.ndarray:
         """float32 [len(texts), dim], each row L2-normalised."""
+        import torch  # here, not at import: a writer that only builds indexes never loads torch
+
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         enc = self.tokenizer(list(texts), truncation=True, max_length=WINDOW, stride=STRIDE,
@@ -74,13 +75,14 @@ class Embedder:
         owner = enc.pop("overflow_to_sample_mapping")  # window → text
         order = enc["attention_mask"].sum(1).argsort()  # similar lengths together: less padding
         pooled = torch.zeros(len(owner), self.dim)
-        for start in range(0, len(order), batch):
-            sel = order[start : start + batch]
-            width = int(enc["attention_mask"][sel].sum(1).max())
-            part = {k: v[sel, :width].to(self.device) for k, v in enc.items()}
-            hidden = self.model(**part).last_hidden_state  # (B, W, dim)
-            mask = part["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled[sel] = ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).float().cpu()
+        with torch.inference_mode():
+            for start in range(0, len(order), batch):
+                sel = order[start : start + batch]
+                width = int(enc["attention_mask"][sel].sum(1).max())
+                part = {k: v[sel, :width].to(self.device) for k, v in enc.items()}
+                hidden = self.model(**part).last_hidden_state  # (B, W, dim)
+                mask = part["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled[sel] = ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).float().cpu()
         w = torch.nn.functional.normalize(pooled, dim=-1)  # (windows, dim)
         out = torch.zeros(len(texts), self.dim).index_add_(0, owner, w)  # mean of windows, up to scale
         return torch.nn.functional.normalize(out, dim=-1).numpy()

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +93,8 @@ class Manifest:
         return [{"key": self.index, "lo": 0, "hi": self.chunks, "rows": self.live_chunks, "kind": self.index_kind}]
 
     def to_json(self) -> str:
-        fields = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        # not asdict(): it deep-copies every field, the loaded document table included (40 s at 1M documents)
+        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(self) if not f.name.startswith("_")}
         return json.dumps({"format": FORMAT_VERSION, **fields}, indent=1, sort_keys=True)
 
     @classmethod
