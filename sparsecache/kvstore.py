@@ -16,7 +16,7 @@ from . import store as storage
 from .codec import Codec
 from .dictionary import Dictionary
 from .errors import StoreCorrupt
-from .index import FaissIndexer, LiveRows, index_ids, load_index_bytes, load_index_file, search_segments
+from .index import FaissIndexer, LiveRows, index_ids, load_index_file, search_segments
 from .stopwatch import Stopwatch
 from .store import ChunkCodes, ChunkInfo, Manifest
 
@@ -67,9 +67,10 @@ class KVStore(storage.Store):
         return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
 
     def indexes(self) -> list:
-        """The FAISS index segments of this version (ids are chunk rows), loaded once each; a
-        local store's are memory-mapped, so opening reads no vectors. Segments are immutable
-        files, so a newer version of the store (`latest`) reuses the ones it shares."""
+        """The FAISS index segments of this version (ids are chunk rows), loaded once each and
+        memory-mapped (an object store's from a local copy fetched once, `Backend.fetch_file`), so
+        opening reads no vectors. Segments are immutable files, so a newer version of the store
+        (`latest`) reuses the ones it shares."""
         out = []
         for piece in self.manifest.index_pieces():
             key = piece["key"]
@@ -82,12 +83,9 @@ class KVStore(storage.Store):
 
     def _load_index(self, key: str):
         try:
-            if self.backend.local_root is not None:
-                path = self.backend.local_root / key
-                if not path.is_file():
-                    raise self.missing_index(key)
-                return load_index_file(path)
-            return load_index_bytes(self.index_bytes(key))
+            return load_index_file(self.backend.fetch_file(key))  # an object store's: cached locally once
+        except FileNotFoundError:
+            raise self.missing_index(key) from None
         except RuntimeError as e:
             raise StoreCorrupt(f"{self.backend}/{key}: unreadable FAISS index: {str(e).splitlines()[0]}") from e
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from sparsecache.kvstore import KVStore
@@ -20,6 +21,30 @@ def test_an_s3_store_equals_a_local_one(s3_url, corpus_dir, tmp_path, tiny_model
     assert cli_encode(corpus_dir, s3_url, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     assert cli_encode(corpus_dir, tmp_path / "local", tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     assert_same_live_chunks(s3_url, tmp_path / "local")
+    remote, local = KVStore.open(s3_url), KVStore.open(tmp_path / "local")
+    q = np.ones(local.attrs["embed_dim"], np.float32) / 20
+    assert [(c.id, round(x, 5)) for c, x in remote.search(q, 3)] == [(c.id, round(x, 5)) for c, x in local.search(q, 3)]
+
+
+def test_a_remote_index_is_fetched_once(s3_url, corpus_dir, tiny_model_dir, tiny_dictionary_dir, monkeypatch):
+    """A reader of an object store searches a local copy of each index segment (streamed into
+    the user cache once, named by the object's e-tag), never the whole file held in memory."""
+    import obstore
+
+    from sparsecache.paths import cache_root
+
+    assert cli_encode(corpus_dir, s3_url, tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    key = read_manifest(open_backend(s3_url)).index_pieces()[0]["key"]
+    path = open_backend(s3_url).fetch_file(key)
+    assert path.is_relative_to(cache_root() / "remote") and path.read_bytes() == open_backend(s3_url).get(key)
+    with monkeypatch.context() as m:
+        m.setattr(obstore, "get", lambda *a, **k: pytest.fail("fetched again"))
+        assert open_backend(s3_url).fetch_file(key) == path
+    inode = path.stat().st_ino
+    s = KVStore.open(s3_url)
+    assert s.search(np.ones(s.attrs["embed_dim"], np.float32), 2) and path.stat().st_ino == inode
+    with pytest.raises(FileNotFoundError):
+        open_backend(s3_url).fetch_file("index/v999999-000000000000.faiss")
 
 
 def test_a_second_writer_is_refused_naming_the_holder(s3_url, corpus_dir, tiny_model_dir, tiny_dictionary_dir):
