@@ -22,3 +22,27 @@ def test_bench_scale_measures_every_field_at_a_small_size(tmp_path):
     assert 0 < row["publish_bytes"] < row["store_bytes"] / 5 and row["publish_delete_1pct_bytes"] < row["publish_bytes"]
     assert (tmp_path / "scale.json").exists() and (tmp_path / "scale.png").exists()
     assert not (tmp_path / "n3000").exists()  # the synthetic store is removed once measured
+
+
+def test_a_stopped_run_resumes_from_the_phase_after_the_last_finished(tmp_path, monkeypatch):
+    import pytest
+
+    from sparsecache.bench import scale
+
+    calls, killed, real = [], [], scale._in_child
+
+    def child(fn, *args):
+        calls.append(fn.__name__)
+        if fn.__name__ == "_nightly" and not killed:
+            killed.append(fn)
+            raise RuntimeError("killed in the first nightly publish")
+        return real(fn, *args)
+
+    monkeypatch.setattr(scale, "_in_child", child)
+    cfg = scale.ScaleConfig(sizes=(2000,), queries=3)
+    with pytest.raises(RuntimeError, match="killed"):
+        scale.run(tmp_path, cfg)
+    calls.clear()
+    row, = scale.run(tmp_path, cfg, resume=True)["rows"]
+    assert "_build" not in calls and calls.count("_nightly") == 2  # built once; both publishes measured
+    assert all(f in row for f in FIELDS) and "_phases" not in row and row["after_live_chunks"] == 1980

@@ -223,39 +223,59 @@ def _peak(fn, *args):
     return out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KB → GB
 
 
-def measure(workdir: Path, n: int, cfg: ScaleConfig, progress=print) -> dict:
+def measure(workdir: Path, n: int, cfg: ScaleConfig, progress=print, resume: bool = False) -> dict:
+    """Every figure at one size. Each finished phase is recorded in `n<N>/progress.json`; with
+    `resume`, a run that stopped (a 10M build takes ~12 minutes) goes on from the phase after."""
     path = workdir / f"n{n}" / "store"
-    shutil.rmtree(path.parent, ignore_errors=True)
-    path.parent.mkdir(parents=True)
-    progress(f"scale: N = {n:,}: building")
-    built, writer_peak = _in_child(_build, str(path), n, cfg)
-    progress(f"scale: N = {n:,}: built in {built['build_s']:.1f} s; opening and searching")
-    _in_child(_make_queries, str(path), cfg)
-    read, reader_peak = _in_child(_open_and_search, str(path), cfg)
-    read["recall_at_8"] = _in_child(_recall, str(path), cfg, read.pop("hits"))[0]
-    row = {"chunks": n, **built, **read, "writer_peak_gb": writer_peak, "reader_peak_gb": reader_peak,
-           "store_bytes": sum(s for s, _ in _bytes(path).values())}
+    record = path.parent / "progress.json"
+    row = json.loads(record.read_text()) if resume and record.exists() and path.exists() else {}
+    if not row:
+        shutil.rmtree(path.parent, ignore_errors=True)
+        path.parent.mkdir(parents=True)
+
+    def done(phase: str) -> None:
+        row.setdefault("_phases", []).append(phase)
+        record.write_text(json.dumps(row))
+
+    def todo(phase: str) -> bool:
+        return phase not in row.get("_phases", [])
+
+    if todo("build"):
+        progress(f"scale: N = {n:,}: building")
+        built, writer_peak = _in_child(_build, str(path), n, cfg)
+        row.update({"chunks": n, **built, "writer_peak_gb": writer_peak})
+        progress(f"scale: N = {n:,}: built in {built['build_s']:.1f} s; opening and searching")
+        _in_child(_make_queries, str(path), cfg)
+        done("build")
+    if todo("read"):
+        read, reader_peak = _in_child(_open_and_search, str(path), cfg)
+        read["recall_at_8"] = _in_child(_recall, str(path), cfg, read.pop("hits"))[0]
+        row.update({**read, "reader_peak_gb": reader_peak, "store_bytes": sum(s for s, _ in _bytes(path).values())})
+        done("read")
     for name, delete in (("publish_1pct", False), ("publish_delete_1pct", True)):
-        before = _bytes(path)
-        out, peak = _in_child(_nightly, str(path), n, cfg, delete)
-        row[f"{name}_s"], row[f"{name}_bytes"] = out["s"], _written(before, _bytes(path))
-        row[f"{name}_peak_gb"] = peak
-        row["writer_peak_gb"] = max(row["writer_peak_gb"], peak)
-        progress(f"scale: N = {n:,}: {name} {out['s']:.1f} s, {row[f'{name}_bytes'] / 1e6:.1f} MB written")
+        if todo(name):
+            before = _bytes(path)
+            out, peak = _in_child(_nightly, str(path), n, cfg, delete)
+            row[f"{name}_s"], row[f"{name}_bytes"] = out["s"], _written(before, _bytes(path))
+            row[f"{name}_peak_gb"] = peak
+            row["writer_peak_gb"] = max(row["writer_peak_gb"], peak)
+            progress(f"scale: N = {n:,}: {name} {out['s']:.1f} s, {row[f'{name}_bytes'] / 1e6:.1f} MB written")
+            done(name)
     row["publish_bytes"] = row["publish_1pct_bytes"]
     after, reader_peak = _in_child(_open_and_search, str(path), cfg)
     after["recall_at_8"] = _in_child(_recall, str(path), cfg, after.pop("hits"))[0]
     row.update({f"after_{k}": v for k, v in after.items()})
     row["reader_peak_gb"] = max(row["reader_peak_gb"], reader_peak)
+    row.pop("_phases", None)
     shutil.rmtree(path.parent, ignore_errors=True)
     return row
 
 
-def run(workdir: Path, cfg: ScaleConfig, progress=print) -> dict:
+def run(workdir: Path, cfg: ScaleConfig, progress=print, resume: bool = False) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n in cfg.sizes:
-        rows.append(measure(workdir, n, cfg, progress))
+        rows.append(measure(workdir, n, cfg, progress, resume))
         (workdir / "scale.json").write_text(json.dumps(_report(cfg, rows), indent=1))
     return _report(cfg, rows)
 

@@ -356,9 +356,11 @@ def _num(x) -> str:
               show_default=True, help="Synthetic vectors: clustered like sentence embeddings, or uniform (worst case).")
 @click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default=ScaleConfig.index,
               show_default=True, help="Index kind (auto: by the number of vectors, as encode-corpus does).")
+@click.option("--resume", is_flag=True, help="Go on from the last finished phase of a size a run left in --workdir "
+              "(its store and progress.json) instead of building it again.")
 @json_option
 @library_errors
-def scale_cmd(workdir, sizes, queries, embeddings, index_kind, as_json):
+def scale_cmd(workdir, sizes, queries, embeddings, index_kind, resume, as_json):
     """What a store's metadata and index cost as the corpus grows, with no model: per size, a
     reader's open to first search, search p50/p99 and recall@8 against exact search, a nightly
     publish changing (and one deleting) 1% of the documents and the bytes it writes, and the
@@ -368,7 +370,8 @@ def scale_cmd(workdir, sizes, queries, embeddings, index_kind, as_json):
     from sparsecache.bench.scale import plot, run
 
     cfg = ScaleConfig(tuple(sizes), queries, embeddings, index_kind)
-    r = run(Path(workdir), cfg, progress=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    r = run(Path(workdir), cfg, progress=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)),
+            resume=resume)
     plot(r, Path(workdir) / "scale.png")
     lines = [f"{'chunks':>11} {'open s':>7} {'p50 ms':>7} {'p99 ms':>7} {'recall@8':>8} {'publish 1% s':>12} "
              f"{'MB written':>10} {'writer GB':>9} {'reader GB':>9}"]

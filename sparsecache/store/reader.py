@@ -127,10 +127,13 @@ class DirectPoints:
         if any(a.ndim != 1 or chunk_codec(a) is None for a in arrays):
             return self.fallback(reads)
         wanted = {(name, int(i)) for (name, at), a in zip(reads, arrays) for i in np.unique(at // a.chunks[0])}
-        missing = sorted(w for w in wanted if w not in self.cache)
+        chunks = {w: self.cache[w] for w in wanted if w in self.cache}  # held here: keeping new ones may evict them
+        missing = sorted(wanted - set(chunks))
         keys = [f"{self.folder}/{name}/{chunk_key(self.handles[name], i, 0)}" for name, i in missing]
         for (name, i), key, raw in zip(missing, keys, self.backend.get_many(keys)):
-            self._keep((name, i), decode_chunk(self.handles[name], raw, key.removeprefix("data/")))
+            chunks[(name, i)] = decode_chunk(self.handles[name], raw, key.removeprefix("data/"))
+        for w, chunk in chunks.items():
+            self._keep(w, chunk)
         out = []
         for (name, at), a in zip(reads, arrays):
             step = a.chunks[0]
@@ -138,13 +141,14 @@ class DirectPoints:
             which = at // step
             for i in np.unique(which):
                 sel = which == i
-                chunk = self.cache[(name, int(i))]
-                self.cache.move_to_end((name, int(i)))
-                values[sel] = chunk[at[sel] - i * step]
+                values[sel] = chunks[(name, int(i))][at[sel] - i * step]
             out.append(values)
         return out
 
     def _keep(self, key, chunk: np.ndarray) -> None:
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return
         self.cache[key] = chunk
         self.cached += chunk.nbytes
         while self.cached > self.CACHE_BYTES and len(self.cache) > 1:
