@@ -311,9 +311,11 @@ def plot(report: dict, out: Path) -> None:
               ("publish_bytes", "bytes written per publish"), ("reader_peak_gb", "peak memory (GB)"))
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     for ax, (key, title) in zip(axes.flat, panels):
-        ax.plot(n, [r[key] for r in rows], "o-", label="reader" if key == "reader_peak_gb" else None)
-        if key == "reader_peak_gb":
-            ax.plot(n, [r["writer_peak_gb"] for r in rows], "s--", label="writer")
+        label = {"reader_peak_gb": "reader", "search_p99_ms": "after opening"}.get(key)
+        ax.plot(n, [r[key] for r in rows], "o-", label=label)
+        second = {"reader_peak_gb": ("writer_peak_gb", "writer"), "search_p99_ms": ("search_warm_p99_ms", "warm")}
+        if key in second and all(second[key][0] in r for r in rows):
+            ax.plot(n, [r[second[key][0]] for r in rows], "s--", label=second[key][1])
             ax.legend()
         ax.set_xscale("log")
         if key != "recall_at_8":
