@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields as dataclass_fields
+from dataclasses import dataclass, field, fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np
