@@ -186,6 +186,8 @@ def _jsonl_sources(path: Path) -> list[Source]:
                 raise TextError(f"{where}: each line needs a string \"text\"")
             if not isinstance(rec.get("id"), (str, int)) or str(rec["id"]) == "":
                 raise TextError(f"{where}: each line needs an \"id\" (string or integer)")
+            if "\0" in str(rec["id"]):
+                raise TextError(f"{where}: an \"id\" cannot contain a NUL character")
             meta = rec.get("meta") or {}
             if not isinstance(meta, dict):
                 raise TextError(f"{where}: \"meta\" must be an object")

@@ -207,14 +207,14 @@ def _stored_adaptation(w: Writer, dictionary: Dictionary) -> Dictionary:
 
 def _publish(w: Writer, plan: Plan, index: str, keep: int, report: EncodeReport, timer: Stopwatch) -> None:
     """Index the live chunks and publish them as the next version; prune to `keep` versions."""
-    documents = {k: v for k, v in {**w.base.documents, **w.done}.items() if k not in plan.deleted}
+    deleted = set(plan.deleted)
     with timer.step("index+publish"):
         note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
-        m = w.publish(documents, FaissIndexer(index), note)
+        m = w.publish({k: v for k, v in w.done.items() if k not in deleted}, deleted, FaissIndexer(index), note)
         if keep:
             w.prune(keep)
     report.version, report.published = m.version, True
-    report.message = f"published version {m.version}: {len(documents)} documents, {len(m.live_rows())} chunks ({note})"
+    report.message = f"published version {m.version}: {m.n_documents} documents, {m.live_chunks} chunks ({note})"
 
 
 def _loader(model, timer: Stopwatch) -> Callable[[], KVModel]:
@@ -273,8 +273,10 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
     would be appended in the middle of that run."""
     done, open_doc = w.begin()
     base = w.base.documents
-    current = {**base, **done}  # what the store holds once the crashed run's finished work counts
-    work = [s for s in sources if current.get(s.id, {}).get("hash") != s.hash]
+    at = base.find([s.id for s in sources])  # one vectorised lookup, not one per document
+    held = {s.id: base.hashes[i].decode("utf-8") for s, i in zip(sources, at.tolist()) if i >= 0}
+    held.update({k: d["hash"] for k, d in done.items()})  # what the store holds once the crashed run's work counts
+    work = [s for s in sources if held.get(s.id) != s.hash]
     by_id = {s.id: s for s in work}
     if open_doc and by_id.get(open_doc["id"], None) and by_id[open_doc["id"]].hash == open_doc["hash"]:
         w.rewind(open_doc["token_offset"] + open_doc["tokens"], open_doc["first"] + open_doc["count"])
@@ -282,8 +284,8 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
     else:
         open_doc = None  # it changed or went away since: its rows are dropped (reused)
     ids = {s.id for s in sources}
-    deleted = sorted(d for d in current if d not in ids) if delete_missing else []
-    counts = {"new": sum(s.id not in current for s in work), "changed": sum(s.id in current for s in work),
+    deleted = sorted({d for d in (*base, *done) if d not in ids}) if delete_missing else []
+    counts = {"new": sum(s.id not in held for s in work), "changed": sum(s.id in held for s in work),
               "unchanged": len(sources) - len(work), "deleted": len(deleted), "resumed": len(done)}
     return Plan(work, deleted, counts, open_doc)
 

@@ -50,6 +50,7 @@ def test_hash_changes_with_content_only(tmp_path):
     (lambda p: (p / "x.txt").write_bytes(b"abc\x00\x01"), "binary file"),
     (lambda p: (p / "d.jsonl").write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n'), "duplicate document ids: a"),
     (lambda p: (p / "d.jsonl").write_text('{"id": "a"}\n'), "needs a string \"text\""),
+    (lambda p: (p / "d.jsonl").write_text('{"id": "a\\u0000", "text": "x"}\n'), "cannot contain a NUL"),
     (lambda p: (p / "d.jsonl").write_text('{"text": "t"}\n'), "needs an \"id\""),
     (lambda p: (p / "d.jsonl").write_text('not json\n'), "d.jsonl:1: not a JSON object"),
     # random bytes without a NUL decode to mostly U+FFFD: binary, not text with a few bad bytes

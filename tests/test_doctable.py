@@ -8,13 +8,14 @@ import json
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sparsecache.store import open_backend
-from sparsecache.store.doctable import Segment, appended, read_live, read_segment, resolve, write_live
+from sparsecache.store.doctable import DocTable, Segment, appended, read_live, read_segment, resolve, write_live
 
 IDS = st.sampled_from([f"doc/{i}" for i in range(40)] + ["ünïcode/ß", "../x", ""])
-ENTRY = st.fixed_dictionaries({"hash": st.text(max_size=8), "first": st.integers(0, 2**40),
+ENTRY = st.fixed_dictionaries({"hash": st.text(max_size=8).filter(lambda h: not h.endswith("\0")), "first": st.integers(0, 2**40),
                                "count": st.integers(0, 9), "tokens": st.integers(0, 10**6),
                                "token_offset": st.integers(0, 2**40)})
 NIGHT = st.tuples(st.dictionaries(IDS, ENTRY, max_size=12), st.lists(IDS, max_size=6))
@@ -33,6 +34,30 @@ def test_any_history_of_segments_reads_back_as_the_table(tmp_path_factory, night
         refs = appended(backend, refs, Segment(upserts, deletes))
         assert resolve([read_segment(backend, r) for r in refs]) == table
     assert len(refs) <= 2 + math.log2(1 + sum(len(u) + len(d) for u, d in nights))  # each more than twice the next
+
+
+WIDE_IDS = st.one_of(IDS, st.text(min_size=1, max_size=30).filter(lambda i: "\0" not in i))
+
+
+@settings(max_examples=60, deadline=None)
+@given(base=st.dictionaries(WIDE_IDS, ENTRY, max_size=20), later=st.dictionaries(WIDE_IDS, ENTRY, max_size=8),
+       deleted=st.lists(WIDE_IDS, max_size=6))
+def test_the_columnar_table_merges_and_looks_up_as_a_dict_does(base, later, deleted):
+    want = {k: v for k, v in base.items() if k not in deleted} | later
+    got = DocTable.from_dict(base).then(DocTable.from_dict(later), Segment({}, deleted).deleted)
+    assert dict(got.items()) == want and got == want and len(got) == len(want)
+    assert list(got) == sorted(want)  # the ids stay sorted, however their widths mix
+    probe = sorted(set(want) | set(deleted) | {"absent"})
+    assert [p in got for p in probe] == [p in want for p in probe]
+    assert [got.get(p) for p in probe] == [want.get(p) for p in probe]
+    assert (got.find(probe) >= 0).tolist() == [p in want for p in probe]
+    spans = [r for d in want.values() for r in range(d["first"], d["first"] + d["count"])]
+    np.testing.assert_array_equal(got.rows(), np.sort(np.array(spans, np.int64)))
+
+
+def test_ids_ending_with_nul_are_refused():
+    with pytest.raises(ValueError, match="NUL"):
+        DocTable.from_dict({"a\0": {"hash": "h", "first": 0, "count": 1, "tokens": 1, "token_offset": 0}})
 
 
 def test_a_nightly_change_writes_a_small_segment_and_merges_log_structured(tmp_path):
@@ -67,7 +92,7 @@ def _inline(store) -> None:
         raw = json.loads(path.read_text())
         for key in ("segments", "live", "n_documents", "live_chunks", "live_tokens"):
             raw.pop(key)
-        raw.update(format=3, documents=m.documents)
+        raw.update(format=3, documents=dict(m.documents.items()))
         path.write_text(json.dumps(raw))
     shutil.rmtree(store / "meta")
 

@@ -23,10 +23,10 @@ def _exact(store: KVStore, q: np.ndarray, k: int = 8) -> list[int]:
     return rows[np.argsort(-(emb @ q), kind="stable")[:k]].tolist()
 
 
-def _publish(path, documents: dict) -> None:
+def _publish(path, deleted: list[str]) -> None:
     with Writer(path) as w:
         w.begin()
-        w.publish(documents, FaissIndexer(CFG.index), "test")
+        w.publish({}, deleted, FaissIndexer(CFG.index), "test")
 
 
 def test_segments_are_capped_rebuilt_when_mostly_dead_and_searched_as_exact(tmp_path, monkeypatch):
@@ -38,24 +38,27 @@ def test_segments_are_capped_rebuilt_when_mostly_dead_and_searched_as_exact(tmp_
 
     with Writer(path) as w:  # 40 new chunks: a small segment of their own (500 > 2 x 40: no merge)
         w.begin()
-        documents = dict(w.base.documents)
-        _append(w, np.arange(3000, 3040), "n", documents, CFG, 9)
-        w.publish(documents, FaissIndexer(CFG.index), "test")
+        w.publish(_append(w, np.arange(3000, 3040), "n", CFG, 9), (), FaissIndexer(CFG.index), "test")
     second = read_manifest(path).index_segments
     assert second[:3] == first and [(r["lo"], r["hi"], r["rows"]) for r in second[3:]] == [(2500, 2540, 40)]
 
-    documents = dict(read_manifest(path).documents)
-    for i in range(0, 600):  # 60% of the first segment's rows deleted: it is rebuilt over the 400 left
-        del documents[f"doc/{i:09d}"]
-    for i in range(1000, 1100):  # 10% of the second's: kept as it is, the dead rows filtered when searching
-        del documents[f"doc/{i:09d}"]
-    _publish(path, documents)
+    # 60% of the first segment's rows deleted: it is rebuilt over the 400 left; 10% of the second's:
+    # kept as it is, the dead rows filtered when searching
+    _publish(path, [f"doc/{i:09d}" for i in (*range(0, 600), *range(1000, 1100))])
     third = read_manifest(path).index_segments
     assert third[0]["rows"] == 400 and (third[0]["lo"], third[0]["hi"]) == (0, 1000) and third[0] != first[0]
     assert third[1:] == second[1:]
     assert verify(path, None, FaissIndexer(), None)["ok"]  # every live row in one segment, none outside its range
 
     store = KVStore.open(path)
+    fetched = []
+    real = store.backend.fetch_file
+    store.backend.fetch_file = lambda key: fetched.append(key) or real(key)
+    store.warm(background=False)  # every segment's file read once, through the backend
+    assert fetched == [p["key"] for p in store.manifest.index_pieces()] and len(fetched) == 4
+    t = store.warm()
+    t.join(timeout=60)
+    assert not t.is_alive()
     q = embeddings(20, "clustered", 4)
     for x in q:
         got = [c.row for c, _ in store.search(x, 8)]

@@ -140,7 +140,7 @@ def test_verify_names_a_document_whose_rows_hold_another_ones_chunks(encode, tmp
     m = read_manifest(tmp_path / "store")
     path = tmp_path / "store" / "manifests" / f"v{m.version:06d}.json"
     raw = json.loads(path.read_text())
-    docs = m.documents
+    docs = dict(m.documents.items())
     docs["b.txt"]["first"] = docs["a.txt"]["first"]  # b claims a's rows
     for key in ("segments", "live"):  # the table inline, as format 3 kept it (read the same way)
         raw.pop(key)

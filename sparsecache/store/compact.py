@@ -27,7 +27,7 @@ def compact(where, indexer: Indexer, keep: int = 2) -> Manifest:
         w.write_into(base, name)
         table = {col: old.column(col) for col in (*TABLE_STR, "ordinal", "token_length", "embeddings")}
         docs, tok, row = {}, 0, 0
-        for doc_id, d in sorted(base.documents.items(), key=lambda kv: kv[1]["first"]):
+        for doc_id, d in base.documents.by_first():
             rows = slice(d["first"], d["first"] + d["count"])
             t0 = old.row_span(d["first"])[0] if d["count"] else 0
             span = slice(t0, t0 + d["tokens"])
@@ -42,7 +42,7 @@ def compact(where, indexer: Indexer, keep: int = 2) -> Manifest:
             failpoint("append")
         m = Manifest(base.version + 1, name, tok, row, created=now(), note=f"compacted from v{base.version}",
                      _backend=b)
-        w.write_documents(m, docs, base)  # a new generation: the whole table, one segment
+        w.write_documents(m, docs, (), base)  # a new generation: the whole table, one segment
         w.write_index(m, w.group, indexer, base)  # and one index over it
         failpoint("index")
         w.publish_manifest(m)  # also drops pending.json: it pointed into the old generation

@@ -20,6 +20,7 @@ row of the chunk table): what a reader needs to answer searches without reading 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -33,31 +34,126 @@ PIECE_ROWS = 1 << 20  # rows per Zarr chunk of a segment's arrays
 COMPLETE = "complete"  # a piece's group attribute, set after its arrays are written
 
 
-class Segment:
-    """One segment's content: `entries` {doc_id: {hash, first, count, tokens, token_offset}}
-    and `deleted` (ids removed before the entries apply)."""
+class DocTable(Mapping):
+    """The document table, {doc_id: {hash, first, count, tokens, token_offset}}, as columns.
 
-    def __init__(self, entries: dict[str, dict], deleted: list[str] | set[str] = ()):
-        self.entries = entries
-        self.deleted = sorted(set(deleted))
+    Ids are a sorted numpy bytes array (UTF-8; bytewise order is Python's order of the strings)
+    beside a hash column and one int64 column per field, so a table of ten million documents
+    is a few hundred MB of arrays rather than ten million dicts, loads from its segments with
+    vectorised reads, and is updated by a sorted merge. It reads as a mapping (`table[id]` gives
+    the entry as a dict); the vectorised methods (`find`, `then`, `rows`) are what the writer
+    uses. Ids and hashes must not end with a NUL character (numpy's bytes arrays drop it)."""
+
+    def __init__(self, ids: np.ndarray, hashes: np.ndarray, cols: dict[str, np.ndarray]):
+        self.ids, self.hashes, self.cols = ids, hashes, cols
+
+    @classmethod
+    def empty(cls) -> "DocTable":
+        return cls(np.zeros(0, "S1"), np.zeros(0, "S1"), {f: np.zeros(0, np.int64) for f in FIELDS})
+
+    @classmethod
+    def from_dict(cls, entries: Mapping[str, dict]) -> "DocTable":
+        if isinstance(entries, DocTable):
+            return entries
+        ids = sorted(entries)
+        hashes = [str(entries[i].get("hash", "")) for i in ids]
+        if any(v.endswith("\0") for v in (*ids, *hashes)):
+            raise ValueError("a document id or hash ends with a NUL character")
+        cols = {f: np.array([int(entries[i].get(f, 0)) for i in ids], np.int64) for f in FIELDS}
+        return cls(_bytes(ids), _bytes(hashes), cols)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return (i.decode("utf-8") for i in self.ids.tolist())
+
+    def __contains__(self, doc_id) -> bool:
+        return isinstance(doc_id, str) and self._pos(doc_id) >= 0
+
+    def __getitem__(self, doc_id: str) -> dict:
+        i = self._pos(doc_id) if isinstance(doc_id, str) else -1
+        if i < 0:
+            raise KeyError(doc_id)
+        return self.entry(i)
+
+    def items(self) -> Iterator[tuple[str, dict]]:  # type: ignore[override]  # position order, no lookups
+        return ((self.ids[i].decode("utf-8"), self.entry(i)) for i in range(len(self)))
+
+    def values(self) -> Iterator[dict]:  # type: ignore[override]
+        return (self.entry(i) for i in range(len(self)))
+
+    def entry(self, i: int) -> dict:
+        return {"hash": self.hashes[i].decode("utf-8"), **{f: int(self.cols[f][i]) for f in FIELDS}}
+
+    def _pos(self, doc_id: str) -> int:
+        return int(self.find(np.array([doc_id.encode("utf-8")]))[0])
+
+    def find(self, ids: np.ndarray | list[str]) -> np.ndarray:
+        """Positions of `ids` (a bytes array, or strings) in the table; -1 where absent."""
+        keys = ids if isinstance(ids, np.ndarray) else _bytes(list(ids))
+        if not len(self.ids) or not len(keys):
+            return np.full(len(keys), -1, np.int64)
+        pos = np.minimum(np.searchsorted(self.ids, keys), len(self.ids) - 1)
+        return np.where(self.ids[pos] == keys, pos, -1).astype(np.int64)
+
+    def take(self, keep: np.ndarray) -> "DocTable":
+        """The rows `keep` (a mask or ascending positions), still sorted."""
+        return DocTable(self.ids[keep], self.hashes[keep], {f: c[keep] for f, c in self.cols.items()})
+
+    def then(self, later: "DocTable", deleted: np.ndarray = np.zeros(0, "S1")) -> "DocTable":
+        """This table with `deleted` removed and `later`'s entries put in (replacing any with the
+        same id): a sorted merge, O(len(self)) copying and O(len(later) log len(self)) search."""
+        drop = np.concatenate([self.find(deleted), self.find(later.ids)])
+        keep = np.ones(len(self), bool)
+        keep[drop[drop >= 0]] = False
+        base = self.take(keep) if not keep.all() else self
+        if not len(later):
+            return base
+        at = np.searchsorted(base.ids.astype(_wider(base.ids, later.ids)), later.ids)
+
+        def merged(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return np.insert(a.astype(_wider(a, b), copy=False), at, b)
+
+        return DocTable(merged(base.ids, later.ids), merged(base.hashes, later.hashes),
+                        {f: np.insert(base.cols[f], at, later.cols[f]) for f in FIELDS})
+
+    def rows(self) -> np.ndarray:
+        """int64 chunk rows the table's documents own, ascending."""
+        first, count = self.cols["first"], self.cols["count"]
+        if not len(first) or not count.sum():
+            return np.zeros(0, np.int64)
+        starts = np.repeat(first - np.concatenate([[0], np.cumsum(count)[:-1]]), count)
+        return np.sort(starts + np.arange(int(count.sum())))
+
+    def by_first(self) -> Iterator[tuple[str, dict]]:
+        """(id, entry) in the order of their first chunk row (how the rows lie in the store)."""
+        for i in np.argsort(self.cols["first"], kind="stable").tolist():
+            yield self.ids[i].decode("utf-8"), self.entry(i)
+
+
+class Segment:
+    """One segment's content: `entries` (a DocTable, or a dict made into one) and `deleted`
+    (ids removed before the entries apply)."""
+
+    def __init__(self, entries: Mapping[str, dict], deleted: np.ndarray | list[str] | set[str] = ()):
+        self.entries = DocTable.from_dict(entries)
+        self.deleted = deleted if isinstance(deleted, np.ndarray) else _bytes(sorted(set(deleted)))
 
     def __len__(self) -> int:
         return len(self.entries) + len(self.deleted)
 
     def then(self, later: "Segment") -> "Segment":
         """This segment followed by `later`, as one."""
-        gone = set(later.deleted)
-        entries = {k: v for k, v in self.entries.items() if k not in gone}
-        entries.update(later.entries)
-        return Segment(entries, set(self.deleted) | set(later.deleted))
+        gone = np.union1d(self.deleted, later.deleted) if len(later.deleted) else self.deleted
+        return Segment(self.entries.then(later.entries, later.deleted), gone)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        ids = sorted(self.entries)
-        out = {"doc_id": _utf8(ids), "hash": _utf8([str(self.entries[i].get("hash", "")) for i in ids]),
-               "deleted": _utf8(self.deleted)}
+        e = self.entries
+        out = {"doc_id": _utf8(e.ids), "hash": _utf8(e.hashes), "deleted": _utf8(self.deleted)}
         flat = {f"{k}_{part}": v for k, (blob, ends) in out.items() for part, v in (("utf8", blob), ("ends", ends))}
         for f in FIELDS:
-            flat[f] = np.array([int(self.entries[i].get(f, 0)) for i in ids], np.int64)
+            flat[f] = e.cols[f].astype(np.int64, copy=False)
         return flat
 
     def digest(self, arrays: dict[str, np.ndarray]) -> str:
@@ -68,15 +164,41 @@ class Segment:
         return h.hexdigest()[:24]
 
 
-def _utf8(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [v.encode("utf-8") for v in values]
-    return np.frombuffer(b"".join(encoded), np.uint8), np.cumsum([len(e) for e in encoded], dtype=np.int64)
+def _bytes(values: list[str]) -> np.ndarray:
+    """UTF-8 bytes array of `values` (at least one byte wide, so that empty input concatenates)."""
+    return np.array([v.encode("utf-8") for v in values], dtype=np.bytes_) if values else np.zeros(0, "S1")
 
 
-def _strings(blob: np.ndarray, ends: np.ndarray) -> list[str]:
-    raw = blob.tobytes()
-    starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
-    return [raw[a:b].decode("utf-8") for a, b in zip(starts.tolist(), ends.tolist())]
+def _wider(a: np.ndarray, b: np.ndarray) -> np.dtype:
+    return np.dtype(f"S{max(a.dtype.itemsize, b.dtype.itemsize, 1)}")
+
+
+def _utf8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A bytes array as one blob of its values and where each ends (the format's string columns)."""
+    width = values.dtype.itemsize
+    if not len(values) or not width:
+        return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    grid = np.ascontiguousarray(values).view(np.uint8).reshape(len(values), width)
+    lengths = np.strings.str_len(values).astype(np.int64)
+    if (lengths == width).all():
+        return grid.reshape(-1), np.cumsum(lengths)
+    return grid[np.arange(width) < lengths[:, None]], np.cumsum(lengths)
+
+
+def _fixed(blob: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The bytes array that `_utf8` made `blob` and `ends` from (one pass per byte of the longest)."""
+    lengths = np.diff(ends, prepend=0).astype(np.int64)
+    width = int(lengths.max()) if len(lengths) else 0
+    if not width:
+        return np.zeros(len(ends), "S1")
+    if (lengths == width).all():
+        return np.ascontiguousarray(blob).view(f"S{width}").copy()
+    grid = np.zeros((len(ends), width), np.uint8)
+    starts = ends - lengths
+    for j in range(width):
+        has = np.flatnonzero(lengths > j)
+        grid[has, j] = blob[starts[has] + j]
+    return grid.view(f"S{width}").reshape(-1)
 
 
 def _write_once(backend: Backend, key: str, arrays: dict[str, np.ndarray], attributes: dict | None = None) -> None:
@@ -103,20 +225,16 @@ def write_segment(backend: Backend, seg: Segment) -> dict:
 def read_segment(backend: Backend, ref: dict) -> Segment:
     g = open_group(backend, ref["key"])
     a = {name: g[name][:] for name in g.array_keys()}
-    ids = _strings(a["doc_id_utf8"], a["doc_id_ends"])
-    hashes = _strings(a["hash_utf8"], a["hash_ends"])
-    cols = [a[f].tolist() for f in FIELDS]
-    entries = {i: {"hash": h, **dict(zip(FIELDS, vals))} for i, h, *vals in zip(ids, hashes, *cols)}
-    return Segment(entries, _strings(a["deleted_utf8"], a["deleted_ends"]))
+    entries = DocTable(_fixed(a["doc_id_utf8"], a["doc_id_ends"]), _fixed(a["hash_utf8"], a["hash_ends"]),
+                       {f: a[f].astype(np.int64, copy=False) for f in FIELDS})
+    return Segment(entries, _fixed(a["deleted_utf8"], a["deleted_ends"]))
 
 
-def resolve(segments: list[Segment]) -> dict[str, dict]:
+def resolve(segments: list[Segment]) -> DocTable:
     """The document table the segments make, in order."""
-    table: dict[str, dict] = {}
+    table = DocTable.empty()
     for s in segments:
-        for d in s.deleted:
-            table.pop(d, None)
-        table.update(s.entries)
+        table = table.then(s.entries, s.deleted)
     return table
 
 

@@ -164,7 +164,7 @@ def _check_layout(store: Store) -> list[str]:
     doc_col, ordinal, offset, length = (store.column(c) for c in ("doc_id", "ordinal", "token_offset", "token_length"))
     spans = []  # (first token, end token, doc)
     claimed: dict[int, str] = {}
-    for doc, d in sorted(m.documents.items(), key=lambda kv: kv[1]["first"]):
+    for doc, d in m.documents.by_first():
         first, count = int(d["first"]), int(d["count"])
         if first < 0 or first + count > m.chunks:
             out.append(f"document {doc!r}: rows {first}..{first + count - 1} lie beyond the extent {m.chunks}")

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import StoreCorrupt, StoreError, StoreLocked, VersionGone
 from .backend import Backend
+from .doctable import DocTable, read_live, read_segment, resolve
 from .layout import FORMAT_VERSION, now
 
 
@@ -51,16 +52,14 @@ class Manifest:
     created: str = ""
     note: str = ""
     _backend: Backend | None = field(default=None, repr=False, compare=False)
-    _documents: dict | None = field(default=None, repr=False, compare=False)
+    _documents: DocTable | None = field(default=None, repr=False, compare=False)
     _rows: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
-    def documents(self) -> dict[str, dict]:
-        """The document table, read from the segments on first use (O(documents): writers,
+    def documents(self) -> DocTable:
+        """The document table, read from the segments on first use (O(documents) arrays: writers,
         `verify` and `compact` need it; a reader answering queries does not)."""
         if self._documents is None:
-            from .doctable import read_segment, resolve
-
             if self.segments and self._backend is None:
                 raise StoreError(f"manifest v{self.version} has no store to read its document table from")
             try:
@@ -74,16 +73,13 @@ class Manifest:
         """int64 [n_live] chunk rows of live documents, ascending."""
         if self._rows is None:
             if self.live is not None and self._backend is not None:
-                from .doctable import read_live
-
                 try:
                     self._rows = read_live(self._backend, self.live, self.chunks)
                 except (FileNotFoundError, KeyError, ValueError) as e:
                     raise StoreCorrupt(f"{self._backend}: the live-row bitmap of version {self.version} is "
                                        f"unreadable ({type(e).__name__})") from e
             else:
-                spans = [np.arange(d["first"], d["first"] + d["count"]) for d in self.documents.values()]
-                self._rows = np.sort(np.concatenate(spans)) if spans else np.zeros(0, np.int64)
+                self._rows = self.documents.rows()
         return self._rows
 
     def index_pieces(self) -> list[dict]:
@@ -105,10 +101,10 @@ class Manifest:
         documents = raw.pop("documents", None)  # format ≤ 3: the table inline
         m = cls(**raw, _backend=backend)
         if documents is not None:
-            m._documents = documents
+            m._documents = DocTable.from_dict(documents)
             m.n_documents = len(documents)
-            m.live_chunks = sum(int(d["count"]) for d in documents.values())
-            m.live_tokens = sum(int(d["tokens"]) for d in documents.values())
+            m.live_chunks = int(m._documents.cols["count"].sum())
+            m.live_tokens = int(m._documents.cols["tokens"].sum())
         return m
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 
 import numpy as np
@@ -150,7 +151,7 @@ class Writer:
                             "embed_dim": embed_dim, "created": now()}
         failpoint("create")
         m = Manifest(1, "g000001", created=now(), note="created", _backend=b)
-        self.write_documents(m, {}, None)
+        self.write_documents(m, {}, (), None)
         self.write_index(m, open_group(b, f"data/{m.generation}"), indexer, None)
         self.sync()
         publish(b, m)  # an empty version with an (empty) index: every version can be searched
@@ -294,41 +295,56 @@ class Writer:
 
     # -- publishing
 
-    def publish(self, documents: dict[str, dict], indexer: Indexer, note: str = "") -> Manifest:
-        """Build the index of the live chunks, then publish a new version covering them."""
+    def publish(self, changed: Mapping[str, dict], deleted: Iterable[str], indexer: Indexer,
+                note: str = "") -> Manifest:
+        """Publish a new version: the latest one with the documents `deleted` removed and the
+        `changed` ones (new or re-encoded: {id: {hash, first, count, tokens, token_offset}}) put
+        in; the index of the live chunks updated first."""
         m = Manifest(self.base.version + 1, self.base.generation, self.tokens, self.chunks, created=now(), note=note,
                      _backend=self.backend)
-        self.write_documents(m, documents, self.base)
+        self.write_documents(m, changed, deleted, self.base)
         self.write_index(m, self.group, indexer, self.base)
         failpoint("index")
         self.publish_manifest(m)
         return m
 
-    def write_documents(self, m: Manifest, documents: dict[str, dict], base: Manifest | None) -> None:
+    def write_documents(self, m: Manifest, changed: Mapping[str, dict], deleted: Iterable[str],
+                        base: Manifest | None) -> None:
         """Write `m`'s document table and live-row bitmap (`doctable`): on top of `base` (same
-        generation, segmented) only the documents that changed, else the whole table."""
-        from .doctable import Segment, appended, write_live
+        generation, segmented) a segment of what changed, else `changed` as the whole table.
 
-        old = base.documents if base is not None and base.generation == m.generation else None
+        Costs O(change) in Python and a vectorised O(documents) pass over `base`'s table."""
+        from .doctable import FIELDS, DocTable, Segment, appended, write_live
+
+        new = DocTable.from_dict(changed)
+        gone = np.array(sorted({d.encode("utf-8") for d in deleted} - set(new.ids.tolist())), dtype=np.bytes_)
         live = np.zeros(m.chunks, bool)
-        if old is not None and base.segments:  # what changed since base
-            changed = {k: v for k, v in documents.items() if old.get(k) != v}
-            deleted = [k for k in old if k not in documents]
-            gone = [old[k] for k in deleted] + [old[k] for k in changed if k in old]  # entries no longer live
+        same_generation = base is not None and base.generation == m.generation
+        if same_generation and base.segments:  # what changed since base
+            old = base.documents
+            at = old.find(new.ids)
+            same = at >= 0
+            same[same] = (old.hashes[at[same]] == new.hashes[same]) & np.logical_and.reduce(
+                [old.cols[f][at[same]] == new.cols[f][same] for f in FIELDS])
+            new = new.take(~same)  # entries equal to base's are no change
+            at = at[~same]
+            gone = gone[old.find(gone) >= 0]
+            replaced = np.concatenate([old.find(gone), at[at >= 0]])  # entries no longer live
             live[base.live_rows()] = True
-            for d in gone:
-                live[d["first"]: d["first"] + d["count"]] = False
-            segment, refs = Segment(changed, deleted), base.segments
-            tokens = base.live_tokens + sum(d["tokens"] for d in changed.values()) - sum(d["tokens"] for d in gone)
+            live[old.take(np.sort(replaced)).rows()] = False
+            segment, refs = Segment(new, gone), base.segments
+            tokens = base.live_tokens + int(new.cols["tokens"].sum()) - int(old.cols["tokens"][replaced].sum())
+            n_documents = base.n_documents + int((at < 0).sum()) - len(gone)
         else:  # a new store or generation, or a base of the inline format: the whole table
-            changed, segment, refs = documents, Segment(dict(documents)), []
-            tokens = sum(int(d["tokens"]) for d in documents.values())
-        for d in changed.values():
-            live[d["first"]: d["first"] + d["count"]] = True
+            if same_generation:
+                new = base.documents.then(new, gone)
+            segment, refs = Segment(new), []
+            tokens, n_documents = int(new.cols["tokens"].sum()), len(new)
+        live[new.rows()] = True
         m.segments = appended(self.backend, refs, segment)
         m.live = write_live(self.backend, live)
-        m.n_documents, m.live_chunks, m.live_tokens = len(documents), int(live.sum()), int(tokens)
-        m._documents, m._rows = documents, np.flatnonzero(live).astype(np.int64)
+        m.n_documents, m.live_chunks, m.live_tokens = n_documents, int(live.sum()), int(tokens)
+        m._rows = np.flatnonzero(live).astype(np.int64)
 
     def publish_manifest(self, m: Manifest) -> None:
         """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending."""
