@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from . import store as storage
-from .codec import Codec
-from .dictionary import Dictionary
+from .codec.coding import Codec
+from .codec.dictionary import Dictionary
 from .errors import StoreCorrupt
 from .index import FaissIndexer, LiveRows, index_ids, load_index_file, search_segments
 from .stopwatch import Stopwatch

@@ -59,7 +59,7 @@ def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split:
 def _chunked(model: KVModel, corpus: Path) -> dict[str, list[int]]:
     """Each document's token ids as a store holds them (`corpus.chunks`: a store's chunking and
     tokenisation, which full prefill's answers are sensitive to); a suite document is one chunk."""
-    from .corpus import chunks, scan
+    from .build.corpus import chunks, scan
 
     out = {}
     for source in scan([str(corpus)]):

@@ -98,7 +98,7 @@ class Wrapper:
 
 def shipped_wrapper(fingerprint: dict) -> Path:
     """The directory of the wrapper shipped for the model `fingerprint` describes; ConfigError where none ships."""
-    from .dictionary import SHIPPED_DIR
+    from .codec.dictionary import SHIPPED_DIR
 
     for name in SHIPPED_WRAPPERS:
         meta = SHIPPED_DIR / name / META_FILE

@@ -26,7 +26,7 @@ import torch
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
-from sparsecache.encoder import encode_corpus
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.failpoints import Crash, crash_at
 from sparsecache.kvstore import KVStore
 from sparsecache.store import StoreConfig, read_manifest
@@ -173,7 +173,7 @@ def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(scope="session")
 def tiny_dictionary_dir(tiny_model, tmp_path_factory) -> Path:
     """Random unit atoms (512, s=4) fingerprinted for the tiny model: codes are codes, quality aside."""
-    from sparsecache.dictionary import DictConfig, Dictionary
+    from sparsecache.codec.dictionary import DictConfig, Dictionary
 
     d = Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), tiny_model.fingerprint())
     return d.save(tmp_path_factory.mktemp("tiny-dict"))
@@ -181,7 +181,7 @@ def tiny_dictionary_dir(tiny_model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_dictionary(tiny_dictionary_dir):
-    from sparsecache.dictionary import Dictionary
+    from sparsecache.codec.dictionary import Dictionary
 
     return Dictionary.load(tiny_dictionary_dir)
 

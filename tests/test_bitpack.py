@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsecache.bitpack import (ef_low_bits, ef_row_bits, ef_row_bytes, pack_indices, pack_rows, pack_sorted_rows,
+from sparsecache.codec.bitpack import (ef_low_bits, ef_row_bits, ef_row_bytes, pack_indices, pack_rows, pack_sorted_rows,
                                  packed_size, reference_pack, reference_sorted_pack, rice_bits, rice_decode,
                                  rice_encode, rice_parameter, row_bytes, sorted_codes, unpack_indices,
                                  unpack_sorted_rows, unpack_sorted_rows_torch,

@@ -18,7 +18,7 @@ QUESTION = "What does the statement do?"
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, tmp_path_factory):
     from conftest import write_corpus
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.store import StoreConfig
 
     root = tmp_path_factory.mktemp("blend")

@@ -34,7 +34,7 @@ def test_the_readme_is_a_front_page_not_the_manual():
 
 def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other():
     # the choices come from a torch-free module so that `--help` does not import torch; this keeps them honest
-    from sparsecache.codec import COEF_DTYPES
+    from sparsecache.codec.coding import COEF_DTYPES
 
     params = {p.name: p for cmd in (cli.commands["eval-dict"], cli.commands["encode-corpus"]) for p in cmd.params}
     for name in ("coef", "coef_dtype"):
@@ -42,7 +42,7 @@ def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other()
 
 
 def test_learn_dict_offers_every_atoms_dtype_a_dictionary_file_may_hold_and_no_other():
-    from sparsecache.dictionary import ATOM_DTYPES
+    from sparsecache.codec.dictionary import ATOM_DTYPES
 
     params = {p.name: p for p in cli.commands["learn-dict"].params}
     assert sorted(params["atoms_dtype"].type.choices) == sorted(ATOM_DTYPES)
@@ -64,7 +64,7 @@ def test_cli_defaults_are_the_librarys():
     the CLI reads directly), the CLI states the same value: a notebook and the CLI agree."""
     import inspect
 
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.kvstore import compact
 
     def default(cmd, name):

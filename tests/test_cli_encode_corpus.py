@@ -23,7 +23,7 @@ def test_missing_index_file_is_one_line(corpus_dir, tmp_path, tiny_model_dir, ti
 
 
 def test_errors_are_one_line(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
-    from sparsecache.dictionary import default_dictionary
+    from sparsecache.codec.dictionary import default_dictionary
 
     store = tmp_path / "store"
     empty = tmp_path / "empty"
@@ -65,7 +65,7 @@ def test_existing_store_keeps_its_settings_when_options_are_left_out(corpus_dir,
 
 def test_adapt_fits_the_dictionary_to_a_new_store_and_a_reindex_keeps_it(corpus_dir, tmp_path, tiny_model_dir,
                                                                          tiny_dictionary_dir, tiny_dictionary):
-    from sparsecache.dictionary import Dictionary
+    from sparsecache.codec.dictionary import Dictionary
     from sparsecache.store import existing_dictionary
 
     store = tmp_path / "store"
@@ -95,8 +95,8 @@ def test_a_store_keeps_a_scaled_dictionary_and_decodes_with_its_scales(corpus_di
     decodes each layer with its own factor (what the encoder's codec would give back)."""
     import torch
 
-    from sparsecache.codec import Codec
-    from sparsecache.dictionary import DictConfig, Dictionary
+    from sparsecache.codec.coding import Codec
+    from sparsecache.codec.dictionary import DictConfig, Dictionary
     from tests.conftest import unit_atoms
 
     scales = {k: torch.tensor([8.0, 1.0, 0.5, 2.0]) for k in "kv"}

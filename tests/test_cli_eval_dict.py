@@ -3,7 +3,7 @@ import json
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
-from sparsecache.dictionary import DictConfig, Dictionary
+from sparsecache.codec.dictionary import DictConfig, Dictionary
 from tests.conftest import unit_atoms
 
 

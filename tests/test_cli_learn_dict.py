@@ -6,7 +6,7 @@ import torch
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
-from sparsecache.dictionary import Dictionary
+from sparsecache.codec.dictionary import Dictionary
 
 
 def run(*args):

@@ -3,11 +3,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from sparsecache.bitpack import pack_sorted_rows, row_bytes, unpack_sorted_rows
-from sparsecache.codec import COEF_FORMATS, Codec, coefficient_roundtrip
-from sparsecache.dictionary import DictConfig, Dictionary
-from sparsecache.omp import batch_omp, reconstruct
-from sparsecache.signals import to_signals
+from sparsecache.codec.bitpack import pack_sorted_rows, row_bytes, unpack_sorted_rows
+from sparsecache.codec.coding import COEF_FORMATS, Codec, coefficient_roundtrip
+from sparsecache.codec.dictionary import DictConfig, Dictionary
+from sparsecache.codec.omp import batch_omp, reconstruct
+from sparsecache.codec.signals import to_signals
 from tests.conftest import unit_atoms
 
 
@@ -128,7 +128,7 @@ def test_cpu_decode_kernel_equals_embedding_bag(atoms_dtype, L):
     """The CPU tile kernel gives what `embedding_bag` gives (the GPU's decode) within fp32
     summation order, for fp16 atoms (tiles in fp16, exact) and fp32 ones (tiles in fp32),
     with per-layer scales and for a slice of the layer groups."""
-    from sparsecache.signals import from_signals
+    from sparsecache.codec.signals import from_signals
 
     plain = make_dict(L=L, layers=4, atoms=300, s=7)
     scales = {k: torch.tensor([3.0, 1.0, 0.5, 2.0]) for k in "kv"}
@@ -149,7 +149,7 @@ def test_cpu_decode_kernel_equals_embedding_bag(atoms_dtype, L):
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 40), st.sampled_from([300, 8192]), st.integers(1, 6), st.data())
 def test_compiled_elias_fano_unpack_equals_the_numpy_one(count, universe, rows, data):
-    from sparsecache.codec import _unpack_sorted_cpu
+    from sparsecache.codec.coding import _unpack_sorted_cpu
 
     values = [sorted(data.draw(st.sets(st.integers(0, universe - 1), min_size=count, max_size=count)))
               for _ in range(rows)]

@@ -163,7 +163,7 @@ def small_model_dir(tiny_gguf, tmp_path_factory) -> Path:
 def small_dictionary_dir(small_model_dir, tmp_path_factory) -> Path:
     from conftest import unit_atoms
 
-    from sparsecache.dictionary import DictConfig, Dictionary
+    from sparsecache.codec.dictionary import DictConfig, Dictionary
     from sparsecache.model import load_model
 
     fp = load_model(str(small_model_dir)).fingerprint()

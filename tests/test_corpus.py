@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from sparsecache import corpus
-from sparsecache.corpus import chunks, scan
+from sparsecache.build import corpus
+from sparsecache.build.corpus import chunks, scan
 from sparsecache.errors import TextError
 
 

@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
-from sparsecache.dictionary import MODEL_DICTIONARIES, Dictionary
+from sparsecache.codec.dictionary import MODEL_DICTIONARIES, Dictionary
 from sparsecache.model import extract_kv, rotate_keys
 
 pytestmark = pytest.mark.slow
@@ -62,8 +62,8 @@ def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp
     of a needle in one of 4 chunks, recomputing 30% (a3, infoflow) is on average at least as
     accurate as the decoded KV alone (and full prefill is the bound). The RULER-style suite
     (`bench ruler`) measures this at scale; here it guards the real model's path."""
-    from sparsecache.dictionary import default_dictionary
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.codec.dictionary import default_dictionary
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.bench.passkey import make_task, run_trials
     from sparsecache.session import Session
 
@@ -83,8 +83,8 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     far fewer bytes than the raw fp16 files."""
     import runpy
 
-    from sparsecache.dictionary import default_dictionary
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.codec.dictionary import default_dictionary
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.session import STEPS
     from sparsecache.text import read_documents
 

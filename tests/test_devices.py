@@ -42,7 +42,7 @@ def nmse(x, ref):
 
 
 def test_codec_encode_on_cuda_is_as_good_as_on_cpu(tiny_model, tiny_dictionary):
-    from sparsecache.codec import Codec
+    from sparsecache.codec.coding import Codec
     from sparsecache.model import extract_kv
 
     ids = tiny_model.tokenizer("The global statement declares names global. " * 20)["input_ids"]
@@ -129,7 +129,7 @@ def test_query_cli_on_cuda(cuda_store, tiny_model_dir):
 
 
 def test_learn_dict_on_cuda(tiny_model_dir, text_file, tmp_path):
-    from sparsecache.dictionary import Dictionary
+    from sparsecache.codec.dictionary import Dictionary
 
     r = invoke("learn-dict", "--model", tiny_model_dir, "--text", text_file, "--atoms", 64, "--sparsity", 4,
                "--layers-per-signal", 2, "--steps", 6, "--batch", 128, "--max-tokens", 3000,

@@ -4,10 +4,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sparsecache.dictionary import DictConfig, Dictionary
-from sparsecache.learn import TrainConfig, collect_signals, init_config, learn, nmse
+from sparsecache.codec.dictionary import DictConfig, Dictionary
+from sparsecache.codec.learn import TrainConfig, collect_signals, init_config, learn, nmse
 from sparsecache.errors import ConfigError, DictionaryError, DictionaryMismatch
-from sparsecache.signals import from_signals, to_signals
+from sparsecache.codec.signals import from_signals, to_signals
 from sparsecache.text import builtin_documents
 
 
@@ -143,7 +143,7 @@ def test_continuing_a_dictionary_keeps_its_shape_and_may_change_only_the_sparsit
 
 def test_learn_config_continues_a_dictionary_with_its_sizes(tiny_dictionary):
     from sparsecache.errors import ConfigError
-    from sparsecache.learn import learn_config
+    from sparsecache.codec.learn import learn_config
 
     config, tcfg = learn_config(None, sparsity=8, steps=5)
     assert (config.atoms, config.sparsity, config.layers_per_signal) == (DictConfig.atoms, 8, DictConfig.layers_per_signal)
@@ -156,9 +156,9 @@ def test_learn_config_continues_a_dictionary_with_its_sizes(tiny_dictionary):
 
 
 def test_each_shipped_dictionary_is_found_by_its_models_fingerprint(tiny_model, tmp_path):
-    from sparsecache.dictionary import (DEFAULT_DICTIONARY, META_FILE, MODEL_DICTIONARIES, SHIPPED_DIR,
+    from sparsecache.codec.dictionary import (DEFAULT_DICTIONARY, META_FILE, MODEL_DICTIONARIES, SHIPPED_DIR,
                                         shipped_dictionary)
-    from sparsecache.encoder import dictionary_for
+    from sparsecache.build.encoder import dictionary_for
 
     assert shipped_dictionary() == SHIPPED_DIR / DEFAULT_DICTIONARY
     for name in (DEFAULT_DICTIONARY, *MODEL_DICTIONARIES):

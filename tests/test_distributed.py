@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsecache.encoder import encode_corpus
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.failpoints import Crash, crash_at
 from sparsecache.kvstore import verify
 from sparsecache.store import read_manifest
@@ -54,7 +54,7 @@ def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tm
     assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
     # and incrementally: change, add, delete, then the same again, planned in several rounds
     corpus.mutate(4)
-    monkeypatch.setattr("sparsecache.distributed.ROUND_TOKENS", 100)
+    monkeypatch.setattr("sparsecache.build.distributed.ROUND_TOKENS", 100)
     encode(corpus.root, tmp_path / "ray", workers=2)
     encode(corpus.root, tmp_path / "one")
     assert verify(tmp_path / "ray")["ok"]
@@ -67,7 +67,7 @@ def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tm
 
 def test_a_document_that_always_kills_its_worker_fails_the_job_naming_it(ray_cluster, encode, corpus, tmp_path,
                                                                           monkeypatch):
-    from sparsecache.distributed import EncodeFailed
+    from sparsecache.build.distributed import EncodeFailed
 
     encode(corpus.root, tmp_path / "s", workers=1)
     before = read_manifest(tmp_path / "s").version
@@ -122,7 +122,7 @@ def test_distributed_crash_then_single_process_rerun(ray_cluster, encode, corpus
 
 
 def test_transient_errors_are_retried_and_others_are_not(caplog):
-    from sparsecache.distributed import transient, with_retries
+    from sparsecache.build.distributed import transient, with_retries
     from sparsecache.errors import ModelError
 
     calls = []
@@ -158,7 +158,7 @@ def test_a_transient_failure_at_actor_start_up_is_retried(ray_cluster, encode, c
 
 
 def test_an_actor_that_cannot_start_fails_the_job_in_one_line(ray_cluster, encode, corpus, tmp_path, monkeypatch):
-    from sparsecache.distributed import STARTUP_ATTEMPTS, EncodeFailed
+    from sparsecache.build.distributed import STARTUP_ATTEMPTS, EncodeFailed
 
     monkeypatch.setenv("SPARSECACHE_FAIL_START", str(STARTUP_ATTEMPTS))  # every attempt fails
     with pytest.raises(EncodeFailed) as e:

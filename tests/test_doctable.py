@@ -100,7 +100,7 @@ def _inline(store) -> None:
 def test_a_store_with_inline_manifests_opens_answers_and_migrates_on_the_next_publish(
         tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
     from conftest import assert_same_live_chunks
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.kvstore import KVStore, verify
     from sparsecache.store import StoreConfig, read_manifest
 

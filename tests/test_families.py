@@ -8,7 +8,7 @@ import torch
 
 from conftest import eager_attention_mass, GEMMA2, GEMMA3, tiny, unit_atoms, write_corpus
 from sparsecache.blend import assemble, attention_scores, question_ids, value_deviation
-from sparsecache.dictionary import DictConfig, Dictionary
+from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
 
 QUESTION = "What does the statement do?"
@@ -47,7 +47,7 @@ def test_value_deviation_is_zero_for_one_exact_chunk(model):
 
 def test_encode_store_query_end_to_end(model, embedder, tmp_path):
     """encode-corpus → store → query; recomputing every chunk token reproduces full prefill."""
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.session import Session
     from sparsecache.store import StoreConfig
 

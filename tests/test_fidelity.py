@@ -72,7 +72,7 @@ def test_answer_spans_compare_first_sentences_without_case_or_punctuation():
 
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, suite, tmp_path_factory):
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.session import Session
     from sparsecache.store import StoreConfig
 

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
 from sparsecache.bench.baselines import Kivi
-from sparsecache.codec import Codec
-from sparsecache.dictionary import Dictionary
+from sparsecache.codec.coding import Codec
+from sparsecache.codec.dictionary import Dictionary
 from sparsecache.bench.frontier import (Coder, FrontierConfig, Sparse, by_domain, default_choice, frontier_dictionary,
                                         pareto, ratios, series, targets, tie_band)
 
@@ -71,7 +71,7 @@ def test_coder_measures_what_a_store_reader_gets(tiny_dictionary, coef):
 def test_the_default_model_measures_the_shipped_dictionaries():
     """For the default model `bench quality` uses the repository's dictionaries, not ones it
     learns (it once looked under sparsecache/, found none and silently learned its own)."""
-    from sparsecache.dictionary import MODEL_DICTIONARIES
+    from sparsecache.codec.dictionary import MODEL_DICTIONARIES
 
     shipped = [p for p in (ROOT / "dictionaries").iterdir()  # the default model's
                if (p / "dictionary.json").exists() and p.name not in MODEL_DICTIONARIES]

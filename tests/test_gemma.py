@@ -44,8 +44,8 @@ def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_an
     prefill's answer (teacher-forced along it, as `query --compare` measures)."""
     from pydoc_data.topics import topics
 
-    from sparsecache.dictionary import MODEL_DICTIONARIES, SHIPPED_DIR, Dictionary
-    from sparsecache.encoder import dictionary_for, encode_corpus
+    from sparsecache.codec.dictionary import MODEL_DICTIONARIES, SHIPPED_DIR, Dictionary
+    from sparsecache.build.encoder import dictionary_for, encode_corpus
     from sparsecache.session import Session
 
     path, model = gemma
@@ -73,8 +73,8 @@ def store(gemma, embedder, tmp_path_factory):
     from pydoc_data.topics import topics
 
     from conftest import unit_atoms
-    from sparsecache.dictionary import DictConfig, Dictionary
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.codec.dictionary import DictConfig, Dictionary
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.session import Session
 
     _, model = gemma

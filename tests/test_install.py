@@ -28,7 +28,7 @@ def test_a_wheel_install_runs_the_main_job_from_another_directory(tmp_path):
         "# Tea\n\nThe harbour town of Velmora brews its tea with smoked pine needles. "
         "Its mayor, Ilse Barkri, serves it to every visitor at noon.\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([py, "-c", "import sparsecache, sparsecache.dictionary as d; "
+    where = subprocess.run([py, "-c", "import sparsecache, sparsecache.codec.dictionary as d; "
                             "print(sparsecache.__file__); print(d.default_dictionary())"],
                            cwd=work, env=env, capture_output=True, text=True, check=True, timeout=120).stdout.split()
     assert all(Path(p).is_relative_to(env_dir) for p in where), where  # the wheel's copy, not the checkout's

@@ -10,8 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sparsecache"
 # What the storage package may import from sparsecache: nothing that decodes, searches or
 # loads a model (`kvstore` adds those above it).
 STORAGE_MAY_IMPORT = {"sparsecache", "sparsecache.errors", "sparsecache.durable", "sparsecache.failpoints",
-                      "sparsecache.paths", "sparsecache.codes", "sparsecache.bitpack", "sparsecache.fingerprint",
-                      "sparsecache.dict_config"}
+                      "sparsecache.paths", "sparsecache.codec.codes", "sparsecache.codec.bitpack", "sparsecache.fingerprint",
+                      "sparsecache.codec.config"}
 
 
 def _modules() -> dict[str, Path]:
@@ -114,6 +114,24 @@ def test_storage_is_below_decoding():
     upward = {m: sorted(d for d in deps if not d.startswith("sparsecache.store") and d not in STORAGE_MAY_IMPORT)
               for m, deps in storage.items()}
     assert {m: d for m, d in upward.items() if d} == {}
+
+
+# The pipeline's subpackages, lowest first: each may import those before it, never one after it.
+# (The store imports the codec's format modules, `codes` and `bitpack`, so the codec is below it;
+# the build writes stores; the query methods read them; vLLM serves the methods.)
+PIPELINE = ("sparsecache.codec", "sparsecache.store", "sparsecache.build", "sparsecache.methods", "sparsecache.vllm")
+
+
+def test_no_subpackage_imports_one_above_it_in_the_pipeline():
+    graph = _graph()
+
+    def layer(m: str) -> int | None:
+        return next((i for i, p in enumerate(PIPELINE) if m == p or m.startswith(p + ".")), None)
+
+    assert all(any(layer(m) == i for m in graph) for i in range(len(PIPELINE)))  # every subpackage is there
+    upward = sorted((m, d) for m, deps in graph.items() if layer(m) is not None
+                    for d in deps if layer(d) is not None and layer(d) > layer(m))
+    assert upward == []
 
 
 def test_every_module_imports_on_its_own():

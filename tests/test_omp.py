@@ -5,8 +5,8 @@ from sklearn.linear_model import orthogonal_mp_gram
 
 from hypothesis import given, settings, strategies as st
 
-from sparsecache._omp_cpu import _kth_largest
-from sparsecache.omp import (EXACT, Screening, _omp_block, _omp_block_cpu, _omp_block_gemm, batch_omp, gram,
+from sparsecache.codec._omp_cpu import _kth_largest
+from sparsecache.codec.omp import (EXACT, Screening, _omp_block, _omp_block_cpu, _omp_block_gemm, batch_omp, gram,
                              reconstruct, reference_omp)
 from tests.conftest import DEVICES, unit_atoms
 
@@ -117,7 +117,7 @@ def test_zero_signals_get_distinct_atoms():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("n", [300, 1024, 8192, 9000])  # partial tile, one tile, several, several + partial
 def test_triton_atom_choice_equals_torch(dtype, n):
-    from sparsecache._omp_cuda import argmax_abs
+    from sparsecache.codec._omp_cuda import argmax_abs
 
     g = torch.Generator().manual_seed(n)
     a = torch.randn(257, n, generator=g).to(dtype)
@@ -138,7 +138,7 @@ def test_triton_atom_choice_equals_torch(dtype, n):
 def test_graphed_blocks_equal_eager_blocks():
     """The CUDA-graph replay codes like the eager loop, for full and zero-padded batches,
     and a second dictionary gets its own graph."""
-    from sparsecache.omp import _GRAPHS
+    from sparsecache.codec.omp import _GRAPHS
 
     for seed in (0, 1):
         D, Y, _ = sparse_problem(n=1000, count=70, seed=seed)

@@ -35,7 +35,7 @@ def test_the_cli_imports_sparsecache_before_torch():
 KERNELS = """
 import sparsecache, torch
 before = torch.get_num_threads()
-from sparsecache.omp import batch_omp, gram
+from sparsecache.codec.omp import batch_omp, gram
 D = torch.nn.functional.normalize(torch.randn(32, 256), dim=0)
 batch_omp(torch.randn(64, 32), D, 4, gram(D))  # the fused CPU OMP: numba's first parallel kernel
 print(before, torch.get_num_threads())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparsecache.encoder import encode_corpus
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.errors import ConfigError, StoreError
 from sparsecache.serving import PARAMS_KEY, RagPrompts
 from sparsecache.store import StoreConfig

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import all_codes, assert_same_codes, write_corpus
-from sparsecache.codec import Codec
-from sparsecache.dictionary import DictConfig, Dictionary
-from sparsecache.encoder import encode_corpus
+from sparsecache.codec.coding import Codec
+from sparsecache.codec.dictionary import DictConfig, Dictionary
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
 from sparsecache.kvstore import KVStore, compact, verify
 from sparsecache.model import extract_kv, prefix_ids
@@ -419,7 +419,7 @@ def test_float8_coefficient_store(build, store, corpus_dir, tmp_path):
 
 def test_elias_fano_and_packed_stores_hold_the_same_codes(build, store, corpus_dir, tmp_path):
     """Index coding is lossless: each token's atom set and its coefficients are the same."""
-    from sparsecache.bitpack import unpack_rows, unpack_sorted_rows
+    from sparsecache.codec.bitpack import unpack_rows, unpack_sorted_rows
 
     packed = tmp_path / "packed"
     build([corpus_dir], packed, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sparsecache.encoder import encode_corpus
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.kvstore import KVStore, verify
 from sparsecache.store import read_manifest
 from conftest import all_codes, assert_same_codes, CRASH_TOPICS, encode_cmd, kill_at, rerun, start_encode

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsecache.encoder import encode_corpus
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.errors import StoreError
 from sparsecache.kvstore import verify
 from sparsecache.store import StoreConfig, read_manifest
@@ -169,7 +169,7 @@ def test_random_history_long(encode, tmp_path, seed):
 def test_random_history_on_the_default_model(default_model, tmp_path, seed):
     """The same property with the real model and the shipped dictionary (short documents:
     encoding runs at ~100 tokens/s on a CPU)."""
-    from sparsecache.dictionary import Dictionary, default_dictionary
+    from sparsecache.codec.dictionary import Dictionary, default_dictionary
 
     d = Dictionary.load(default_dictionary())
     config = StoreConfig(chunk_tokens=16, zarr_chunk_tokens=16)

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from sparsecache.encoder import encode_corpus
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.kvstore import KVStore
 from sparsecache.store import StoreConfig
 

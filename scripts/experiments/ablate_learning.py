@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 import torch
 
-from sparsecache.dictionary import DictConfig
-from sparsecache.learn import TrainConfig, collect_signals, learn
+from sparsecache.codec.dictionary import DictConfig
+from sparsecache.codec.learn import TrainConfig, collect_signals, learn
 from sparsecache.model import default_prefix_ids, load_model
 from sparsecache.text import builtin_documents
 

@@ -24,13 +24,13 @@ import sys
 import click
 import torch
 
-from sparsecache.codec import coefficient_roundtrip
-from sparsecache.dictionary import Dictionary, default_dictionary
+from sparsecache.codec.coding import coefficient_roundtrip
+from sparsecache.codec.dictionary import Dictionary, default_dictionary
 from sparsecache.bench.evaluate import EvalConfig, fidelity, passages
 from sparsecache.bench.frontier import Coder, FrontierConfig
 from sparsecache.model import extract_kv, load_model
-from sparsecache.omp import batch_omp, gram, reconstruct
-from sparsecache.signals import from_signals, to_signals
+from sparsecache.codec.omp import batch_omp, gram, reconstruct
+from sparsecache.codec.signals import from_signals, to_signals
 from sparsecache.text import read_documents, token_chunks
 
 

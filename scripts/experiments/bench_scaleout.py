@@ -26,8 +26,8 @@ from sparsecache.bench.suite import cpu_model, moto_copy
 
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
     """The same corpus encoded three ways into fresh stores; seconds per phase for each."""
-    from sparsecache.dictionary import Dictionary, default_dictionary
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.codec.dictionary import Dictionary, default_dictionary
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.model import load_model
 
     corpus = work / "corpus"

@@ -63,8 +63,8 @@ def vllm_store(model, root: Path) -> Path:
     from pydoc_data.topics import topics
 
     from conftest import unit_atoms
-    from sparsecache.dictionary import DictConfig, Dictionary
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.codec.dictionary import DictConfig, Dictionary
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.session import Session
 
     (root / "corpus").mkdir(parents=True)

@@ -6,8 +6,8 @@ best of 10 interleaved runs), on 1,024 tokens of this README through the default
 
 import time
 import torch
-from sparsecache.codec import Codec
-from sparsecache.dictionary import Dictionary
+from sparsecache.codec.coding import Codec
+from sparsecache.codec.dictionary import Dictionary
 from sparsecache.model import extract_kv, load_model
 
 torch.set_num_threads(1)

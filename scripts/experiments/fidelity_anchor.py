@@ -50,8 +50,8 @@ def main() -> None:
     args = p.parse_args()
 
     from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity
-    from sparsecache.dictionary import Dictionary, shipped_dictionary
-    from sparsecache.encoder import encode_corpus
+    from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
+    from sparsecache.build.encoder import encode_corpus
     from sparsecache.model import load_model
     from sparsecache.session import Session
     from sparsecache.store import StoreConfig

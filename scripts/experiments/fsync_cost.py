@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from sparsecache.bench.suite import bench_corpus
-from sparsecache.dictionary import Dictionary, default_dictionary
-from sparsecache.encoder import encode_corpus
+from sparsecache.codec.dictionary import Dictionary, default_dictionary
+from sparsecache.build.encoder import encode_corpus
 from sparsecache.model import load_model
 
 

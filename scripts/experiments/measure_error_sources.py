@@ -17,8 +17,8 @@ import torch
 
 from sparsecache.bench.evaluate import EvalConfig, domain_name, fidelity, passages
 from sparsecache.bench.suite import cpu_model
-from sparsecache.codec import Codec
-from sparsecache.dictionary import Dictionary
+from sparsecache.codec.coding import Codec
+from sparsecache.codec.dictionary import Dictionary
 from sparsecache.model import load_model
 
 

@@ -8,9 +8,9 @@ with the atoms instead.) BENCHMARKS.md, "Per-layer scales".
 """
 import json, sys, torch
 from sparsecache.model import load_model, extract_kv, default_prefix_ids
-from sparsecache.dictionary import Dictionary
-from sparsecache.omp import batch_omp, reconstruct
-from sparsecache.signals import to_signals, from_signals
+from sparsecache.codec.dictionary import Dictionary
+from sparsecache.codec.omp import batch_omp, reconstruct
+from sparsecache.codec.signals import to_signals, from_signals
 from sparsecache.bench.evaluate import fidelity, passages, EvalConfig
 from sparsecache.text import read_documents, token_chunks
 torch.manual_seed(0)

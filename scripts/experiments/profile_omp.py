@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sparsecache.omp import _omp_block, _omp_block_gemm, batch_size_for, gemm_batch_size_for, gram
+from sparsecache.codec.omp import _omp_block, _omp_block_gemm, batch_size_for, gemm_batch_size_for, gram
 
 
 def main():

@@ -28,8 +28,8 @@ def main() -> None:
     import torch
 
     from sparsecache.bench.fidelity import contains
-    from sparsecache.codec import Codec
-    from sparsecache.dictionary import Dictionary, shipped_dictionary
+    from sparsecache.codec.coding import Codec
+    from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
     from sparsecache.learn_wrapper import answer
     from sparsecache.model import default_prefix_ids, load_model
     from sparsecache.store import StoreConfig

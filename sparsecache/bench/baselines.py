@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..codec import to_e4m3
+from ..codec.coding import to_e4m3
 
 
 

@@ -15,12 +15,12 @@ from dataclasses import asdict
 import torch
 from tqdm import tqdm
 
-from ..codec import Codec
-from .config import EvalConfig
-from ..dictionary import Dictionary
+from ..codec.coding import Codec
+from ..codec.dictionary import Dictionary
 from ..errors import TextError
 from ..model import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
 from ..text import read_documents, token_chunks
+from .config import EvalConfig
 
 
 def passages(model: KVModel, texts, cfg: EvalConfig) -> list[list[int]]:

@@ -28,21 +28,21 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .baselines import default_baselines
-from ..bitpack import rice_bits, rice_parameter
 from ..blend import assemble, question_ids
-from ..methods.base import fuse
-from ..generate import full_prefill, greedy_continue
-from ..query_config import QueryConfig
-from ..codec import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
-from ..dictionary import SHIPPED_DIR, DictConfig, Dictionary, META_FILE
-from ..learn import TrainConfig, learn_dict
+from ..codec.bitpack import rice_bits, rice_parameter
+from ..codec.coding import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
+from ..codec.dictionary import SHIPPED_DIR, DictConfig, Dictionary, META_FILE
+from ..codec.learn import TrainConfig, learn_dict
 from ..durable import locked, write_atomic
 from ..errors import ConfigError
-from .config import EvalConfig, FrontierConfig
-from .evaluate import domain_name, fidelity, passages
+from ..generate import full_prefill, greedy_continue
+from ..methods.base import fuse
 from ..model import KVModel, default_prefix_ids, extract_kv
 from ..paths import cache_root
+from ..query_config import QueryConfig
+from .baselines import default_baselines
+from .config import EvalConfig, FrontierConfig
+from .evaluate import domain_name, fidelity, passages
 
 # (L, s): s = 64 only where it is below the signal size L·192 by enough to compress (L ≥ 1)
 SPARSE_CONFIGS = ((1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (3, 32), (3, 64), (5, 32), (5, 40),

@@ -55,7 +55,7 @@ class _SyntheticDictionary:
     """The dictionary copy a store keeps (`store.layout.DictionaryCopy`): 2 atoms, never decoded."""
 
     def __init__(self):
-        from ..dict_config import DictConfig
+        from ..codec.config import DictConfig
 
         self.config = DictConfig(atoms=2, sparsity=1, layers_per_signal=1)
         self.model = {"name": "synthetic", "layers": 1, "m": 2}
@@ -93,7 +93,7 @@ def _append(w, ids: np.ndarray, tag: str, cfg: ScaleConfig, seed: int):
     """Append one chunk per document id in `ids` (ascending; one token, zero codes, a synthetic
     embedding, made batch by batch: 10M embeddings at once would be 15 GB); the documents'
     table (columns, as the writer keeps it: 10M entries as dicts would be ~5 GB)."""
-    from ..codes import Codes, index_row_bytes
+    from ..codec.codes import Codes, index_row_bytes
     from ..store.doctable import DocTable
 
     d = _SyntheticDictionary().config

@@ -11,19 +11,19 @@ import time
 import numpy as np
 import torch
 
-from ..codec import GRAPH_MAX_DIM
-from ..dictionary import Dictionary
-from ..learn import initial_atoms
+from .. import methods
+from ..codec.coding import GRAPH_MAX_DIM
+from ..codec.dictionary import Dictionary
+from ..codec.learn import initial_atoms
+from ..codec.omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 from ..durable import write_atomic
 from ..errors import ConfigError, StoreError
-from .. import methods
 from ..query_config import DTYPE
-from ..omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 
 
 def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
     """Real pre-RoPE K or V signals [count, layers·192] of the default model on held-out text."""
-    from ..learn import collect_signals
+    from ..codec.learn import collect_signals
     from ..model import default_prefix_ids, load_model
     from ..text import builtin_documents
 
@@ -217,7 +217,7 @@ def bench_index_coding(idx, bits: int, atoms: int) -> dict:
     """Bits per index and CPU decode speed (indices/s) of the index codings on the same codes:
     13-bit packed rows, Elias–Fano sorted-set rows (the store's; numpy and the codec's torch
     path beside packed's torch path), and variable-length Rice-coded sorted sets."""
-    from ..bitpack import (pack_rows, pack_sorted_rows, rice_decode, rice_encode, rice_parameter, unpack_rows,
+    from ..codec.bitpack import (pack_rows, pack_sorted_rows, rice_decode, rice_encode, rice_parameter, unpack_rows,
                           unpack_rows_torch, unpack_sorted_rows, unpack_sorted_rows_torch)
 
     rows, s = idx.shape
@@ -295,8 +295,8 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
 
     from safetensors.torch import load
 
-    from ..dictionary import default_dictionary
-    from ..encoder import encode_corpus
+    from ..codec.dictionary import default_dictionary
+    from ..build.encoder import encode_corpus
     from ..model import load_model
     from ..session import Session
     from ..kvstore import KVStore
@@ -357,10 +357,10 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     import shutil
     from pathlib import Path
 
-    from ..dictionary import default_dictionary
-    from ..encoder import encode_corpus
+    from ..codec.dictionary import default_dictionary
+    from ..build.encoder import encode_corpus
     from ..model import extract_kv, load_model
-    from ..omp import EXACT, Screening
+    from ..codec.omp import EXACT, Screening
     from ..kvstore import KVStore
     from ..store import StoreConfig
 
@@ -521,8 +521,8 @@ def _suite_session(work, settings: dict, make, device):
     settings' (`_model_settings`): the default model, the model's shipped dictionary."""
     import json
 
-    from ..dictionary import shipped_dictionary
-    from ..encoder import encode_corpus
+    from ..codec.dictionary import shipped_dictionary
+    from ..build.encoder import encode_corpus
     from ..model import load_model
     from ..session import Session
     from ..store import StoreConfig

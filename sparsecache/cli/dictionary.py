@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from sparsecache.bench.config import EvalConfig
-from sparsecache.codes import COEF_DTYPE_NAMES
-from sparsecache.dict_config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
+from sparsecache.codec.codes import COEF_DTYPE_NAMES
+from sparsecache.codec.config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
 from sparsecache.wrapper_config import WrapperConfig
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
@@ -73,11 +73,11 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
     """Learn global K and V dictionaries for a model (batched OMP + gradient dictionary update).
 
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
-    With --init, adapts an existing dictionary to --text (a few hundred steps; see the README).
+    With --init, adapts an existing dictionary to --text (a few hundred steps; see docs/how-to/another-model.md).
     """
     from sparsecache.check import ensure_checked
-    from sparsecache.dictionary import Dictionary
-    from sparsecache.learn import learn_config, learn_dict
+    from sparsecache.codec.dictionary import Dictionary
+    from sparsecache.codec.learn import learn_config, learn_dict
     from sparsecache.model import load_model
 
     init = Dictionary.load(init_dict) if init_dict else None
@@ -117,7 +117,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     --prefix-tokens tokens whose K/V go through encode+decode, then --continuation-tokens
     tokens scored with the exact vs the reconstructed context.
     """
-    from sparsecache.dictionary import Dictionary, dictionary_dir
+    from sparsecache.codec.dictionary import Dictionary, dictionary_dir
     from sparsecache.bench.evaluate import evaluate_dictionary, record_eval
     from sparsecache.model import load_model
 

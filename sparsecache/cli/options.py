@@ -39,7 +39,7 @@ def exact_omp_option(f):
 
 def screening(exact_omp: bool):
     """The OMP screening an --exact-omp flag asks for (None: the dictionary's default)."""
-    from sparsecache.omp import EXACT
+    from sparsecache.codec.omp import EXACT
 
     return EXACT if exact_omp else None
 

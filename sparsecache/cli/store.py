@@ -8,7 +8,7 @@ import click
 
 from sparsecache.index_config import INDEX_KINDS, KIND_HELP
 
-from sparsecache.codes import COEF_DTYPE_NAMES
+from sparsecache.codec.codes import COEF_DTYPE_NAMES
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
@@ -50,7 +50,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               "order (the paper's layout); lossless either way.  [default: elias-fano]")
 @click.option("--adapt", "adapt_steps", type=click.IntRange(min=0), default=0, show_default=True,
               help="Before a new store's first encode, adapt the dictionary to a sample of CORPUS for this many "
-              "steps (~100: a few minutes on a CPU; see the README) and keep the adapted copy in the store. "
+              "steps (~100: a few minutes on a CPU; see docs/how-to/another-model.md) and keep the adapted copy in the store. "
               "0: off. An existing store keeps its dictionary.")
 @click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
 @click.option("--keep", default=5, show_default=True,
@@ -82,8 +82,8 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
     from sparsecache.check import ensure_checked
-    from sparsecache.dict_config import AdaptConfig
-    from sparsecache.encoder import dictionary_for, encode_corpus
+    from sparsecache.codec.config import AdaptConfig
+    from sparsecache.build.encoder import dictionary_for, encode_corpus
     from sparsecache.model import load_model
     from sparsecache.store import config_for
 

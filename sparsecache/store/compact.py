@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dict_config import DictConfig
+from ..codec.config import DictConfig
 from ..errors import ConfigError
 from ..failpoints import failpoint
 from .layout import CODE_ARRAYS, TABLE_STR, Indexer, create_generation, now, put, store_config

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..codes import COEF_DTYPE_NAMES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
+from ..codec.codes import COEF_DTYPE_NAMES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
 from ..errors import ConfigError, StoreError
 from .backend import Backend
 
@@ -132,7 +132,7 @@ class Indexer(Protocol):
 
 
 class DictionaryCopy(Protocol):
-    """What the store needs of the dictionary it keeps a copy of (`sparsecache.dictionary.
+    """What the store needs of the dictionary it keeps a copy of (`sparsecache.codec.dictionary.
     Dictionary`): its files, its fingerprint and the sizes its code arrays take."""
 
     config: object  # a DictConfig: atoms, sparsity, layers_per_signal, index_bits

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..codes import Codes
+from ..codec.codes import Codes
 from ..errors import StoreCorrupt, StoreError, VersionGone
 from ..fingerprint import check_same_model
 from .backend import Backend, open_backend

@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from ..codes import Codes
+from ..codec.codes import Codes
 from ..durable import is_temporary
 from ..errors import ConfigError, DictionaryMismatch, StoreError
 from ..failpoints import failpoint

@@ -73,17 +73,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
-from .. import _numba_pool
-from ..blend import decode_chunks, recompute_many
-from ..methods.base import choose_many
-from ..errors import ConfigError, SparseCacheError
-from ..model import Rope, config_fingerprint
 from .. import methods
+from ..blend import decode_chunks, recompute_many
+from ..codec import _numba_pool
+from ..errors import ConfigError, SparseCacheError
+from ..kvstore import KVStore
+from ..methods.base import choose_many
+from ..model import Rope, config_fingerprint
 from ..query_config import SERVE_METHOD, QueryConfig
 from ..serving import PARAMS_KEY, context_ids
 from ..session import _raw_dir, raw_chunks, raw_file, read_raw
 from ..stopwatch import Stopwatch
-from ..kvstore import KVStore
 from ..store import LatestVersion, open_backend
 from ..wrapper import placeholder_id
 from .plugin import loaded_model

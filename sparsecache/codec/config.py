@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # how a dictionary file may store its atoms (dictionary.ATOM_DTYPES maps them to torch dtypes)
 ATOM_DTYPE_NAMES = ("float16", "float32")

@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..codec.omp import Screening
+from ..errors import SparseCacheError
+from ..failpoints import kill_worker, start_failure
 from .corpus import chunks
-from .errors import SparseCacheError
-from .failpoints import kill_worker, start_failure
-from .omp import Screening
 
 RETRIES = 2  # restarts of a dead actor, and retries of its region, before the job fails
 STARTUP_ATTEMPTS = 3  # tries at an actor's start-up (loading model, dictionary, embedder) while it fails transiently
@@ -106,11 +106,11 @@ class RegionEncoder:
         self.batch_tokens, self.prefix = batch_tokens, prefix
 
     def _load(self, store: str, generation: str, model: str, device: str, screening: Screening | None) -> None:
-        from .codec import Codec
-        from .index import Embedder
-        from .model import load_model
-        from .kvstore import KVStore
-        from .store.layout import open_group
+        from ..codec.coding import Codec
+        from ..index import Embedder
+        from ..model import load_model
+        from ..kvstore import KVStore
+        from ..store.layout import open_group
 
         start_failure()
         s = KVStore.open(store)
@@ -135,9 +135,9 @@ class RegionEncoder:
         and the seconds of each phase."""
         import zarr
 
-        from .encode_batch import code_batch
-        from .stopwatch import Stopwatch
-        from .store.writer import write_codes
+        from .batch import code_batch
+        from ..stopwatch import Stopwatch
+        from ..store.writer import write_codes
 
         attempt = self._attempt(region)
         kill_worker(region.doc_ids, attempt)
@@ -219,7 +219,7 @@ def encode_distributed(run, ray) -> None:
     at a time however large the corpus is."""
     from tqdm.auto import tqdm
 
-    from .model import chunk_context_ids
+    from ..model import chunk_context_ids
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}

@@ -17,18 +17,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .codec import Codec
+from ..codec.coding import Codec
+from ..codec.dictionary import Dictionary
+from ..codec.learn import AdaptConfig
+from ..codec.omp import Screening
+from ..errors import ConfigError
+from ..index import Embedder, FaissIndexer
+from ..model import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
+from ..stopwatch import Stopwatch
+from ..store import StoreConfig, Writer
+from ..wrapper import Wrapper
+from .batch import code_batch
 from .corpus import Chunk, Source, chunks, scan
-from .dictionary import Dictionary
-from .learn import AdaptConfig
-from .index import Embedder, FaissIndexer
-from .encode_batch import code_batch
-from .model import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
-from .omp import Screening
-from .errors import ConfigError
-from .stopwatch import Stopwatch
-from .store import StoreConfig, Writer
-from .wrapper import Wrapper
 
 
 @dataclass
@@ -97,9 +97,9 @@ def dictionary_for(store, given: str | None = None, model_path: str = "default")
     """The dictionary an encode of `store` with `model_path` uses: `given` (a directory;
     "default" is the model's shipped one), or with none given the store's own copy where the
     store exists (a re-index keeps its dictionary), else the one shipped for the model."""
-    from .dictionary import shipped_dictionary
-    from .model import DEFAULT, model_fingerprint
-    from .store import existing_dictionary
+    from ..codec.dictionary import shipped_dictionary
+    from ..model import DEFAULT, model_fingerprint
+    from ..store import existing_dictionary
 
     if given in (None, "default"):
         given = (given is None and existing_dictionary(store)) or shipped_dictionary(
@@ -184,8 +184,8 @@ def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg
              progress: bool) -> Dictionary:
     """`dictionary` adapted on documents drawn at random (seeded) from `sources`, read until
     they hold about acfg.tokens tokens."""
-    from .learn import adapt
-    from .text import Document
+    from ..codec.learn import adapt
+    from ..text import Document
 
     order = np.random.default_rng(acfg.seed).permutation(len(sources))
     docs, chars = [], 0
@@ -252,8 +252,8 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
 def _wrapping(w: Writer, model: KVModel) -> tuple[list[int], tuple[int, ...]]:
     """A wrapped store's header ids (which every chunk is encoded after, following the prefix) and
     trailer ids (appended to every chunk), its soft tokens loaded into `model`; ([], ()) without."""
-    from .store.layout import open_group
-    from .wrapper import soft_ids
+    from ..store.layout import open_group
+    from ..wrapper import soft_ids
 
     g = open_group(w.backend, "prefix")
     if "soft" not in g:

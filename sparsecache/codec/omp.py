@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.

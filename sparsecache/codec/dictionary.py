@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
-from .durable import publish_file, write_atomic
-from .dict_config import DictConfig, check_atoms_dtype
-from .errors import DictionaryError, DictionaryMismatch
-from .fingerprint import FINGERPRINT_FIELDS, same_model
+from .. import __version__
+from ..durable import publish_file, write_atomic
+from ..errors import DictionaryError, DictionaryMismatch
+from ..fingerprint import FINGERPRINT_FIELDS, same_model
+from .config import DictConfig, check_atoms_dtype
 
 FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that have them)
 ATOMS_FILE = "atoms.safetensors"
@@ -148,7 +148,7 @@ DEFAULT_DICTIONARY = "smollm2-135m-n8192-s80-L10"
 
 
 # the repository's dictionaries/ (sparsecache/dictionaries links to it); an installed wheel holds the default
-SHIPPED_DIR = Path(__file__).parent / "dictionaries"
+SHIPPED_DIR = Path(__file__).parent.parent / "dictionaries"  # sparsecache/dictionaries
 
 
 # Each other model's pick, found by its fingerprint (the repository's dictionaries/ only: a wheel

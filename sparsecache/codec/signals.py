@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_grouping(n_layers: int, layers_per_signal: int) -> None:

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import TextError
-from .text import builtin_documents
+from ..errors import TextError
+from ..text import builtin_documents
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst"}
 HTML_SUFFIXES = {".html", ".htm"}

@@ -1,0 +1,20 @@
+"""The build: a corpus becomes a store's chunks.
+
+- `corpus`: the documents of a corpus (directories, files, HTML, JSONL): ids, hashes, streaming;
+- `encoder`: `encode_corpus`, scan → plan → batch → append → index → publish, resumable;
+- `batch`: `code_batch`, one batch of chunks through the model's forward and Batch-OMP;
+- `distributed`: the same encode on Ray actors.
+
+Text sources and chunking (`sparsecache.text`) stay below the codec: dictionaries are learned
+on the same built-in text the build reads.
+
+`encode_corpus` is re-exported here lazily (it imports torch).
+"""
+
+
+def __getattr__(name: str):
+    if name == "encode_corpus":
+        from .encoder import encode_corpus
+
+        return encode_corpus
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
