@@ -32,6 +32,40 @@ def test_the_readme_is_a_front_page_not_the_manual():
     assert README.startswith("# sparsecache") and "bash scripts/setup.sh test && python3 -m pytest -q" in README
 
 
+def _example_lines():
+    """(file, line) of every `sparsecache …` command in a code block of README.md and docs/."""
+    import re
+
+    root = Path(__file__).parent.parent
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        in_block = False
+        for line in path.read_text().replace("\\\n", " ").splitlines():  # continued lines joined
+            if line.startswith("```"):
+                in_block = not in_block
+            elif in_block and re.match(r"\s*sparsecache [a-z]", line):
+                yield path.relative_to(root), line.split(" #")[0].split(" && ")[0].split(" | ")[0].strip()
+
+
+def test_every_example_in_the_readme_and_the_manual_names_real_commands_and_options():
+    """An example naming a command or an option that does not exist (renamed, removed) fails
+    here; each one's arguments are not run (most need a store, a model or minutes)."""
+    import shlex
+
+    checked = 0
+    for path, line in _example_lines():
+        words = shlex.split(line.replace("…", "").replace("...", ""))[1:]
+        cmd, i = cli, 0
+        while isinstance(cmd, click.Group) and i < len(words) and words[i] in cmd.commands:
+            cmd, i = cmd.commands[words[i]], i + 1
+        assert not isinstance(cmd, click.Group), f"{path}: `{line}` names no command"
+        opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        for w in words[i:]:
+            if w.startswith("--"):
+                assert w.split("=")[0] in opts, f"{path}: `{line}`: {cmd.name} has no option {w}"
+        checked += 1
+    assert checked >= 40
+
+
 def test_the_cli_offers_every_coefficient_format_the_store_writes_and_no_other():
     # the choices come from a torch-free module so that `--help` does not import torch; this keeps them honest
     from sparsecache.codec.coding import COEF_DTYPES
