@@ -126,3 +126,38 @@ def test_a_store_with_inline_manifests_opens_answers_and_migrates_on_the_next_pu
     build(fresh)
     assert_same_live_chunks(store, fresh)
     assert verify(store)["ok"]
+
+
+def test_publishing_changes_and_deletions_keeps_the_table_counts_and_live_rows_a_dict_would(tmp_path):
+    """`Writer.publish(changed, deleted)` against a dict model over nights of upserts (new rows),
+    deletions, an id both deleted and changed (the change wins), an entry republished as it
+    is (no change) and a deletion of an id the store never had."""
+    from sparsecache.bench.scale import ScaleConfig, _append, _build
+    from sparsecache.index import FaissIndexer
+    from sparsecache.store import Writer, read_manifest, verify
+
+    cfg = ScaleConfig(index="flat")
+    path = tmp_path / "store"
+    _build(str(path), 300, cfg)
+    model = dict(read_manifest(path).documents.items())
+    rng = np.random.default_rng(5)
+    for night in range(6):
+        with Writer(path) as w:
+            w.begin()
+            fresh = np.sort(rng.choice(400, 20, replace=False))  # ids < 300 exist, the others are new
+            changed = dict(_append(w, fresh, f"n{night}", cfg, night).items())
+            gone = [f"doc/{i:09d}" for i in rng.choice(400, 15, replace=False)] + ["never/there"]
+            both = next(iter(changed))
+            same = next(k for k in model if k not in changed and k not in gone)
+            w.publish({**changed, same: model[same]}, [*gone, both], FaissIndexer(cfg.index), "test")
+        for d in gone:
+            if d != both:
+                model.pop(d, None)
+        model.update(changed)
+        m = read_manifest(path)
+        assert dict(m.documents.items()) == model
+        assert (m.n_documents, m.live_chunks, m.live_tokens) == \
+            (len(model), sum(d["count"] for d in model.values()), sum(d["tokens"] for d in model.values()))
+        rows = sorted(r for d in model.values() for r in range(d["first"], d["first"] + d["count"]))
+        np.testing.assert_array_equal(m.live_rows(), rows)
+    assert verify(path, None, FaissIndexer(), None)["ok"]
