@@ -89,7 +89,6 @@ class RagPrompts:
         from transformers import AutoConfig, AutoTokenizer
 
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
-        self.store.warm()  # the index files into the page cache while the model loads (a thread)
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))

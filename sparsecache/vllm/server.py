@@ -95,6 +95,7 @@ class Rag:
 
         self.cfg = cfg
         self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.follow_s)
+        self.prompts.store.warm()  # the index files into the page cache (a thread) while vLLM starts
         self.base = QueryConfig(method=cfg.method, recompute_ratio=cfg.recompute_ratio)
         blend_config(self.base, {}, "--method/--recompute-ratio")  # refuse a bad default at start-up
         self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
