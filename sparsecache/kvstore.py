@@ -21,6 +21,9 @@ from .errors import StoreCorrupt
 from .index import FaissIndexer, LiveRows, index_ids, load_index_file, search_segments
 from .stopwatch import Stopwatch
 from .store import ChunkCodes, ChunkInfo, Manifest
+from .store.reader import INFO_COLUMNS
+
+SEARCH_COLUMNS = ("chunk_id", *INFO_COLUMNS)  # what `search` reads for each hit (`Store.chunks_at`)
 
 
 class KVStore(storage.Store):
@@ -92,13 +95,15 @@ class KVStore(storage.Store):
             raise StoreCorrupt(f"{self.backend}/{key}: unreadable FAISS index: {str(e).splitlines()[0]}") from e
 
     def warm(self, background: bool = True, block: int = 16 << 20) -> threading.Thread | None:
-        """Read this version's index segment files once, start to end, so that the OS page cache
-        holds them and searches stop waiting for the disk (memory-mapped segments are otherwise
-        read list by list by the first searches that touch them: ~0.5 s each at 10M chunks on a
-        ~700 MB/s disk). A serving process calls it after opening; in the background by default
-        (the thread is returned), else it returns when done. The cache is the kernel's: this reads
-        through a small buffer and holds nothing itself."""
-        paths = [self.backend.fetch_file(p["key"]) for p in self.manifest.index_pieces()]
+        """Read the files a search touches once, start to end, so that the OS page cache holds
+        them and searches stop waiting for the disk: this version's index segment files
+        (memory-mapped, otherwise read list by list by the first searches that touch them: ~0.5 s
+        each at 10M chunks on a ~700 MB/s disk) and, on a local store, the chunk-table columns a
+        search answers with (`SEARCH_COLUMNS`: a search's hits are otherwise random reads of
+        cold Zarr chunks, 8 rows × 7 arrays). A serving process calls it after opening; in the
+        background by default (the thread is returned), else it returns when done. The cache is
+        the kernel's: this reads through a small buffer and holds nothing itself."""
+        paths = [self.backend.fetch_file(p["key"]) for p in self.manifest.index_pieces()] + self.column_files(SEARCH_COLUMNS)
 
         def read_all() -> None:
             buf = bytearray(block)

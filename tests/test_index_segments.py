@@ -4,6 +4,9 @@ the live chunks. Synthetic stores (`bench.scale`'s builder): no model."""
 
 from __future__ import annotations
 
+import builtins
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -51,11 +54,21 @@ def test_segments_are_capped_rebuilt_when_mostly_dead_and_searched_as_exact(tmp_
     assert verify(path, None, FaissIndexer(), None)["ok"]  # every live row in one segment, none outside its range
 
     store = KVStore.open(path)
-    fetched = []
+    fetched, opened = [], []
     real = store.backend.fetch_file
     store.backend.fetch_file = lambda key: fetched.append(key) or real(key)
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **kw: opened.append(Path(f)) or real_open(f, *a, **kw))
     store.warm(background=False)  # every segment's file read once, through the backend
+    monkeypatch.undo()
     assert fetched == [p["key"] for p in store.manifest.index_pieces()] and len(fetched) == 4
+    # and the chunk-table columns a search's hits are read from: every file of each, nothing else
+    gen = Path(path) / "data" / store.manifest.generation
+    table = {"chunk_id_utf8", "chunk_id_ends", "doc_id_utf8", "doc_id_ends", "ordinal", "token_offset", "token_length"}
+    read = [f for f in opened if gen in f.parents]
+    assert {f.relative_to(gen).parts[0] for f in read} == table
+    assert sorted(read) == sorted(f for a in table for f in (gen / a).rglob("*") if f.is_file())
+    assert set(opened) - set(read) == {real(k) for k in fetched}
     t = store.warm()
     t.join(timeout=60)
     assert not t.is_alive()

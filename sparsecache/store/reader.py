@@ -286,7 +286,7 @@ class Store:
 
     def _damaged(self, name: str, e: Exception) -> StoreCorrupt:
         """The error for an unreadable column: which of its Zarr chunks fail to read."""
-        names = text_arrays(name, self.legacy_strings) if name in TABLE_STR else (name,)
+        names = self._arrays_of(name)
         bad = [f"{self.manifest.generation}/{a}/{k}" for a in names for k in damaged_chunks(self.group[a])]
         return StoreCorrupt(f"{self.backend}: {', '.join(bad) or name} unreadable "
                             f"({str(e).splitlines()[0][:80]}); `sparsecache verify` lists all damage")
@@ -306,6 +306,20 @@ class Store:
 
     def live_rows(self) -> np.ndarray:
         return self._rows
+
+    def _arrays_of(self, column: str) -> tuple[str, ...]:
+        """The Zarr arrays holding a chunk-table column."""
+        return text_arrays(column, self.legacy_strings) if column in TABLE_STR else (column,)
+
+    def column_files(self, columns) -> list:
+        """The local files holding chunk-table `columns` of this version's generation (a text
+        column's bytes and ends), for reading ahead; none on an object store."""
+        root = self.backend.local_root
+        if root is None:
+            return []
+        base = root / "data" / self.manifest.generation
+        arrays = [a for c in columns for a in self._arrays_of(c)]
+        return sorted(f for a in arrays for f in (base / a).rglob("*") if f.is_file())
 
     def _column(self, name: str) -> np.ndarray:
         """A whole column, read once."""
