@@ -19,6 +19,7 @@ def test_bench_scale_measures_every_field_at_a_small_size(tmp_path):
     row, = json.loads(r.output)["rows"]
     assert all(f in row for f in FIELDS) and row["chunks"] == 3000 and row["search_warm_p99_ms"] > 0
     assert row["warm_up_s"] >= 0 and row["search_warmed_p99_ms"] > 0 and row["after_search_warmed_p99_ms"] > 0
+    assert 0 < row["search_warmed_index_ms_p50"] <= row["search_warmed_index_ms_p99"] and row["search_warmed_rows_ms_p99"] > 0
     assert row["recall_at_8"] == 1.0 and row["after_recall_at_8"] == 1.0 and row["after_live_chunks"] == 2970
     assert 0 < row["publish_bytes"] < row["store_bytes"] / 5 and row["publish_delete_1pct_bytes"] < row["publish_bytes"]
     assert (tmp_path / "scale.json").exists() and (tmp_path / "scale.png").exists()

@@ -10,9 +10,10 @@ chunk table, the manifest, the FAISS index, and the reader that opens them. Per 
 - `search_p50_ms` / `search_p99_ms` over `queries` searches right after opening (the page
   cache holding what the build left there), `search_warm_p50_ms` / `_p99_ms` over the same
   searches again, and `recall_at_8` against exact inner-product search of the live embeddings;
-- `warm_up_s`: `KVStore.warm` reading every index file once (what `serve` does in the
+- `warm_up_s`: `KVStore.warm` reading the index files and the chunk-table columns a search reads once (what `serve` does in the
   background at start), then `search_warmed_p50_ms` / `_p99_ms` over as many new queries (a
-  serving process's steady state);
+  serving process's steady state), split into the FAISS search (`search_warmed_index_ms_p50` /
+  `_p99`) and reading the hits' chunk-table rows (`search_warmed_rows_ms_p50` / `_p99`);
 - `publish_1pct_s`, `publish_bytes`: a nightly run that changes 1% of the documents (their chunks
   appended anew, the version published); `publish_delete_1pct_s` / `_bytes`: one that deletes 1%.
   Bytes are what the publish wrote (new or rewritten files of the store), not the store's size.
@@ -163,18 +164,31 @@ def _open_and_search(path: str, cfg: ScaleConfig) -> dict:
         t0 = time.perf_counter()
         s.warm(background=False)
         out["warm_up_s"] = time.perf_counter() - t0
-        fresh_ms, _ = _timed_searches(s, fresh)
+        parts = {}
+        fresh_ms, _ = _timed_searches(s, fresh, parts)
         out.update(search_warmed_p50_ms=float(np.percentile(fresh_ms, 50)),
-                   search_warmed_p99_ms=float(np.percentile(fresh_ms, 99)))
+                   search_warmed_p99_ms=float(np.percentile(fresh_ms, 99)),
+                   **{f"search_warmed_{k}_p{p}": float(np.percentile(v, p)) for k, v in parts.items() for p in (50, 99)})
     return out
 
 
-def _timed_searches(s, q: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
-    """Each query's search time (ms) and the rows it answered with."""
+def _timed_searches(s, q: np.ndarray, parts: dict | None = None) -> tuple[np.ndarray, list[list[int]]]:
+    """Each query's search time (ms) and the rows it answered with; with `parts`, each search's
+    two parts too (`index_ms`: the FAISS segments; `rows_ms`: reading the hits' chunk-table
+    rows), timed apart by doing what `KVStore.search` does in its two steps."""
+    from ..index import search_segments
+
     times, got = [], []
     for x in q:
         t = time.perf_counter()
-        hits = s.search(x, 8)
+        if parts is None:
+            hits = s.search(x, 8)
+        else:
+            found = search_segments(s.indexes(), x, 8, None, s._live)
+            t1 = time.perf_counter()
+            hits = list(zip(s.chunks_at([row for row, _ in found]), [score for _, score in found]))
+            parts.setdefault("index_ms", []).append((t1 - t) * 1e3)
+            parts.setdefault("rows_ms", []).append((time.perf_counter() - t1) * 1e3)
         times.append(time.perf_counter() - t)
         got.append([c.row for c, _ in hits])
     return np.array(times) * 1e3, got
