@@ -12,8 +12,9 @@ chunk table, the manifest, the FAISS index, and the reader that opens them. Per 
   searches again, and `recall_at_8` against exact inner-product search of the live embeddings;
 - `warm_up_s`: `KVStore.warm` reading the index files and the chunk-table columns a search
   reads once (what `serve` does in the background at start), then `search_warmed_p50_ms` /
-  `_p99_ms` over as many new queries (a serving process's steady state), split into the FAISS search (`search_warmed_index_ms_p50` /
-  `_p99`) and reading the hits' chunk-table rows (`search_warmed_rows_ms_p50` / `_p99`);
+  `_p99_ms` over as many new queries (a serving process's steady state), split into the
+  FAISS search (`search_warmed_index_ms_p50` / `_p99`) and reading the hits' chunk-table rows
+  (`search_warmed_rows_ms_p50` / `_p99`);
 - `publish_1pct_s`, `publish_bytes`: a nightly run that changes 1% of the documents (their chunks
   appended anew, the version published); `publish_delete_1pct_s` / `_bytes`: one that deletes 1%.
   Bytes are what the publish wrote (new or rewritten files of the store), not the store's size.
