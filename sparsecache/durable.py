@@ -94,7 +94,7 @@ def publish_dir(path: Path, build: Callable[[Path], object], complete: Callable[
             try:
                 tmp.mkdir()
                 build(tmp)
-                sync_tree(tmp, 0)
+                sync_tree(tmp)
                 try:
                     os.rename(tmp, path)  # fails where a non-empty directory is in the way
                 except OSError:
@@ -139,19 +139,39 @@ def fsync_path(path: Path | str) -> None:
         os.close(fd)
 
 
-def sync_tree(root: Path, since_ns: int) -> int:
-    """fsync every file and directory under `root` modified since `since_ns`; returns how many.
+def sync_paths(root: Path, paths) -> int:
+    """fsync each of `paths` (files or directories under `root`) and every directory from
+    each one's parent up to `root`, so that new files' bytes and the names of new files and
+    directories survive a power cut (a path gone meanwhile, a temporary renamed away, is
+    skipped); returns how many were synced."""
+    root = Path(root)
+    dirs: set[Path] = set()
+    n = 0
+    for p in paths:
+        p = Path(p)
+        try:
+            fsync_path(p)
+            n += 1
+        except FileNotFoundError:
+            pass
+        for d in p.parents:
+            if d in dirs or not (d == root or root in d.parents):
+                break
+            dirs.add(d)
+    for d in sorted(dirs, key=lambda d: -len(d.parts)):
+        try:
+            fsync_path(d)
+            n += 1
+        except FileNotFoundError:
+            continue
+    return n
 
-    A directory's mtime moves when entries are added, renamed or removed, so syncing the
-    changed directories makes new files' names durable along with their bytes."""
+
+def sync_tree(root: Path) -> int:
+    """fsync every file and directory under `root` (a directory just built); returns how many."""
     n = 0
     for dirpath, _, filenames in os.walk(root):
         for name in [*filenames, "."]:
-            path = os.path.join(dirpath, name)
-            try:
-                if os.stat(path).st_mtime_ns >= since_ns:
-                    fsync_path(path)
-                    n += 1
-            except FileNotFoundError:  # a temp file renamed away meanwhile
-                continue
+            fsync_path(os.path.join(dirpath, name))
+            n += 1
     return n

@@ -72,6 +72,35 @@ class TestLocalBackend(BackendTests):
     def backend(self, tmp_path):
         return LocalBackend(tmp_path / "store")
 
+    def test_sync_fsyncs_what_was_written_not_the_store(self, backend, monkeypatch):
+        """A commit's cost is what it wrote: `sync` fsyncs the files written (through zarr or
+        put) since the last sync and the directories from theirs up to the root, and nothing
+        else of a store with many files."""
+        import os
+
+        import numpy as np
+        import zarr
+
+        g = zarr.open_group(store=backend.zarr_store(read_only=False), path="data/g1", mode="w")
+        x = g.create_array("x", shape=(4000,), chunks=(4,), dtype="int32")
+        x[:] = np.arange(4000)  # 1,000 chunk files
+        backend.sync()
+        synced = []
+        real = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.path.realpath(f"/proc/self/fd/{fd}")) or real(fd))
+        x[3998:] = [7, 7]  # rewrites the last chunk file only
+        backend.put("pending.json", b"{}")
+        backend.delete("data/g1/x/c/5")
+        put_own = len(synced)  # put fsyncs its temporary and its directory itself
+        backend.sync()
+        root = os.path.realpath(backend.root)
+        at = lambda *p: os.path.join(root, *p)  # noqa: E731
+        dirs = {root, at("data"), at("data/g1"), at("data/g1/x"), at("data/g1/x/c")}
+        assert set(synced[put_own:]) == {at("data/g1/x/c/999"), at("pending.json")} | dirs
+        n = len(synced)
+        backend.sync()  # nothing written since
+        assert len(synced) == n
+
 
 class TestS3Backend(BackendTests):
     @pytest.fixture

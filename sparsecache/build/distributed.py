@@ -151,6 +151,8 @@ class RegionEncoder:
                     tokens = np.concatenate([np.asarray(c["token_ids"], np.int32) for c in part])
                     write_codes(self.group, tok, tokens, k, v, grow=False)
                 tok += len(tokens)
+        with watch.step("write"):
+            self.backend.sync()  # this worker's files durable before the driver records the region done
         with watch.step("embed"):
             emb = self.embedder.embed([c["text"] for c in region.chunks])
         return emb, dict(watch)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
+import threading
 from pathlib import Path
 
-from ..durable import publish_dir, publish_file, sync_tree, write_atomic
+from ..durable import publish_dir, publish_file, sync_paths, write_atomic
 from ..errors import StoreError
 
-_MTIME_SLACK_NS = 2_000_000_000  # file timestamps can lag the clock by a tick; re-syncing clean files is free
 URL_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "memory://")
 
 
@@ -75,11 +74,9 @@ class Backend:
         data = self._get_or_none(key)
         return 0 if data is None else len(data)
 
-    def mark(self) -> None:
-        """Start counting writes for `sync`."""
-
     def sync(self) -> None:
-        """Make every write since `mark`/the last sync durable (object stores: a PUT already is)."""
+        """Make every write through this backend since the last sync durable (object stores: a PUT
+        already is)."""
 
     def check_root(self) -> None:
         """Raise StoreError where the root cannot hold a store at all."""
@@ -130,7 +127,12 @@ class LocalBackend(Backend):
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.url = str(self.root)
-        self._synced = time.time_ns()
+        self._dirty: set[Path] = set()  # files written, and directories deleted in, since the last sync
+        self._dirty_lock = threading.Lock()
+
+    def _wrote(self, path: Path) -> None:
+        with self._dirty_lock:
+            self._dirty.add(path)
 
     @property
     def local_root(self) -> Path:
@@ -139,22 +141,27 @@ class LocalBackend(Backend):
     def zarr_store(self, read_only: bool = True):
         from zarr.storage import LocalStore
 
-        return LocalStore(self.root, read_only=read_only)
+        return LocalStore(self.root, read_only=True) if read_only else _tracked_store(self.root, self._wrote)
 
     def get(self, key: str) -> bytes:
         return (self.root / key).read_bytes()
 
     def put(self, key: str, data: bytes) -> None:
-        write_atomic(self.root / key, data)
+        write_atomic(self.root / key, data)  # the file and its directory fsynced; the directories above at `sync`
+        self._wrote(self.root / key)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        return write_atomic(self.root / key, data, replace=False)  # link(2): an atomic create that never overwrites
+        made = write_atomic(self.root / key, data, replace=False)  # link(2): an atomic create that never overwrites
+        self._wrote(self.root / key)
+        return made
 
     def delete(self, key: str) -> None:
         (self.root / key).unlink(missing_ok=True)
+        self._wrote((self.root / key).parent)
 
     def delete_tree(self, prefix: str) -> None:
         shutil.rmtree(self.root / prefix, ignore_errors=True)
+        self._wrote((self.root / prefix).parent)
 
     def list(self, prefix: str) -> list[str]:
         base = self.root / prefix
@@ -176,15 +183,13 @@ class LocalBackend(Backend):
         path = self.root / key
         return path.stat().st_size if path.is_file() else 0
 
-    def mark(self) -> None:
-        # Only what this writer writes needs syncing: a crashed run synced its rows before
-        # pending.json recorded them, and the rest of the store is published, hence synced.
-        self._synced = time.time_ns() - _MTIME_SLACK_NS
-
     def sync(self) -> None:
-        cut = time.time_ns()
-        sync_tree(self.root, self._synced)
-        self._synced = cut - _MTIME_SLACK_NS
+        # Only what this process wrote through this backend needs syncing (a crashed run synced
+        # its rows before pending.json recorded them, and the rest of the store is published,
+        # hence synced), so a commit costs what was written, not the size of the store.
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        sync_paths(self.root, dirty)
 
     def check_root(self) -> None:
         if self.root.exists() and not self.root.is_dir():
@@ -197,12 +202,15 @@ class LocalBackend(Backend):
         dst = self.root / key
         dst.parent.mkdir(parents=True, exist_ok=True)
         publish_file(dst, lambda tmp: out.append(build(tmp)))
+        self._wrote(dst)
         return out[0]
 
     def put_dir(self, local: Path, prefix: str) -> None:
         dst = self.root / prefix
         if Path(local).resolve() != dst.resolve():
             shutil.copytree(local, dst, dirs_exist_ok=True)
+            for f in dst.rglob("*"):
+                self._wrote(f)
 
     def fetch_file(self, key: str) -> Path:
         path = self.root / key
@@ -396,3 +404,35 @@ def open_backend(where: str | Path | Backend) -> Backend:
     if is_url(where):
         return ObjectBackend(where)
     return LocalBackend(where)
+
+
+def _tracked_store(root: Path, wrote):
+    """zarr's LocalStore for writing, telling `wrote(path)` of every file it writes and every
+    directory it deletes in, so `LocalBackend.sync` fsyncs exactly those."""
+    from zarr.storage import LocalStore
+
+    class TrackedLocalStore(LocalStore):
+        def with_read_only(self, read_only: bool = False):
+            return LocalStore(self.root, read_only=True) if read_only else _tracked_store(self.root, wrote)
+
+        async def _set(self, key: str, value, exclusive: bool = False) -> None:
+            await super()._set(key, value, exclusive)
+            wrote(self.root / key)
+
+        def set_sync(self, key: str, value) -> None:
+            super().set_sync(key, value)
+            wrote(self.root / key)
+
+        async def delete(self, key: str) -> None:
+            await super().delete(key)
+            wrote((self.root / key).parent)
+
+        def delete_sync(self, key: str) -> None:
+            super().delete_sync(key)
+            wrote((self.root / key).parent)
+
+        async def delete_dir(self, prefix: str) -> None:
+            await super().delete_dir(prefix)
+            wrote((self.root / prefix).parent)
+
+    return TrackedLocalStore(root, read_only=False)

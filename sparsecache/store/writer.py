@@ -90,7 +90,6 @@ class Writer:
         except StoreError:
             self.lock.release()
             raise
-        self.backend.mark()
         if not self.backend.exists(MARKER):  # before anything else is created in it
             self.backend.put(MARKER, json.dumps({"created": now(), "format": FORMAT_VERSION}).encode())
         import zarr
