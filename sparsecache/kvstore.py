@@ -131,11 +131,16 @@ class KVStore(storage.Store):
                documents: list[str] | None = None) -> list[tuple[ChunkInfo, float]]:
         """The k live chunks nearest to a query embedding [dim], best first, with scores; with
         `documents`, only among those documents' chunks (an unknown document id is an error)."""
+        hits = self.search_rows(query_embedding, k, documents)
+        return list(zip(self.chunks_at([row for row, _ in hits]), [score for _, score in hits]))
+
+    def search_rows(self, query_embedding: np.ndarray, k: int,
+                    documents: list[str] | None = None) -> list[tuple[int, float]]:
+        """`search`'s first step alone: the FAISS segments' k best (chunk-table row, score)."""
         within = None if documents is None else self.document_rows(documents)
         if self._live is None:
             self._live = LiveRows(self.live_rows(), self.manifest.chunks)
-        hits = search_segments(self.indexes(), query_embedding, k, within, self._live)
-        return list(zip(self.chunks_at([row for row, _ in hits]), [score for _, score in hits]))
+        return search_segments(self.indexes(), query_embedding, k, within, self._live)
 
 
 def verify(where, version: int | None = None) -> dict:

@@ -175,17 +175,15 @@ def _open_and_search(path: str, cfg: ScaleConfig) -> dict:
 
 def _timed_searches(s, q: np.ndarray, parts: dict | None = None) -> tuple[np.ndarray, list[list[int]]]:
     """Each query's search time (ms) and the rows it answered with; with `parts`, each search's
-    two parts too (`index_ms`: the FAISS segments; `rows_ms`: reading the hits' chunk-table
-    rows), timed apart by doing what `KVStore.search` does in its two steps."""
-    from ..index import search_segments
-
+    two parts too (`index_ms`: the FAISS segments, `KVStore.search_rows`; `rows_ms`: reading the
+    hits' chunk-table rows, `chunks_at`), timed apart."""
     times, got = [], []
     for x in q:
         t = time.perf_counter()
         if parts is None:
             hits = s.search(x, 8)
         else:
-            found = search_segments(s.indexes(), x, 8, None, s._live)
+            found = s.search_rows(x, 8)
             t1 = time.perf_counter()
             hits = list(zip(s.chunks_at([row for row, _ in found]), [score for _, score in found]))
             parts.setdefault("index_ms", []).append((t1 - t) * 1e3)
