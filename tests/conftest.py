@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from click.testing import CliRunner
 
+from sparsecache.bench.suite import unit_atoms  # noqa: F401  test modules import it from here
 from sparsecache.cli.main import cli
 from sparsecache.build.encoder import encode_corpus
 from sparsecache.failpoints import Crash, crash_at
@@ -155,19 +156,12 @@ def eager_attention_mass(model, ctx, q_ids: list[int], layer: int) -> torch.Tens
     return out.attentions[layer][0, :, :, :S].sum((0, 1))
 
 
-def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    d = torch.randn(m, n, generator=g)
-    return d / d.norm(dim=0)
-
-
 @pytest.fixture(scope="session")
 def tiny_dictionary_dir(tiny_model, tmp_path_factory) -> Path:
     """Random unit atoms (512, s=4) fingerprinted for the tiny model: codes are codes, quality aside."""
-    from sparsecache.codec.dictionary import DictConfig, Dictionary
+    from sparsecache.bench.suite import tiny_dictionary
 
-    d = Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), tiny_model.fingerprint())
-    return d.save(tmp_path_factory.mktemp("tiny-dict"))
+    return tiny_dictionary(tiny_model.fingerprint()).save(tmp_path_factory.mktemp("tiny-dict"))
 
 
 @pytest.fixture(scope="session")

@@ -33,20 +33,6 @@ WORDS = ("amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbo
          "kestrel", "lagoon", "meadow", "nectar", "onyx", "prairie", "quartz", "raven", "sierra", "tundra")
 
 
-def tiny_dictionary(model, out: Path):
-    import torch
-
-    from sparsecache.codec.dictionary import DictConfig, Dictionary
-
-    if not (out / "dictionary.json").exists():
-        def atoms(seed):
-            d = torch.randn(32, 512, generator=torch.Generator().manual_seed(seed))
-            return d / d.norm(dim=0)
-
-        Dictionary(atoms(1), atoms(2), DictConfig(512, 4, 1), model.fingerprint()).save(out)
-    return Dictionary.load(out)
-
-
 def text(i: int, edit: int = 0) -> str:
     w = [WORDS[(i * 7 + j * 3 + edit) % len(WORDS)] for j in range(6)]
     return (f"Record {i}{'-r' + str(edit) if edit else ''}: the {w[0]} {w[1]} shipment left bin {i % 97} "
@@ -65,14 +51,12 @@ def index_bytes(store: Path) -> dict[str, int]:
 
 def full_rebuild_s(store: Path) -> tuple[float, int, str]:
     """Seconds to build the whole live index again, as the driver did before indexes had segments."""
-    import zarr
-
     from sparsecache.index import FaissIndexer
     from sparsecache.store.reader import Store
 
     s = Store.open(str(store))
     rows = s.live_rows()
-    emb = zarr.open_group(str(store / "data" / s.manifest.generation), mode="r")["embeddings"]
+    emb = s.group["embeddings"]
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         kind = FaissIndexer("auto").write(lambda pos: emb[int(rows[pos[0]]): int(rows[pos[-1]]) + 1][rows[pos] - rows[pos[0]]],
@@ -125,7 +109,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
 
-    from sparsecache.bench.suite import cpu_model, write_tiny_llama
+    from sparsecache.bench.suite import cpu_model, tiny_dictionary, write_tiny_llama
     from sparsecache.model import load_model
 
     a.work.mkdir(parents=True, exist_ok=True)
@@ -133,7 +117,7 @@ def main() -> None:
     if not (model_dir / "config.json").exists():
         write_tiny_llama(model_dir)
     model = load_model(str(model_dir))
-    dictionary = tiny_dictionary(model, a.work / "tiny-dict")
+    dictionary = tiny_dictionary(model.fingerprint())
     rows = [measure(a.work, int(n), a.changed, a.workers, model_dir, dictionary, model) for n in a.sizes.split(",")]
     report = {"cpu": cpu_model(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
     if a.out:

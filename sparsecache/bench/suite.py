@@ -630,6 +630,20 @@ def write_tiny_llama(out) -> Path:
     return out
 
 
+def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
+    """n random unit-norm columns of dimension m [m, n] (the same for the same seed)."""
+    d = torch.randn(m, n, generator=torch.Generator().manual_seed(seed))
+    return d / d.norm(dim=0)
+
+
+def tiny_dictionary(fingerprint: dict) -> Dictionary:
+    """A dictionary of random unit atoms (512 of dimension 32, s = 4) for `write_tiny_llama`'s
+    model (`fingerprint`): its codes are codes, quality aside."""
+    from ..codec.config import DictConfig
+
+    return Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), fingerprint)
+
+
 def cpu_model() -> str:
     """lscpu's model name (timings differ between AVX2 and AVX-512 machines)."""
     import platform
