@@ -190,3 +190,36 @@ def fresh_single(encode, corpus, tmp_path):
     out = tmp_path / "fresh"
     encode(corpus.root, out)
     return out
+
+
+def test_a_wrapped_store_encodes_on_ray_as_in_one_process(ray_cluster, tiny_model_dir, tiny_dictionary, corpus,
+                                                           tmp_path):
+    """The actors read the store's soft tokens and encode each chunk after the header with its trailer,
+    as one process does: the same tokens (trailers included) and codes, first encode and incremental."""
+    from dataclasses import replace
+
+    from sparsecache.kvstore import KVStore
+    from sparsecache.model import load_model
+    from sparsecache.wrapper import initial_wrapper
+
+    def fresh():  # the driver's model takes the wrapper's soft tokens: not the session's shared tiny model
+        return load_model(str(tiny_model_dir))
+
+    wrapper = initial_wrapper(fresh(), 3, 2)
+    config = replace(HISTORY_CONFIG, wrapper=wrapper.digest())
+
+    def run(store, workers=0):
+        return encode_corpus([str(corpus.root)], store, tiny_dictionary, fresh, config, embedder=FakeEmbedder(),
+                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
+                             workers=workers, model_path=str(tiny_model_dir), wrapper=wrapper)
+
+    for _ in range(2):  # a first encode, then an incremental one after the corpus changed
+        assert run(tmp_path / "ray", workers=2).published
+        run(tmp_path / "one")
+        assert verify(tmp_path / "ray")["ok"]
+        assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
+        s = KVStore.open(tmp_path / "ray")
+        assert s.config.wrapper == wrapper.digest()
+        tokens = s.tokens([c.id for c in s.chunks()])
+        assert all(t[-2:] == wrapper.ids()[1] and min(t[:-2]) >= 0 for t in tokens)
+        corpus.mutate(3)

@@ -28,7 +28,7 @@ import re
 import time
 import uuid
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class RegionEncoder:
     def _load(self, store: str, generation: str, model: str, device: str, screening: Screening | None) -> None:
         from ..codec.coding import Codec
         from ..index import Embedder
-        from ..model import load_model
+        from ..model import load_model, use_soft_tokens
         from ..kvstore import KVStore
         from ..store.layout import open_group
 
@@ -116,6 +116,7 @@ class RegionEncoder:
         s = KVStore.open(store)
         self.backend, self.config = s.backend, s.config
         self.model = load_model(model, device=device)
+        use_soft_tokens(self.model, s.soft())  # a wrapped store: its soft tokens, as the driver's model reads them
         self.codec = Codec(s.dictionary, s.config.coef_dtype, device, s.config.index_coding, screening)
         self.embedder = Embedder(s.config.embedder, device)
         self.group = open_group(self.backend, f"data/{generation}", mode="r+")
@@ -222,17 +223,19 @@ def encode_distributed(run, ray) -> None:
     from tqdm.auto import tqdm
 
     from ..model import chunk_context_ids
+    from .encoder import _wrapping
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}
+    header, trailer = _wrapping(w, run.model)  # a wrapped store: every chunk after the header, its trailer appended
     actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
-             "prefix": chunk_context_ids(run.model, config.prefix, config.anchor),
+             "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
              "screening": run.screening and asdict(run.screening)}  # each actor's arguments
     n = _start_ray(ray.workers, ray.address, run.device, timer)
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
     next_id = 0
     try:
-        for docs in _rounds(run.plan.work, run.model.tokenizer, config.chunk_tokens, timer):
+        for docs in _rounds(run.plan.work, run.model.tokenizer, config.chunk_tokens, timer, trailer):
             start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
             regions = plan_regions(docs, *start, config.zarr_chunk_tokens, _region_tokens(docs, run.batch_tokens, n),
                                    next_id)
@@ -258,12 +261,14 @@ def _region_tokens(docs, batch_tokens: int, actors: int) -> int:
     return max(1, min(batch_tokens, total // (4 * actors)))
 
 
-def _rounds(work, tokenizer, chunk_tokens: int, timer):
-    """[(doc id, chunks)] lists of about ROUND_TOKENS tokens of whole documents."""
+def _rounds(work, tokenizer, chunk_tokens: int, timer, trailer: tuple[int, ...] = ()):
+    """[(doc id, chunks)] lists of about ROUND_TOKENS tokens of whole documents, `trailer` (a
+    wrapped store's) appended to every chunk's token ids."""
     docs, n = [], 0
     for s in work:
         with timer.step("chunk"):
-            doc_chunks = list(chunks(s, tokenizer, chunk_tokens))
+            doc_chunks = [replace(c, token_ids=tuple(c.token_ids) + trailer) if trailer else c
+                          for c in chunks(s, tokenizer, chunk_tokens)]
         docs.append((s.id, doc_chunks))
         n += sum(len(c.token_ids) for c in doc_chunks)
         if n >= ROUND_TOKENS:

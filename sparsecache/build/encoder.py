@@ -137,8 +137,6 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictio
     """
     if config.wrapper and wrapper is not None and wrapper.digest() != config.wrapper:
         raise ConfigError(f"the wrapper given is {wrapper.digest()}, the config names {config.wrapper}")
-    if config.wrapper and (workers or ray_address):
-        raise ConfigError("a wrapped store is encoded in this process for now: drop --workers/--ray-address")
     t_start = time.perf_counter()
     timer = Stopwatch(device, unit=1.0)
     with timer.step("scan"):
