@@ -23,7 +23,7 @@ import torch
 from .durable import write_atomic
 from .errors import ConfigError
 from .fingerprint import same_model
-from .model import KVModel, _kv_taps, kv_cache
+from .model import KVModel, _kv_taps, kv_cache, use_soft_tokens
 
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/, and a wheel), found by
 # the model's fingerprint: experimental, none is used unless asked for (`encode-corpus --wrapper shipped`)
@@ -198,3 +198,19 @@ def continuation_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor
                    position_ids=torch.arange(S, S + len(ids), device=model.device)[None],
                    **{model.cache_arg: cache}, use_cache=True)
     return out.logits[0].float()
+
+
+def store_wrapping(backend, model: KVModel) -> tuple[list[int], tuple[int, ...]]:
+    """The header ids (every chunk is encoded after them, following the prefix) and trailer ids
+    (appended to every chunk) of the store on `backend`, its soft tokens loaded into `model`;
+    ([], ()) for a store without a wrapper."""
+    from .store.layout import open_group
+
+    g = open_group(backend, "prefix")
+    if "soft" not in g:
+        return [], ()
+    soft = torch.from_numpy(g["soft"][:])
+    use_soft_tokens(model, soft)
+    H = sum(int(t) < 0 for t in g["token_ids"][:])
+    header, trailer = soft_ids(H, soft.shape[0] - H)
+    return header, tuple(trailer)

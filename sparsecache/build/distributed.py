@@ -223,11 +223,11 @@ def encode_distributed(run, ray) -> None:
     from tqdm.auto import tqdm
 
     from ..model import chunk_context_ids
-    from .encoder import _wrapping
+    from ..wrapper import store_wrapping
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}
-    header, trailer = _wrapping(w, run.model)  # a wrapped store: every chunk after the header, its trailer appended
+    header, trailer = store_wrapping(w.backend, run.model)  # a wrapped store: every chunk after the header, its trailer appended
     actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
              "screening": run.screening and asdict(run.screening)}  # each actor's arguments

@@ -26,7 +26,7 @@ from ..index import Embedder, FaissIndexer
 from ..model import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store import StoreConfig, Writer
-from ..wrapper import Wrapper
+from ..wrapper import Wrapper, store_wrapping
 from .batch import code_batch
 from .corpus import Chunk, Source, chunks, scan
 
@@ -247,22 +247,6 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
              FaissIndexer(), None if soft is None else soft.numpy())
 
 
-def _wrapping(w: Writer, model: KVModel) -> tuple[list[int], tuple[int, ...]]:
-    """A wrapped store's header ids (which every chunk is encoded after, following the prefix) and
-    trailer ids (appended to every chunk), its soft tokens loaded into `model`; ([], ()) without."""
-    from ..store.layout import open_group
-    from ..wrapper import soft_ids
-
-    g = open_group(w.backend, "prefix")
-    if "soft" not in g:
-        return [], ()
-    soft = torch.from_numpy(g["soft"][:])
-    use_soft_tokens(model, soft)
-    H = sum(int(t) < 0 for t in g["token_ids"][:])
-    header, trailer = soft_ids(H, soft.shape[0] - H)
-    return header, tuple(trailer)
-
-
 def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
     """What to encode, given the last version and what a crashed run already wrote.
 
@@ -291,7 +275,7 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
 def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
     """Encode `run.plan.work` batch by batch, recording progress in the store after every batch."""
     w, plan, model, timer, report = run.writer, run.plan, run.model, run.timer, run.report
-    header, trailer = _wrapping(w, model)
+    header, trailer = store_wrapping(w.backend, model)
     prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor) + header
     with timer.step("chunk"):
         total = token_estimate(plan.work, model.tokenizer) if run.progress else 0
