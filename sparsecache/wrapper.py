@@ -108,6 +108,12 @@ def shipped_wrapper(fingerprint: dict) -> Path:
                       "`sparsecache learn-wrapper --model MODEL --out DIR` and pass --wrapper DIR")
 
 
+def load_wrapper(spec: str, fingerprint: dict) -> Wrapper:
+    """The wrapper `spec` names: a `learn-wrapper` output directory, or 'shipped' (the one shipped
+    for the model `fingerprint` describes)."""
+    return Wrapper.load(shipped_wrapper(fingerprint) if spec == "shipped" else spec)
+
+
 def soft_ids(header: int, trailer: int) -> tuple[list[int], list[int]]:
     """Token ids of a wrapper's header and trailer: soft token i is id -1-i (`model.embed_ids`)."""
     return [-1 - i for i in range(header)], [-1 - header - j for j in range(trailer)]

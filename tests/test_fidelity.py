@@ -298,3 +298,32 @@ def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
     chosen = json.loads((tmp_path / "d.json").read_text())["chosen"]
     cfg = QueryConfig()
     assert chosen == f"{cfg.method}:{cfg.ratio:g}+paths={methods.get(cfg.method).paths}", r.output
+
+
+def test_wrapped_methods_answer_from_the_wrapped_store_beside_the_plain_one(session, suite, tmp_path, embedder):
+    """`method@wrapped` answers from the suite encoded with a learned wrapper: its `none` reads
+    k wrapped chunks (header + trailer more context per chunk), and `full@wrapped` prefills the
+    chunks' own text, full prefill's answer to the token."""
+    import shutil
+
+    from sparsecache.bench.fidelity import parse_configs
+    from sparsecache.bench.suite import wrapped_session
+    from sparsecache.wrapper import initial_wrapper
+
+    out, made, _ = suite
+    shutil.copy(out / "corpus.jsonl", tmp_path)
+    initial_wrapper(session.model, 3, 2).save(tmp_path / "wrapper")
+    wrapped = wrapped_session(tmp_path, session, str(tmp_path / "wrapper"), "cpu", embedder)
+    wrapped._embedder = embedder
+    methods = parse_configs("none,none@wrapped,full@wrapped")
+    assert methods["none@wrapped"] == {**methods["none"], "store": "wrapped"}
+    rows = run_fidelity(session, {4: made[4][:3]}, methods, max_new_tokens=4, wrapped=wrapped)
+    by = {(r["label"], r["question"]): r for r in rows}
+    for q in made[4][:3]:
+        assert by["none@wrapped", q.id]["context_tokens"] == by["none", q.id]["context_tokens"] + 4 * (3 + 2)
+        assert by["full@wrapped", q.id]["tokens"] == by["full", q.id]["tokens"]
+        assert by["none@wrapped", q.id]["recomputed_tokens"] == 0
+    with pytest.raises(ConfigError, match="need a wrapped store"):
+        run_fidelity(session, {4: made[4][:1]}, methods)
+    with pytest.raises(ConfigError, match="only store suffix"):
+        parse_configs("none@other")

@@ -7,7 +7,8 @@ full prefill's answers alone. Shards with disjoint questions run as parallel pro
 GPU (`scripts/gpu_run.sh shards`); their result files merge into one `results.json`.
 
     python scripts/experiments/fidelity_shard.py WORK RESULTS --k 8 --shard 3/14 \
-        --methods infoflow:0.25,superposition:0.5+paths=2 [--seed FILE...] [--device cuda]
+        --methods infoflow:0.25,superposition:0.5+paths=2,none@wrapped [--wrapper shipped] \
+        [--seed FILE...] [--device cuda]
 
 Several `--job K:METHODS` may replace `--k`/`--methods`: they run in order, each over the shard.
 """
@@ -30,10 +31,13 @@ def main() -> None:
     p.add_argument("--seed", action="append", default=[], help="result files whose rows count as done")
     p.add_argument("--device", default="auto")
     p.add_argument("--model", default="default")
+    p.add_argument("--wrapper", default=None, help="for @wrapped methods: a wrapper directory or 'shipped' "
+                   "(WORK/store-wrapped is encoded with it, as `bench fidelity --wrapper` does)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (shards share the cores)")
     args = p.parse_args()
 
     from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity  # before torch (its OpenMP setup)
+    from sparsecache.bench.suite import wrapped_session
     from sparsecache.session import Session
 
     import torch
@@ -50,10 +54,11 @@ def main() -> None:
         tmp.write_text(json.dumps({"rows": rows}))
         shutil.move(tmp, args.results)
     session = Session(args.work / "store", args.model, args.device)
+    wrapped = wrapped_session(args.work, session, args.wrapper, args.device) if args.wrapper else None
     for k, spec in jobs:
         methods = parse_configs(spec)
         for q in suite[k][i::n][:args.limit]:
-            run_fidelity(session, {k: [q]}, methods, args.results)
+            run_fidelity(session, {k: [q]}, methods, args.results, wrapped=wrapped)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from .ruler import wilson
 SPLITS = ("dev", "test")
 TRAIN = "train"  # what learned chunk wrappers train on (`learn-wrapper`): pools shared with neither split
 SPLIT = "dev"  # what `bench fidelity` measures unless told: the test split is run once, at the end
+WRAPPED = "wrapped"  # `method@wrapped`: answered from the suite's store encoded with a learned wrapper
 
 SYLLABLES = ("bar", "tel", "mon", "kri", "vos", "lan", "dre", "sul", "pim", "gor", "nea", "wyl", "thar", "quen",
              "bel", "rov", "zan", "mir", "dov", "kel", "ost", "ula", "fen", "jor")
@@ -332,36 +333,52 @@ GOLD = {"method": "full", "context": "gold"}
 
 
 def parse_configs(spec: str) -> dict[str, dict]:
-    """`ruler.parse_methods`, with the label `gold` too."""
+    """`ruler.parse_methods`, with the label `gold` too; a method ending in `@wrapped` answers from
+    the suite's store encoded with a learned wrapper (`bench fidelity --wrapper`)."""
     from .ruler import parse_methods
 
-    return parse_methods(spec, {"gold": GOLD})
+    out = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, at, where = item.partition("@")
+        if at and where != WRAPPED:
+            raise ConfigError(f"--methods: {item!r}: the only store suffix is @{WRAPPED}")
+        cfg = parse_methods(name, {"gold": GOLD})[name]
+        out[item] = {**cfg, "store": WRAPPED} if at else cfg
+    if not out:
+        raise ConfigError("--methods names no method")
+    return out
 
 
 def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, dict], results: Path | None = None,
-                 max_new_tokens: int = 24) -> list[dict]:
+                 max_new_tokens: int = 24, wrapped=None) -> list[dict]:
     """Every method on every question of every k, after full prefill's answer to it.
 
     One row per (k, method, question); with `results`, every row is saved as it is made and a
     rerun skips rows already there, so an interrupted run resumes where it stopped. A row says
     whether the context the method answered from still held the chunks the answer needs
-    (`holds_answer`: a method may drop chunks)."""
+    (`holds_answer`: a method may drop chunks). Methods marked `store: wrapped` answer from the
+    session `wrapped` (the same corpus encoded with a learned wrapper)."""
     from .passkey import chunk_ids_by_doc
+
+    if wrapped is None and any(cfg.get("store") == WRAPPED for cfg in methods.values()):
+        raise ConfigError(f"@{WRAPPED} methods need a wrapped store (bench fidelity --wrapper)")
+    sessions = {None: session, WRAPPED: wrapped}
+    ids_of = {key: chunk_ids_by_doc(s.store) for key, s in sessions.items() if s is not None}
 
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
     done = {(r["k"], r["label"], r["question"]) for r in rows}
     refs = {(r["k"], r["question"]): r for r in rows if r["label"] == "full"}
-    ids = chunk_ids_by_doc(session.store)
     for k, questions in suite.items():
         for label, cfg in {"full": {"method": "full"}, **methods}.items():
-            query = {key: value for key, value in cfg.items() if key != "context"}  # Session.query's settings
+            query = {key: value for key, value in cfg.items() if key not in ("context", "store")}  # Session.query's
+            ask, ids = sessions[cfg.get("store")], ids_of[cfg.get("store")]
             for q in questions:
                 if (k, label, q.id) in done:
                     continue
                 needed = [ids[d] for d in q.docs]
                 chunks = [ids[d] for d in q.chunk_docs if cfg.get("context") != "gold" or d in q.docs]
                 ref = refs.get((k, q.id))
-                a = session.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens,
+                a = ask.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens,
                                   reference=None if ref is None else ref["tokens"], **query)
                 row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],

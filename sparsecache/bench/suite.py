@@ -475,14 +475,17 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
 
 
 def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,
-                   model_path: str = "default", dictionary: str | None = None, split: str | None = None) -> dict:
+                   model_path: str = "default", dictionary: str | None = None, split: str | None = None,
+                   wrapper: str | None = None) -> dict:
     """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
     of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
     documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
     suite as it was before splits).
 
     Made once per workdir like `bench_ruler` (suite, store); every answer is saved to
-    results.json as it is made, and a rerun resumes there."""
+    results.json as it is made, and a rerun resumes there. With `wrapper` (a `learn-wrapper`
+    directory or 'shipped') the suite is also encoded with it (store-wrapped), which methods
+    ending in `@wrapped` answer from."""
     import json
     from pathlib import Path
 
@@ -501,10 +504,12 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
             settings = saved
     session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, split=split), device)
     suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
-    rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json")
+    wrapped = wrapped_session(work, session, wrapper, device) if wrapper else None
+    rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json",
+                        wrapped=wrapped)
     asked = {(k, q.id) for k, qs in suite.items() for q in qs}
     return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
-            "split": split,
+            "split": split, **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
             "rows": table([r for r in rows if (r["k"], r["question"]) in asked])}
 
 
@@ -539,6 +544,23 @@ def _suite_session(work, settings: dict, make, device):
     encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
                   StoreConfig(), device=device)
     return Session(work / "store", model, device)
+
+
+def wrapped_session(work, session, wrapper: str, device, embedder=None):
+    """A Session over the suite in `work` encoded with the learned wrapper `wrapper` (a directory
+    or 'shipped') into work/store-wrapped, beside `session`'s plain store, with its model,
+    dictionary and settings; incremental like the plain store (another wrapper there is refused)."""
+    from dataclasses import replace
+
+    from ..build.encoder import encode_corpus
+    from ..session import Session
+    from ..wrapper import load_wrapper
+
+    w = load_wrapper(wrapper, session.model.fingerprint())
+    encode_corpus([str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,
+                  replace(session.store.config, wrapper=w.digest()), embedder=embedder, device=device, wrapper=w,
+                  progress=False)
+    return Session(work / "store-wrapped", session.model, device)
 
 
 # The decomposition: exact per-chunk KV, codes, then recomputation at growing ratios, with and

@@ -189,14 +189,18 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, model_
               help="Answer only the first N questions of each k (the suite stays the same): TTFT on a CPU, "
                    "where every method on every question takes hours.")
 @click.option("--methods", default=None, help="Labels (gold: full prefill of the answer's chunks alone), or method:ratio "
-              "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2). "
+              "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2), "
+              "and @wrapped to answer from the --wrapper store. "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
+@click.option("--wrapper", default=None,
+              help="Also encode the suite with this learned chunk wrapper (a `learn-wrapper` directory, or 'shipped') "
+                   "into WORKDIR/store-wrapped; methods ending in @wrapped answer from it (none@wrapped).  [default: none]")
 @model_option
 @suite_dict_option
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, questions, split, limit, methods, model_path, dictionary, device, as_json):
+def fidelity_cmd(workdir, ks, questions, split, limit, methods, wrapper, model_path, dictionary, device, as_json):
     """Does the compressed path answer as well as full prefill? Documents about fictional
     entities, one fact per question (some need two chunks), k chunks with the answer's at a
     random rank. Per method, each with a 95% interval: correct answers relative to full
@@ -208,7 +212,7 @@ def fidelity_cmd(workdir, ks, questions, split, limit, methods, model_path, dict
 
     r = bench_fidelity(workdir, ks, questions,
                        parse_configs(methods) if methods else None, resolve_device(device), limit,
-                       model_path, dictionary, split)
+                       model_path, dictionary, split, wrapper)
     emit(r, as_json, [line(x["k"], x["label"], x) for x in r["rows"]])
 
 

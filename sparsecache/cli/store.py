@@ -35,7 +35,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--wrapper", "wrapper_dir", default=None,
               help="A learned chunk wrapper's directory (`learn-wrapper`, experimental), or 'shipped' (the one shipped "
               "for --model): every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays "
-              "out with it (fixed when the store is created; `query` reads it, `serve` does not yet).  [default: none]")
+              "out with it (fixed when the store is created; `query`, `serve` and the vLLM connector read it).  [default: none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
 @click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default="auto", show_default=True,
               help=f"FAISS index kind for the segments this run builds: {KIND_HELP}.")
@@ -87,14 +87,10 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     from sparsecache.model import load_model
     from sparsecache.store import config_for
 
-    from sparsecache.wrapper import Wrapper
+    from sparsecache.model import model_fingerprint
+    from sparsecache.wrapper import load_wrapper
 
-    if wrapper_dir == "shipped":
-        from sparsecache.model import model_fingerprint
-        from sparsecache.wrapper import shipped_wrapper
-
-        wrapper_dir = shipped_wrapper(model_fingerprint(model_path))
-    wrapper = Wrapper.load(wrapper_dir) if wrapper_dir else None
+    wrapper = load_wrapper(wrapper_dir, model_fingerprint(model_path)) if wrapper_dir else None
     config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, anchor=anchor, coef_dtype=coef_dtype,
                         index_coding=index_coding, compressor=compressor, embedder=embedder,
                         wrapper=wrapper.digest() if wrapper else None)
