@@ -181,3 +181,21 @@ def test_the_default_suite_fits_the_held_out_text(tiny_model, tmp_path):
     for t in trials:
         texts = [docs[d] for d in t.chunk_docs]
         assert len(set(texts)) == len(texts)
+
+
+def test_wrapped_methods_are_answered_by_the_wrapped_session(suite):
+    _, trials, docs = suite
+    methods = parse_methods("none,none@wrapped,infoflow:0.2+reorder@wrapped")
+    assert methods["none@wrapped"] == {**methods["none"], "store": "wrapped"}
+    assert methods["infoflow:0.2+reorder@wrapped"] == {"method": "infoflow", "recompute_ratio": 0.2,
+                                                       "reorder": "attention", "store": "wrapped"}
+    plain, wrapped = _FakeSession(trials, docs, right=set()), _FakeSession(trials, docs, right={"none", "infoflow"})
+    rows = run_suite(plain, trials, methods, wrapped=wrapped)
+    by = {(r["task"], r["label"]): r["accuracy"] for r in rows}
+    many = ("multivalue", "vartrack", "cwe")  # where the plain session's one-of-several answer is wrong
+    assert {by[t, "none"] for t in many} == {0.0} and {by[t, "none@wrapped"] for t in TASKS} == {1.0}
+    assert plain.calls == len(trials) and wrapped.calls == 2 * len(trials)
+    with pytest.raises(ConfigError, match="need a wrapped store"):
+        run_suite(plain, trials, methods)
+    with pytest.raises(ConfigError, match="only store suffix"):
+        parse_methods("none@plain")

@@ -40,7 +40,6 @@ from .ruler import wilson
 SPLITS = ("dev", "test")
 TRAIN = "train"  # what learned chunk wrappers train on (`learn-wrapper`): pools shared with neither split
 SPLIT = "dev"  # what `bench fidelity` measures unless told: the test split is run once, at the end
-WRAPPED = "wrapped"  # `method@wrapped`: answered from the suite's store encoded with a learned wrapper
 
 SYLLABLES = ("bar", "tel", "mon", "kri", "vos", "lan", "dre", "sul", "pim", "gor", "nea", "wyl", "thar", "quen",
              "bel", "rov", "zan", "mir", "dov", "kel", "ost", "ula", "fen", "jor")
@@ -333,20 +332,10 @@ GOLD = {"method": "full", "context": "gold"}
 
 
 def parse_configs(spec: str) -> dict[str, dict]:
-    """`ruler.parse_methods`, with the label `gold` too; a method ending in `@wrapped` answers from
-    the suite's store encoded with a learned wrapper (`bench fidelity --wrapper`)."""
+    """`ruler.parse_methods`, with the label `gold` too."""
     from .ruler import parse_methods
 
-    out = {}
-    for item in filter(None, (x.strip() for x in spec.split(","))):
-        name, at, where = item.partition("@")
-        if at and where != WRAPPED:
-            raise ConfigError(f"--methods: {item!r}: the only store suffix is @{WRAPPED}")
-        cfg = parse_methods(name, {"gold": GOLD})[name]
-        out[item] = {**cfg, "store": WRAPPED} if at else cfg
-    if not out:
-        raise ConfigError("--methods names no method")
-    return out
+    return parse_methods(spec, {"gold": GOLD})
 
 
 def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, dict], results: Path | None = None,
@@ -359,19 +348,18 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
     (`holds_answer`: a method may drop chunks). Methods marked `store: wrapped` answer from the
     session `wrapped` (the same corpus encoded with a learned wrapper)."""
     from .passkey import chunk_ids_by_doc
+    from .ruler import query_settings, sessions
 
-    if wrapped is None and any(cfg.get("store") == WRAPPED for cfg in methods.values()):
-        raise ConfigError(f"@{WRAPPED} methods need a wrapped store (bench fidelity --wrapper)")
-    sessions = {None: session, WRAPPED: wrapped}
-    ids_of = {key: chunk_ids_by_doc(s.store) for key, s in sessions.items() if s is not None}
+    by_store = sessions(session, wrapped, methods)
+    ids_of = {key: chunk_ids_by_doc(s.store) for key, s in by_store.items() if s is not None}
 
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
     done = {(r["k"], r["label"], r["question"]) for r in rows}
     refs = {(r["k"], r["question"]): r for r in rows if r["label"] == "full"}
     for k, questions in suite.items():
         for label, cfg in {"full": {"method": "full"}, **methods}.items():
-            query = {key: value for key, value in cfg.items() if key not in ("context", "store")}  # Session.query's
-            ask, ids = sessions[cfg.get("store")], ids_of[cfg.get("store")]
+            query = query_settings(cfg)
+            ask, ids = by_store[cfg.get("store")], ids_of[cfg.get("store")]
             for q in questions:
                 if (k, label, q.id) in done:
                     continue

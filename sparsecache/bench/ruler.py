@@ -38,6 +38,8 @@ from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, ch
 
 TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 
+WRAPPED = "wrapped"  # `method@wrapped`: answered from the suite's store encoded with a learned wrapper
+
 # The ratio a bare label recomputes at: the query default when the suite's tables were measured
 # (2026-11-23); infoflow's own ratio is now 0.25 (`Method.ratio`), asked for as "infoflow:0.25".
 RATIO = 0.15
@@ -62,16 +64,20 @@ class Trial:
 
 def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str, dict]:
     """`label,...` from METHODS (or `labels`), or `method:ratio` with suffixes: `+reorder`
-    reorders by attention, `+field=value` sets another QueryConfig field (`+paths=2`)."""
+    reorders by attention, `+field=value` sets another QueryConfig field (`+paths=2`); any of
+    them ending in `@wrapped` answers from the suite's store encoded with a learned wrapper."""
     from ..query_config import QueryConfig
 
     known = {**METHODS, **(labels or {})}
     out = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
-        if item in known:
-            out[item] = known[item]
+        plain, at, where = item.partition("@")
+        if at and where != WRAPPED:
+            raise ConfigError(f"--methods: {item!r}: the only store suffix is @{WRAPPED}")
+        if plain in known:
+            out[item] = {**known[plain], **({"store": WRAPPED} if at else {})}
             continue
-        name, _, rest = item.partition(":")
+        name, _, rest = plain.partition(":")
         ratio, *extras = rest.split("+")
         try:
             cfg = {"method": name, "recompute_ratio": float(ratio or 0.0)}
@@ -86,10 +92,23 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
             else:
                 raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (+reorder or +field=value)")
         QueryConfig(**cfg)  # refused here, before any model loads
-        out[item] = cfg
+        out[item] = {**cfg, **({"store": WRAPPED} if at else {})}
     if not out:
         raise ConfigError("--methods names no method")
     return out
+
+
+def sessions(session, wrapped, methods: dict[str, dict]) -> dict:
+    """Which session answers a method (its `store`: None, the plain store, or WRAPPED);
+    ConfigError where a method needs the wrapped store and there is none."""
+    if wrapped is None and any(cfg.get("store") == WRAPPED for cfg in methods.values()):
+        raise ConfigError(f"@{WRAPPED} methods need a wrapped store (--wrapper)")
+    return {None: session, WRAPPED: wrapped}
+
+
+def query_settings(cfg: dict) -> dict:
+    """`Session.query`'s settings in a method's configuration (not which store or context)."""
+    return {key: value for key, value in cfg.items() if key not in ("context", "store")}
 
 
 def _field_value(text: str):
@@ -263,7 +282,7 @@ def run_cell(session, ids: dict[str, str], trials: list[Trial], label: str, cfg:
     correct, recall, ttft, answers = 0, 0.0, [], []
     for t in trials:
         a = session.query(t.question, chunks=[ids[d] for d in t.chunk_docs], max_new_tokens=t.max_new_tokens,
-                          answer_prefix=t.answer_prefix, **cfg)
+                          answer_prefix=t.answer_prefix, **query_settings(cfg))
         found = t.found(a.answer)
         correct += all(found)
         recall += sum(found) / len(found)
@@ -275,12 +294,15 @@ def run_cell(session, ids: dict[str, str], trials: list[Trial], label: str, cfg:
             "ttft_ms": round(sum(ttft) / n, 1), "answers": answers[:3]}
 
 
-def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: Path | None = None) -> list[dict]:
-    """Every method on every task's trials. With `results`, each finished cell is saved at
-    once and cells already there are kept, so an interrupted run resumes where it stopped."""
+def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: Path | None = None,
+              wrapped=None) -> list[dict]:
+    """Every method on every task's trials (`@wrapped` ones from the session `wrapped`). With
+    `results`, each finished cell is saved at once and cells already there are kept, so an
+    interrupted run resumes where it stopped."""
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
     done = {(r["task"], r["label"]) for r in rows}
-    ids = chunk_ids_by_doc(session.store)
+    by_store = sessions(session, wrapped, methods)
+    ids = {key: chunk_ids_by_doc(s.store) for key, s in by_store.items() if s is not None}
     by_task: dict[str, list[Trial]] = {}
     for t in trials:
         by_task.setdefault(t.task, []).append(t)
@@ -288,7 +310,7 @@ def run_suite(session, trials: list[Trial], methods: dict[str, dict], results: P
         for label, cfg in methods.items():
             if (task, label) in done:
                 continue
-            rows.append(run_cell(session, ids, group, label, cfg))
+            rows.append(run_cell(by_store[cfg.get("store")], ids[cfg.get("store")], group, label, cfg))
             r = rows[-1]
             print(f"{task:>10} {label:>16}  accuracy {r['accuracy']:.2f} {r['interval95']}  recall {r['recall']:.2f}"
                   f"  ttft {r['ttft_ms']:.0f} ms", file=sys.stderr, flush=True)

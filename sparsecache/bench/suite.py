@@ -452,14 +452,16 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
 
 
 def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200, methods=None,
-                device="cpu", model_path: str = "default", dictionary: str | None = None) -> dict:
+                device="cpu", model_path: str = "default", dictionary: str | None = None,
+                wrapper: str | None = None) -> dict:
     """Accuracy (± Wilson 95%), recall and mean TTFT of every method on every task of the
     RULER-style suite (`ruler.py`), same trials, default store configuration; the model's
     shipped dictionary unless `dictionary` names one.
 
     The suite and its store are made once per workdir (the store encodes incrementally, so a
     killed encode resumes); every finished (task, method) cell is saved to results.json at
-    once, and a rerun skips the cells already there."""
+    once, and a rerun skips the cells already there. With `wrapper`, methods ending in `@wrapped`
+    answer from the suite encoded with it (`wrapped_session`)."""
     from pathlib import Path
 
     from .ruler import METHODS, check_suite, load_suite, make_suite, run_suite
@@ -470,8 +472,10 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
                 **_model_settings(model_path, dictionary)}
     session = _suite_session(work, settings, lambda model: make_suite(model.tokenizer, work, tasks, trials, k,
                                                                       tokens_per_chunk), device)
-    rows = run_suite(session, load_suite(work), methods or METHODS, work / "results.json")
-    return {"device": str(device), "cpu": cpu_model(), **settings, "rows": rows}
+    wrapped = wrapped_session(work, session, wrapper, device) if wrapper else None
+    rows = run_suite(session, load_suite(work), methods or METHODS, work / "results.json", wrapped)
+    return {"device": str(device), "cpu": cpu_model(), **settings,
+            **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}), "rows": rows}
 
 
 def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,

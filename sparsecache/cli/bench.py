@@ -143,6 +143,13 @@ def suite_dict_option(f):
                              "--model]")(f)
 
 
+def suite_wrapper_option(f):
+    return click.option("--wrapper", default=None,
+                        help="Also encode the suite with this learned chunk wrapper (a `learn-wrapper` directory, or "
+                             "'shipped') into WORKDIR/store-wrapped; methods ending in @wrapped (none@wrapped) "
+                             "answer from it.  [default: none]")(f)
+
+
 @bench.command("ruler")
 @click.option("--workdir", default="bench-ruler", show_default=True, type=click.Path(file_okay=False),
               help="Where the suite, its store and results.json go; a rerun resumes there.")
@@ -152,15 +159,18 @@ def suite_dict_option(f):
 @click.option("--k", "k", default=8, show_default=True, help="Chunks per trial.")
 @click.option("--tokens-per-chunk", default=200, show_default=True)
 @click.option("--methods", default="full,raw,none,a3,infoflow,cacheblend,cacheclip,infoflow+reorder,cake",
-              show_default=True, help="Labels, or method:ratio (append +reorder to reorder by attention).")
+              show_default=True, help="Labels, or method:ratio (append +reorder to reorder by attention); "
+              "append @wrapped to answer from the --wrapper store.")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Write accuracy vs TTFT here (PNG), one panel per task.")
+@suite_wrapper_option
 @model_option
 @suite_dict_option
 @device_option
 @json_option
 @library_errors
-def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, model_path, dictionary, device, as_json):
+def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrapper, model_path, dictionary, device,
+              as_json):
     """A RULER-style suite over k retrieved chunks: single and multi-key needles, multi-value
     needles, variable tracking and common-words extraction, generated with a seed from
     held-out text. Every method on the same trials: accuracy with its Wilson 95% interval,
@@ -169,7 +179,7 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, model_
     from sparsecache.bench.suite import bench_ruler
 
     r = bench_ruler(workdir, [t.strip() for t in tasks.split(",") if t.strip()], trials, k, tokens_per_chunk,
-                    parse_methods(methods), resolve_device(device), model_path, dictionary)
+                    parse_methods(methods), resolve_device(device), model_path, dictionary, wrapper)
     if plot:
         plot_suite(r["rows"], plot)
     emit(r, as_json, [f"{x['task']:>10} {x['label']:>16}  accuracy {x['accuracy']:.2f} "
@@ -192,9 +202,7 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, model_
               "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2), "
               "and @wrapped to answer from the --wrapper store. "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
-@click.option("--wrapper", default=None,
-              help="Also encode the suite with this learned chunk wrapper (a `learn-wrapper` directory, or 'shipped') "
-                   "into WORKDIR/store-wrapped; methods ending in @wrapped answer from it (none@wrapped).  [default: none]")
+@suite_wrapper_option
 @model_option
 @suite_dict_option
 @device_option
