@@ -6,7 +6,7 @@ perplexity and top-1 agreement with full prefill of the same pieces, read from:
   plain     each piece encoded alone after the prefix (what a store's `none` reads, exact K/V)
   wrapped   each piece wrapped, prefix | header piece trailer | ... (exact K/V)
 
-    python scripts/experiments/wrapper_text.py WRAPPER_DIR [--prompts 20] [--k 8] [--out FILE.json]
+    python scripts/experiments/wrapper_text.py WRAPPER_DIR [--prompts 20] [--k 8] [--model M] [--out FILE.json]
 """
 
 import argparse
@@ -20,6 +20,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=20)
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--model", default="default", help="the wrapper's model (as `--model` elsewhere)")
     args = p.parse_args()
 
     from sparsecache.learn_wrapper import TEXT_PIECE, text_fidelity
@@ -27,7 +28,7 @@ def main() -> None:
     from sparsecache.text import builtin_documents
     from sparsecache.wrapper import Wrapper
 
-    model = load_model()
+    model = load_model(args.model)
     w = Wrapper.load(args.wrapper)
     w.check_model(model)
     prefix = default_prefix_ids(model)
@@ -45,7 +46,7 @@ def main() -> None:
             "wrapped": text_fidelity(model, prefix, texts, w.header, w.trailer, full=full["top1"])}
     out = {name: {"ppl": r["text_ppl"], "top1_agreement_with_full": r["text_top1"], "tokens": r["text_tokens"]}
            for name, r in runs.items()}
-    out = {"prompts": len(prompts), "k": args.k, "piece_tokens": TEXT_PIECE, "wrapper": str(args.wrapper), **out}
+    out = {"model": model.name, "prompts": len(prompts), "k": args.k, "piece_tokens": TEXT_PIECE, "wrapper": str(args.wrapper), **out}
     print(json.dumps(out, indent=1))
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))
