@@ -367,7 +367,7 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                 chunks = [ids[d] for d in q.chunk_docs if cfg.get("context") != "gold" or d in q.docs]
                 ref = refs.get((k, q.id))
                 a = ask.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens,
-                                  reference=None if ref is None else ref["tokens"], **query)
+                              reference=None if ref is None else ref["tokens"], **query)
                 row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
                        "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens,

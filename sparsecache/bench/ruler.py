@@ -74,8 +74,9 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
         plain, at, where = item.partition("@")
         if at and where != WRAPPED:
             raise ConfigError(f"--methods: {item!r}: the only store suffix is @{WRAPPED}")
+        store = {"store": WRAPPED} if at else {}
         if plain in known:
-            out[item] = {**known[plain], **({"store": WRAPPED} if at else {})}
+            out[item] = {**known[plain], **store}
             continue
         name, _, rest = plain.partition(":")
         ratio, *extras = rest.split("+")
@@ -92,7 +93,7 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
             else:
                 raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (+reorder or +field=value)")
         QueryConfig(**cfg)  # refused here, before any model loads
-        out[item] = {**cfg, **({"store": WRAPPED} if at else {})}
+        out[item] = {**cfg, **store}
     if not out:
         raise ConfigError("--methods names no method")
     return out

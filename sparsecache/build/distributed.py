@@ -227,7 +227,7 @@ def encode_distributed(run, ray) -> None:
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}
-    header, trailer = store_wrapping(w.backend, run.model)  # a wrapped store: every chunk after the header, its trailer appended
+    header, trailer = store_wrapping(w.backend, run.model)  # wrapped: chunks after the header, trailers appended
     actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
              "screening": run.screening and asdict(run.screening)}  # each actor's arguments

@@ -84,10 +84,8 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     from sparsecache.check import ensure_checked
     from sparsecache.codec.config import AdaptConfig
     from sparsecache.build.encoder import dictionary_for, encode_corpus
-    from sparsecache.model import load_model
+    from sparsecache.model import load_model, model_fingerprint
     from sparsecache.store import config_for
-
-    from sparsecache.model import model_fingerprint
     from sparsecache.wrapper import load_wrapper
 
     wrapper = load_wrapper(wrapper_dir, model_fingerprint(model_path)) if wrapper_dir else None
