@@ -99,11 +99,16 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
     return out
 
 
-def sessions(session, wrapped, methods: dict[str, dict]) -> dict:
-    """Which session answers a method (its `store`: None, the plain store, or WRAPPED);
-    ConfigError where a method needs the wrapped store and there is none."""
+def check_wrapped(methods: dict[str, dict], wrapped) -> None:
+    """ConfigError where a method needs the wrapped store and `wrapped` (a wrapper or its
+    session) is None: asked before anything loads, and again where the sessions are chosen."""
     if wrapped is None and any(cfg.get("store") == WRAPPED for cfg in methods.values()):
         raise ConfigError(f"@{WRAPPED} methods need a wrapped store (--wrapper)")
+
+
+def sessions(session, wrapped, methods: dict[str, dict]) -> dict:
+    """Which session answers a method (its `store`: None, the plain store, or WRAPPED)."""
+    check_wrapped(methods, wrapped)
     return {None: session, WRAPPED: wrapped}
 
 

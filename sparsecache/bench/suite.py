@@ -464,9 +464,10 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     answer from the suite encoded with it (`wrapped_session`)."""
     from pathlib import Path
 
-    from .ruler import METHODS, check_suite, load_suite, make_suite, run_suite
+    from .ruler import METHODS, check_suite, check_wrapped, load_suite, make_suite, run_suite
 
     check_suite(tasks, k)
+    check_wrapped(methods or METHODS, wrapper)
     work = Path(workdir)
     settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk,
                 **_model_settings(model_path, dictionary)}
@@ -494,9 +495,10 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     from pathlib import Path
 
     from .fidelity import check_suite, load_suite, make_suite, run_fidelity, table
-    from .ruler import parse_methods
+    from .ruler import check_wrapped, parse_methods
 
     check_suite(ks, questions)
+    check_wrapped(methods or {}, wrapper)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions, **({"split": split} if split else {}),
                 **_model_settings(model_path, dictionary)}
