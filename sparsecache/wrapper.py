@@ -150,7 +150,7 @@ def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:
         ids = tok(text, add_special_tokens=False)["input_ids"] or [0]
         ids = (ids * (n // len(ids) + 1))[:n]
         with torch.no_grad():
-            return model.hf.model.embed_tokens(torch.tensor(ids, device=model.device)).float().detach().clone()
+            return model.hf.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=model.device)).float().detach().clone()
 
     return Wrapper(tokens("The following passage is one of several documents.", header),
                    tokens("\n\n", trailer), model.fingerprint())

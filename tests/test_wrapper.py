@@ -221,6 +221,42 @@ def test_recomputing_everything_in_a_wrapped_store_is_full_prefill_of_the_wrappe
     assert kept.context_tokens in {len(s.store.prefix()[0]) + len(head) + len(c) + len(tail) for c in text}  # one path
 
 
+def test_a_header_only_wrapper_learns_encodes_and_answers_as_full_prefill(tiny_model, tmp_path, corpus_dir,
+                                                                          tiny_model_dir, tiny_dictionary_dir, embedder):
+    """`--trailer 0` (a header before every chunk, nothing after it: running text continues straight
+    from the chunk): its loss reaches the header, a store keeps no soft token with any chunk, and
+    recomputing everything gives full prefill of prefix | head chunk₁ | head chunk₂ | question."""
+    from conftest import cli_encode
+    from sparsecache.generate import full_prefill
+    from sparsecache.kvstore import KVStore
+    from sparsecache.learn_wrapper import distillation_loss
+    from sparsecache.session import Session
+
+    m = tiny_model
+    w = initial_wrapper(m, 3, 0)
+    assert w.lengths == (3, 0) and w.ids() == ([-1, -2, -3], [])
+    header = w.header.clone().requires_grad_()
+    target = {"inputs": [5, 6], "n": 1, "idx": torch.tensor([[1, 2]], dtype=torch.int32),
+              "logp": torch.tensor([[-0.1, -2.5]]).half()}
+    distillation_loss(m, [1, 2], [[10, 11, 12], [13, 14]], target, header, w.trailer).backward()
+    assert header.grad.abs().sum() > 0
+    w.save(tmp_path / "w")
+    r = cli_encode(corpus_dir, tmp_path / "s", tiny_model_dir, tiny_dictionary_dir, "--wrapper", tmp_path / "w")
+    assert r.exit_code == 0, r.output
+    store = KVStore.open(tmp_path / "s")
+    assert store.info()["wrapper"]["trailer_tokens"] == 0
+    assert all(t >= 0 for toks in store.tokens([c.id for c in store.chunks()]) for t in toks)
+    s = Session(tmp_path / "s", m)
+    s._embedder = embedder
+    ids = [c.id for c in s.store.chunks()][:2]
+    got = s.query(QUESTION, chunks=ids, method="infoflow", recompute_ratio=1.0, max_new_tokens=1)
+    head = (_ids(m, "The following passage is one of several documents.") * 3)[:3]
+    text = s.store.tokens(ids[::-1])
+    q = question_ids(m, QUESTION)
+    want, _ = full_prefill(s.store.prefix()[0] + [t for c in text for t in head + c] + q, m)
+    torch.testing.assert_close(got.logits, want, atol=2e-4, rtol=1e-4)
+
+
 def test_a_wrapped_store_refuses_another_wrapper_and_keeps_its_own(wrapped_store, tmp_path, corpus_dir, tiny_model,
                                                                    tiny_model_dir, tiny_dictionary_dir):
     from conftest import cli_encode
