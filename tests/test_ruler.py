@@ -114,7 +114,8 @@ def test_bench_ruler_refuses_bad_tasks_before_loading_the_model(tmp_path, monkey
 
     monkeypatch.setattr(sparsecache.model, "load_model", no_model)
     for args, msg in ((["--tasks", "single,bogus"], "unknown task(s) bogus"), (["--k", "3"], "k must be >= 4"),
-                      (["--methods", "full,none@wrapped"], "need a wrapped store (--wrapper)")):
+                      (["--methods", "full,none@wrapped"], "need a wrapped store (--wrapper)"),
+                      (["--methods", "full,none", "--wrapper", "shipped"], "no method given does")):
         r = CliRunner().invoke(cli, ["bench", "ruler", "--workdir", str(tmp_path), *args])
         assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, r.output
 

@@ -99,11 +99,17 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
     return out
 
 
-def check_wrapped(methods: dict[str, dict], wrapped) -> None:
+def check_wrapped(methods: dict[str, dict], wrapped, refuse_unused: bool = False) -> None:
     """ConfigError where a method needs the wrapped store and `wrapped` (a wrapper or its
-    session) is None: asked before anything loads, and again where the sessions are chosen."""
-    if wrapped is None and any(cfg.get("store") == WRAPPED for cfg in methods.values()):
+    session) is None: asked before anything loads, and again where the sessions are chosen.
+    With `refuse_unused` (a bench's own options), also where a wrapper is given and no method
+    would read the store encoded with it (minutes of encoding for nothing)."""
+    uses = any(cfg.get("store") == WRAPPED for cfg in methods.values())
+    if wrapped is None and uses:
         raise ConfigError(f"@{WRAPPED} methods need a wrapped store (--wrapper)")
+    if refuse_unused and wrapped is not None and not uses:
+        raise ConfigError(f"--wrapper encodes the suite a second time for methods ending in @{WRAPPED}, and no "
+                          f"method given does: add one (none@{WRAPPED}) or drop --wrapper")
 
 
 def sessions(session, wrapped, methods: dict[str, dict]) -> dict:

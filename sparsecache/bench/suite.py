@@ -467,7 +467,7 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     from .ruler import METHODS, check_suite, check_wrapped, load_suite, make_suite, run_suite
 
     check_suite(tasks, k)
-    check_wrapped(methods or METHODS, wrapper)
+    check_wrapped(methods or METHODS, wrapper, refuse_unused=True)
     work = Path(workdir)
     settings = {"tasks": list(tasks), "trials": trials, "k": k, "tokens_per_chunk": tokens_per_chunk,
                 **_model_settings(model_path, dictionary)}
@@ -498,7 +498,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     from .ruler import check_wrapped, parse_methods
 
     check_suite(ks, questions)
-    check_wrapped(methods or {}, wrapper)
+    check_wrapped(methods or {}, wrapper, refuse_unused=True)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions, **({"split": split} if split else {}),
                 **_model_settings(model_path, dictionary)}
