@@ -24,6 +24,7 @@ from .durable import write_atomic
 from .errors import ConfigError
 from .fingerprint import same_model
 from .model import KVModel, _kv_taps, kv_cache, use_soft_tokens
+from .wrapper_config import DEFAULT_WRAPPERS
 
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/, and a wheel), found by
 # the model's fingerprint: experimental, none is used unless asked for (`encode-corpus --wrapper shipped`)
@@ -112,6 +113,40 @@ def load_wrapper(spec: str, fingerprint: dict) -> Wrapper:
     """The wrapper `spec` names: a `learn-wrapper` output directory, or 'shipped' (the one shipped
     for the model `fingerprint` describes)."""
     return Wrapper.load(shipped_wrapper(fingerprint) if spec == "shipped" else spec)
+
+
+def default_wrapper(fingerprint: dict) -> Path | None:
+    """The shipped wrapper a new store of the model `fingerprint` describes is encoded with when
+    none is named (DEFAULT_WRAPPERS), or None: that model's stores are plain by default."""
+    from .codec.dictionary import SHIPPED_DIR
+
+    for name in DEFAULT_WRAPPERS:
+        meta = SHIPPED_DIR / name / META_FILE
+        if meta.exists() and same_model(fingerprint, json.loads(meta.read_text()).get("model", {})):
+            return meta.parent
+    return None
+
+
+def wrapper_for(store, given: str | None, model_path: str = "default") -> Wrapper | None:
+    """The wrapper an encode of `store` uses, as `dictionary_for` picks a dictionary: `given`
+    ('none': no wrapper; 'shipped' or a `learn-wrapper` directory), or with none given the store's
+    own where it exists (None here: the store holds its soft tokens), else the model's default
+    (`default_wrapper`). 'none' for a store built with a wrapper is refused, as any contradiction is."""
+    from .model import model_fingerprint
+    from .store import config_for, store_exists
+
+    if given == "none":
+        own = config_for(store).wrapper if store_exists(store) else None
+        if own:
+            raise ConfigError(f"{store} was built with wrapper={own}; --wrapper none would mix plain and "
+                              "wrapped chunks: encode into a new store")
+        return None
+    if given is not None:
+        return load_wrapper(given, model_fingerprint(model_path))
+    if store_exists(store) or not DEFAULT_WRAPPERS:
+        return None
+    path = default_wrapper(model_fingerprint(model_path))
+    return Wrapper.load(path) if path else None
 
 
 def soft_ids(header: int, trailer: int) -> tuple[list[int], list[int]]:

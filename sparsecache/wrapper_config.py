@@ -7,6 +7,11 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
+# Shipped wrappers (dictionaries/, `wrapper.SHIPPED_WRAPPERS`) a new store of their model is encoded
+# with unless told otherwise (`encode-corpus --wrapper none`): found by the model's fingerprint
+DEFAULT_WRAPPERS: tuple[str, ...] = ()
+DEFAULT_WRAPPER_HELP = ", ".join(DEFAULT_WRAPPERS) or "none ships as a default yet"
+
 
 @dataclass(frozen=True)
 class WrapperConfig:

@@ -313,3 +313,31 @@ def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, 
         shipped_wrapper(tiny_model.fingerprint())
     r = cli_encode(corpus_dir, tmp_path / "s", tiny_model_dir, tiny_dictionary_dir, "--wrapper", "shipped")
     assert r.exit_code == 1 and "no wrapper ships" in r.output and "Traceback" not in r.output
+
+
+def test_a_new_store_gets_its_models_default_wrapper_unless_none_and_an_existing_one_keeps_its_own(
+        tmp_path, corpus_dir, tiny_model, tiny_model_dir, tiny_dictionary_dir, monkeypatch, wrapped_store):
+    """encode-corpus with no --wrapper: a new store of a model with a default wrapper (DEFAULT_WRAPPERS,
+    found by fingerprint among the shipped ones) is wrapped with it; `--wrapper none` makes it plain,
+    and is refused for a store built wrapped; an existing store keeps what it was built with."""
+    from conftest import cli_encode
+    import sparsecache.codec.dictionary
+    import sparsecache.wrapper
+    from sparsecache.kvstore import KVStore
+
+    shipped = tmp_path / "shipped"
+    w = initial_wrapper(tiny_model, 2, 1)
+    w.save(shipped / "tiny-wrapper")
+    monkeypatch.setattr(sparsecache.codec.dictionary, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(sparsecache.wrapper, "DEFAULT_WRAPPERS", ("tiny-wrapper",))
+    assert cli_encode(corpus_dir, tmp_path / "new", tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    assert KVStore.open(tmp_path / "new").config.wrapper == w.digest()
+    r = cli_encode(corpus_dir, tmp_path / "plain", tiny_model_dir, tiny_dictionary_dir, "--wrapper", "none")
+    assert r.exit_code == 0, r.output
+    assert KVStore.open(tmp_path / "plain").config.wrapper is None
+    (corpus_dir / "added.txt").write_text("Another document arrives.\n")
+    assert cli_encode(corpus_dir, tmp_path / "plain", tiny_model_dir, tiny_dictionary_dir).exit_code == 0
+    assert KVStore.open(tmp_path / "plain").config.wrapper is None  # its own, not the default
+    path, own = wrapped_store
+    r = cli_encode(corpus_dir, path, tiny_model_dir, tiny_dictionary_dir, "--wrapper", "none")
+    assert r.exit_code == 1 and f"built with wrapper={own.digest()}" in r.output and "Traceback" not in r.output

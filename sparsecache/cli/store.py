@@ -9,6 +9,7 @@ import click
 from sparsecache.index_config import INDEX_KINDS, KIND_HELP
 
 from sparsecache.codec.codes import COEF_DTYPE_NAMES
+from sparsecache.wrapper_config import DEFAULT_WRAPPER_HELP
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
@@ -33,9 +34,11 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               "kept: chunks then carry context a query's layout would not give them (Star Attention's anchor "
               "block; fixed when the store is created).  [default: none]")
 @click.option("--wrapper", "wrapper_dir", default=None,
-              help="A learned chunk wrapper's directory (`learn-wrapper`, experimental), or 'shipped' (the one shipped "
-              "for --model): every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays "
-              "out with it (fixed when the store is created; `query`, `serve` and the vLLM connector read it).  [default: none]")
+              help="A learned chunk wrapper: a `learn-wrapper` directory, 'shipped' (the one shipped for --model) or "
+              "'none'. Every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays out "
+              "with it (fixed when the store is created; `query`, `serve` and the vLLM connector read it).  "
+              "[default: an existing store's own; for a new store, the model's default wrapper where one ships "
+              "(" + DEFAULT_WRAPPER_HELP + "), else none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
 @click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default="auto", show_default=True,
               help=f"FAISS index kind for the segments this run builds: {KIND_HELP}.")
@@ -84,11 +87,11 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     from sparsecache.check import ensure_checked
     from sparsecache.codec.config import AdaptConfig
     from sparsecache.build.encoder import dictionary_for, encode_corpus
-    from sparsecache.model import load_model, model_fingerprint
+    from sparsecache.model import load_model
     from sparsecache.store import config_for
-    from sparsecache.wrapper import load_wrapper
+    from sparsecache.wrapper import wrapper_for
 
-    wrapper = load_wrapper(wrapper_dir, model_fingerprint(model_path)) if wrapper_dir else None
+    wrapper = wrapper_for(store, wrapper_dir, model_path)
     config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, anchor=anchor, coef_dtype=coef_dtype,
                         index_coding=index_coding, compressor=compressor, embedder=embedder,
                         wrapper=wrapper.digest() if wrapper else None)

@@ -67,6 +67,11 @@ def versions(where) -> list[int]:
     return _versions(open_backend(where))
 
 
+def store_exists(where) -> bool:
+    """Whether a store has been created at `where` (a path or URL)."""
+    return open_backend(where).exists("zarr.json")
+
+
 def existing_dictionary(where):
     """A local directory holding the dictionary copy of the store at `where`, or None where
     there is no store yet."""
@@ -79,4 +84,4 @@ def existing_dictionary(where):
 __all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "LatestVersion", "Lease",
            "LocalBackend", "Lock", "Manifest", "ObjectBackend", "Store", "StoreConfig", "Writer", "compact",
            "compressors", "config_for", "existing_dictionary", "is_url", "open_backend", "plain_chunks",
-           "read_manifest", "read_spans_direct", "read_zarr", "verify", "versions"]
+           "read_manifest", "read_spans_direct", "read_zarr", "store_exists", "verify", "versions"]
