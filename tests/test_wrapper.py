@@ -221,7 +221,7 @@ def test_recomputing_everything_in_a_wrapped_store_is_full_prefill_of_the_wrappe
     assert kept.context_tokens in {len(s.store.prefix()[0]) + len(head) + len(c) + len(tail) for c in text}  # one path
 
 
-def test_a_header_only_wrapper_learns_encodes_and_answers_as_full_prefill(tiny_model, tmp_path, corpus_dir,
+def test_a_header_only_wrapper_learns_encodes_and_answers_as_full_prefill(tmp_path, corpus_dir,
                                                                           tiny_model_dir, tiny_dictionary_dir, embedder):
     """`--trailer 0` (a header before every chunk, nothing after it: running text continues straight
     from the chunk): its loss reaches the header, a store keeps no soft token with any chunk, and
@@ -230,9 +230,10 @@ def test_a_header_only_wrapper_learns_encodes_and_answers_as_full_prefill(tiny_m
     from sparsecache.generate import full_prefill
     from sparsecache.kvstore import KVStore
     from sparsecache.learn_wrapper import distillation_loss
+    from sparsecache.model import load_model
     from sparsecache.session import Session
 
-    m = tiny_model
+    m = load_model(str(tiny_model_dir))  # its own: a model reads one wrapper's soft tokens, and others gave theirs
     w = initial_wrapper(m, 3, 0)
     assert w.lengths == (3, 0) and w.ids() == ([-1, -2, -3], [])
     header = w.header.clone().requires_grad_()
