@@ -27,8 +27,8 @@ from .model import KVModel, _kv_taps, kv_cache, use_soft_tokens
 from .wrapper_config import DEFAULT_WRAPPERS
 
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/, and a wheel), found by
-# the model's fingerprint: experimental, none is used unless asked for (`encode-corpus --wrapper shipped`)
-SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h8-t8",)
+# the model's fingerprint (`--wrapper shipped`); a new store gets its model's by default (DEFAULT_WRAPPERS)
+SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0",)
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1

@@ -9,7 +9,7 @@ from .errors import ConfigError
 
 # Shipped wrappers (dictionaries/, `wrapper.SHIPPED_WRAPPERS`) a new store of their model is encoded
 # with unless told otherwise (`encode-corpus --wrapper none`): found by the model's fingerprint
-DEFAULT_WRAPPERS: tuple[str, ...] = ()
+DEFAULT_WRAPPERS: tuple[str, ...] = ("smollm2-135m-wrapper-h16-t0",)
 DEFAULT_WRAPPER_HELP = ", ".join(DEFAULT_WRAPPERS) or "none ships as a default yet"
 
 
@@ -17,8 +17,8 @@ DEFAULT_WRAPPER_HELP = ", ".join(DEFAULT_WRAPPERS) or "none ships as a default y
 class WrapperConfig:
     """The wrapper's lengths and its self-distillation recipe (`learn_wrapper.learn_wrapper`)."""
 
-    header: int = 8  # soft tokens before every chunk (KV Packet's 8 + 8)
-    trailer: int = 8  # soft tokens after every chunk
+    header: int = 16  # soft tokens before every chunk (KV Packet's 8 + 8 in count)
+    trailer: int = 0  # soft tokens after every chunk: none, since a trailer hurts the text after the last chunk
     steps: int = 300  # one prompt per step: its k chunks re-encoded with gradients (~15 s on 2 CPU cores at k = 8)
     lr: float = 3e-3  # Adam's peak rate (warm-up, then cosine decay)
     k: int = 8  # chunks per training prompt

@@ -307,9 +307,13 @@ def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, 
     from conftest import cli_encode
     from sparsecache.wrapper import shipped_wrapper
 
+    from sparsecache.wrapper import default_wrapper
+
     w = Wrapper.load(shipped_wrapper(default_model.fingerprint()))
     w.check_model(default_model)
-    assert w.lengths == (8, 8) and w.meta["store_eval"]["split"] == "dev"
+    assert w.lengths == (16, 0) and w.meta["store_eval"]["split"] == "dev"
+    assert default_wrapper(default_model.fingerprint()) == shipped_wrapper(default_model.fingerprint())
+    assert default_wrapper(tiny_model.fingerprint()) is None  # a model with no wrapper: plain stores, as before
     with pytest.raises(ConfigError, match="no wrapper ships"):
         shipped_wrapper(tiny_model.fingerprint())
     r = cli_encode(corpus_dir, tmp_path / "s", tiny_model_dir, tiny_dictionary_dir, "--wrapper", "shipped")
