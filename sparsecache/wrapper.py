@@ -97,16 +97,24 @@ class Wrapper:
             raise ConfigError(f"wrapper width {self.header.shape[1]} != the model's hidden size {model.config.hidden_size}")
 
 
-def shipped_wrapper(fingerprint: dict) -> Path:
-    """The directory of the wrapper shipped for the model `fingerprint` describes; ConfigError where none ships."""
+def _shipped(names: tuple[str, ...], fingerprint: dict) -> Path | None:
+    """The directory of the first of the shipped wrappers `names` learned for the model `fingerprint` describes."""
     from .codec.dictionary import SHIPPED_DIR
 
-    for name in SHIPPED_WRAPPERS:
+    for name in names:
         meta = SHIPPED_DIR / name / META_FILE
         if meta.exists() and same_model(fingerprint, json.loads(meta.read_text()).get("model", {})):
             return meta.parent
-    raise ConfigError(f"no wrapper ships for model {fingerprint.get('name')}: learn one with "
-                      "`sparsecache learn-wrapper --model MODEL --out DIR` and pass --wrapper DIR")
+    return None
+
+
+def shipped_wrapper(fingerprint: dict) -> Path:
+    """The directory of the wrapper shipped for the model `fingerprint` describes; ConfigError where none ships."""
+    path = _shipped(SHIPPED_WRAPPERS, fingerprint)
+    if path is None:
+        raise ConfigError(f"no wrapper ships for model {fingerprint.get('name')}: learn one with "
+                          "`sparsecache learn-wrapper --model MODEL --out DIR` and pass --wrapper DIR")
+    return path
 
 
 def load_wrapper(spec: str, fingerprint: dict) -> Wrapper:
@@ -118,13 +126,7 @@ def load_wrapper(spec: str, fingerprint: dict) -> Wrapper:
 def default_wrapper(fingerprint: dict) -> Path | None:
     """The shipped wrapper a new store of the model `fingerprint` describes is encoded with when
     none is named (DEFAULT_WRAPPERS), or None: that model's stores are plain by default."""
-    from .codec.dictionary import SHIPPED_DIR
-
-    for name in DEFAULT_WRAPPERS:
-        meta = SHIPPED_DIR / name / META_FILE
-        if meta.exists() and same_model(fingerprint, json.loads(meta.read_text()).get("model", {})):
-            return meta.parent
-    return None
+    return _shipped(DEFAULT_WRAPPERS, fingerprint)
 
 
 def wrapper_for(store, given: str | None, model_path: str = "default") -> Wrapper | None:
