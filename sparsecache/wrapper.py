@@ -138,14 +138,14 @@ def wrapper_for(store, given: str | None, model_path: str = "default") -> Wrappe
     from .store import config_for, store_exists
 
     if given == "none":
-        own = config_for(store).wrapper if store_exists(store) else None
+        own = config_for(store).wrapper  # None where there is no store yet
         if own:
             raise ConfigError(f"{store} was built with wrapper={own}; --wrapper none would mix plain and "
                               "wrapped chunks: encode into a new store")
         return None
     if given is not None:
         return load_wrapper(given, model_fingerprint(model_path))
-    if store_exists(store) or not DEFAULT_WRAPPERS:
+    if store_exists(store):
         return None
     path = default_wrapper(model_fingerprint(model_path))
     return Wrapper.load(path) if path else None
@@ -187,7 +187,8 @@ def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:
         ids = tok(text, add_special_tokens=False)["input_ids"] or [0]
         ids = (ids * (n // len(ids) + 1))[:n]
         with torch.no_grad():
-            return model.hf.model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=model.device)).float().detach().clone()
+            ids = torch.tensor(ids, dtype=torch.long, device=model.device)  # long: [] would be float
+            return model.hf.model.embed_tokens(ids).float().detach().clone()
 
     return Wrapper(tokens("The following passage is one of several documents.", header),
                    tokens("\n\n", trailer), model.fingerprint())

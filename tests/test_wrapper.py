@@ -305,9 +305,7 @@ def test_serving_lays_soft_tokens_out_as_placeholders_and_salts_with_the_wrapper
 def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, tiny_model, tmp_path, corpus_dir,
                                                                  tiny_model_dir, tiny_dictionary_dir):
     from conftest import cli_encode
-    from sparsecache.wrapper import shipped_wrapper
-
-    from sparsecache.wrapper import default_wrapper
+    from sparsecache.wrapper import default_wrapper, shipped_wrapper
 
     w = Wrapper.load(shipped_wrapper(default_model.fingerprint()))
     w.check_model(default_model)
