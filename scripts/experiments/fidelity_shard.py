@@ -16,6 +16,7 @@ Several `--job K:METHODS` may replace `--k`/`--methods`: they run in order, each
 import argparse
 import json
 import shutil
+import time
 from pathlib import Path
 
 
@@ -38,6 +39,7 @@ def main() -> None:
 
     from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity  # before torch (its OpenMP setup)
     from sparsecache.bench.suite import wrapped_session
+    from sparsecache.errors import StoreLocked
     from sparsecache.session import Session
 
     import torch
@@ -46,15 +48,28 @@ def main() -> None:
     jobs = [(int(j.split(":", 1)[0]), j.split(":", 1)[1]) for j in args.job] or [(args.k, args.methods)]
     i, n = (int(x) for x in args.shard.split("/"))
     suite = load_suite(args.work)
-    if not args.results.exists():  # seed rows for this shard's questions only, so the merge stays small
-        rows = [r for f in args.seed if Path(f).exists() for r in json.loads(Path(f).read_text())["rows"]]
-        ids = {q.id for k, _ in jobs for q in suite[k][i::n][:args.limit]}
-        rows = list({(r["k"], r["label"], r["question"]): r for r in rows if r["question"] in ids}.values())
+    # seed rows for this shard's questions only, so the merge stays small; on a rerun (a larger
+    # --limit, say) the seeds of questions new to the shard join the rows already answered
+    ids = {q.id for k, _ in jobs for q in suite[k][i::n][:args.limit]}
+    done = json.loads(args.results.read_text())["rows"] if args.results.exists() else []
+    rows = {(r["k"], r["label"], r["question"]): r
+            for f in args.seed if Path(f).exists() for r in json.loads(Path(f).read_text())["rows"] if r["question"] in ids}
+    rows |= {(r["k"], r["label"], r["question"]): r for r in done}
+    if len(rows) > len(done):
         tmp = args.results.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rows": rows}))
+        tmp.write_text(json.dumps({"rows": list(rows.values())}))
         shutil.move(tmp, args.results)
     session = Session(args.work / "store", args.model, args.device)
-    wrapped = wrapped_session(args.work, session, args.wrapper, args.device) if args.wrapper else None
+    wrapped = None
+    for _ in range(720) if args.wrapper else ():  # shards started together all bring store-wrapped up to date:
+        try:  # one at a time (the store's writer lock); the others wait for it, up to an hour
+            wrapped = wrapped_session(args.work, session, args.wrapper, args.device)
+            break
+        except StoreLocked as e:
+            print(f"waiting: {e}", flush=True)
+            time.sleep(5)
+    if args.wrapper and wrapped is None:
+        raise SystemExit(f"{args.work / 'store-wrapped'} stayed locked for an hour")
     for k, spec in jobs:
         methods = parse_configs(spec)
         for q in suite[k][i::n][:args.limit]:
