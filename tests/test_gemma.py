@@ -147,5 +147,5 @@ def test_the_shipped_wrapper_is_found_by_the_model_and_one_wrapped_chunk_is_full
                        embed(torch.tensor([chunk + q]))], 1)
         want = m.hf(inputs_embeds=x).logits[0, -len(q):].float()
     assert keys.shape[1] == len(prefix) + 16 + len(chunk)
-    torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-3)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)  # measured: 2e-5 of logits up to 26
     assert (got.argmax(-1) == want.argmax(-1)).all()
