@@ -46,7 +46,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from sparsecache.build.corpus import _HTMLText
+from sparsecache.ingest.corpus import _HTMLText
 from sparsecache.text import builtin_documents
 
 SECTION_CHARS = 4_000

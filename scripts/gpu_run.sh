@@ -99,7 +99,7 @@ import json, shutil, sys
 from pathlib import Path
 from sparsecache.bench.fidelity import load_suite, run_fidelity
 from sparsecache.bench.ruler import parse_methods
-from sparsecache.session import Session
+from sparsecache.query.session import Session
 work, results, k, spec = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 for seed in sys.argv[5:]:
     if Path(seed).exists() and not results.exists():

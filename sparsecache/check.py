@@ -79,8 +79,8 @@ def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
     """Run checks (a) to (c) on `model` (see the module docstring). Where the model has
     sliding-window layers, the sample is longer than the shortest window (up to
     `MAX_SAMPLE` tokens), so the windows really cut the assembled context."""
-    from .blend import assemble, question_ids, recompute
-    from .generate import full_prefill, prefill
+    from .query.blend import assemble, question_ids, recompute
+    from .query.generate import full_prefill, prefill
 
     shortest = min((w for w in layer_windows(model.config) if w), default=None)
     if shortest is not None and shortest + WINDOW_OVERHANG <= MAX_SAMPLE:

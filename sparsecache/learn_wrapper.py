@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from .blend import question_ids, truncate
+from .query.blend import question_ids, truncate
 from .durable import write_atomic
-from .generate import forced_agreement, full_prefill, greedy_continue, prefill
+from .query.generate import forced_agreement, full_prefill, greedy_continue, prefill
 from .model import KVModel, default_prefix_ids, kv_cache
 from .wrapper import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
 from .wrapper_config import WrapperConfig
@@ -59,7 +59,7 @@ def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split:
 def _chunked(model: KVModel, corpus: Path) -> dict[str, list[int]]:
     """Each document's token ids as a store holds them (`corpus.chunks`: a store's chunking and
     tokenisation, which full prefill's answers are sensitive to); a suite document is one chunk."""
-    from .build.corpus import chunks, scan
+    from .ingest.corpus import chunks, scan
 
     out = {}
     for source in scan([str(corpus)]):

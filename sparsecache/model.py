@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ModelError
+from .errors import ConfigError, ModelError
 from .gguf import DEFAULT, DEFAULT_NAME, model_dir
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
@@ -140,6 +140,16 @@ def config_fingerprint(config, name: str) -> dict:
     digest = hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()
     return {"name": name, "config_hash": digest[:16], "layers": config.num_hidden_layers,
             "m": config.num_key_value_heads * _head_dim(config)}
+
+
+def resolve_device(name: str) -> str:
+    """A device name with "auto" made concrete (cuda when present, else cpu); a CUDA device asked
+    for where there is none is a ConfigError."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name} asked for, but no CUDA device is available")
+    return name
 
 
 def query_dtype(name: str, device: str | torch.device) -> torch.dtype:

@@ -23,11 +23,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .blend import question_ids
+from .query.blend import question_ids
 from .errors import ConfigError
 from .gguf import DEFAULT, DEFAULT_NAME, model_dir
 from .model import config_fingerprint
-from .query_config import ORDERS, QueryConfig
+from .query.config import ORDERS, QueryConfig
 from .kvstore import KVStore
 from .store import LatestVersion
 from .wrapper import placeholder_id, with_placeholders
@@ -107,7 +107,7 @@ class RagPrompts:
 
     def retrieve(self, question: str, top_k: int, documents: list[str] | None = None,
                  store: KVStore | None = None) -> list[dict]:
-        from .session import retrieve
+        from .query.session import retrieve
 
         if self._embedder is None:
             from .index import Embedder
@@ -125,7 +125,7 @@ class RagPrompts:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if not question.strip():
             raise ConfigError("the question is empty")
-        from .session import given_hits
+        from .query.session import given_hits
 
         store = self.current()
         if chunks is None:

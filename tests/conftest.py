@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from sparsecache.bench.suite import unit_atoms  # noqa: F401  test modules import it from here
 from sparsecache.cli.main import cli
-from sparsecache.build.encoder import encode_corpus
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.failpoints import Crash, crash_at
 from sparsecache.kvstore import KVStore
 from sparsecache.store import StoreConfig, read_manifest
@@ -287,12 +287,12 @@ class FakeEmbedder:
 
 @pytest.fixture(scope="module")
 def history_encode(tiny_model, tiny_dictionary):
-    """encode_corpus(corpus, store) as the fault-injection histories run it: the tiny model,
+    """encode_with(corpus, store) as the fault-injection histories run it: the tiny model,
     small chunks and batches (many commits), a fake embedder, --delete-missing, --keep 3."""
     fake = FakeEmbedder()
 
     def run(corpus, store):
-        return encode_corpus([str(corpus)], str(store), tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
+        return encode_with([str(corpus)], str(store), tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
                              batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
     return run
 
@@ -462,7 +462,7 @@ def reference(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_fact
     from sparsecache.store import StoreConfig
 
     out = tmp_path_factory.mktemp("ref") / "store"
-    encode_corpus([str(crash_corpus)], out, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+    encode_with([str(crash_corpus)], out, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
                   embedder=embedder, batch_tokens=256, progress=False)
     return out
 
@@ -637,10 +637,10 @@ os.environ.update(ENGINE_ENV)
 import torch
 from sparsecache.gguf import model_dir
 from sparsecache.serving import RagPrompts
-from sparsecache.query_config import SERVE_METHOD
-from sparsecache.session import Session
+from sparsecache.query.config import SERVE_METHOD
+from sparsecache.query.session import Session
 
-import sparsecache.methods.base as methods_base
+import sparsecache.query.methods.base as methods_base
 import sparsecache.vllm.connector as connector
 choose_many, fuse = methods_base.choose_many, methods_base.fuse
 chosen = {"vllm": [], "query": []}

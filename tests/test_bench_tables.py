@@ -3,7 +3,7 @@
 import runpy
 from pathlib import Path
 
-from sparsecache.session import STEPS
+from sparsecache.query.session import STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = tuple(s for s in STEPS if s != "retrieve")

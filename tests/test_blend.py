@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from conftest import eager_attention_mass
-from sparsecache.blend import Context, attention_scores, load_cache, question_ids, recompute, select
-from sparsecache.generate import prefill
-from sparsecache.query_config import QueryConfig
+from sparsecache.query.blend import Context, attention_scores, load_cache, question_ids, recompute, select
+from sparsecache.query.generate import prefill
+from sparsecache.query.config import QueryConfig
 from sparsecache.errors import ConfigError
-from sparsecache.session import Session
+from sparsecache.query.session import Session
 
 QUESTION = "What does the statement do?"
 
@@ -18,12 +18,12 @@ QUESTION = "What does the statement do?"
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, tmp_path_factory):
     from conftest import write_corpus
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.store import StoreConfig
 
     root = tmp_path_factory.mktemp("blend")
     corpus = write_corpus(root / "corpus")
-    encode_corpus([str(corpus)], root / "store", tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+    encode_with([str(corpus)], root / "store", tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
                   embedder=embedder, batch_tokens=512, progress=False)
     s = Session(root / "store", tiny_model)
     s._embedder = embedder
@@ -187,8 +187,8 @@ def test_reordered_context_at_ratio_one_is_full_prefill_of_the_new_order(session
 def test_attention_order_does_not_depend_on_the_retrieval_order(session, chunk_ids, tiny_model):
     """Each chunk is scored alone at the same positions: the order it picks is the same
     whatever order retrieval handed the chunks in."""
-    from sparsecache.blend import attention_order, decode_chunks
-    from sparsecache.methods.base import infoflow_layer
+    from sparsecache.query.blend import attention_order, decode_chunks
+    from sparsecache.query.methods.base import infoflow_layer
     from sparsecache.stopwatch import Stopwatch
 
     q = question_ids(tiny_model, QUESTION)
@@ -216,7 +216,7 @@ def test_cake_is_full_prefill_when_it_computes_everything_and_none_when_it_compu
 def test_cake_two_threads_meet_and_cover_every_chunk(session, chunk_ids):
     """Left to meet on their own, the threads split the chunks somewhere; the result is the
     fixed split at that point, whichever it was."""
-    from sparsecache.overlap import Rates
+    from sparsecache.query.overlap import Rates
 
     session.rates = Rates()  # nothing measured yet: no closed form to follow
     free = session.query(QUESTION, chunks=chunk_ids, method="cake", max_new_tokens=1)
@@ -239,7 +239,7 @@ def test_cake_reports_a_failed_load_in_the_callers_thread(session, chunk_ids, mo
 
 
 def test_the_closed_form_cake_split_balances_decode_against_prefill():
-    from sparsecache.overlap import cake_split
+    from sparsecache.query.overlap import cake_split
 
     # our loop: compute N while S - N load, so N / r_p = (S - N) / r_d
     assert cake_split(1000, decode_tokens_per_s=9000, prefill_tokens_per_s=1000) == 100
@@ -249,7 +249,7 @@ def test_the_closed_form_cake_split_balances_decode_against_prefill():
 def test_selector_scores_are_the_truncated_models_own_attention(session, chunk_ids, tiny_model):
     """CacheClip's selector: full prefill of context + question through the first n layers;
     its scores are the question's eager attention weights at layer n-1 of that prefill."""
-    from sparsecache.blend import selector_scores
+    from sparsecache.query.blend import selector_scores
 
     ctx = load_cache(session.store, chunk_ids, tiny_model)
     q = question_ids(tiny_model, QUESTION)
@@ -289,7 +289,7 @@ def test_a_selector_with_another_tokenizer_is_one_clear_error(session, chunk_ids
 def test_cake_splits_by_the_closed_form_once_the_session_has_measured_its_rates(session, chunk_ids):
     """A `none` query measures decoding and a `full` one prefill; cake's default split is then
     the closed form's, the most leading chunks whose tokens fit in N* = S·r_p / (r_p + r_d)."""
-    from sparsecache.overlap import Rates
+    from sparsecache.query.overlap import Rates
 
     session.rates = Rates()
     session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=1)
@@ -324,8 +324,8 @@ def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, 
     """What a serving engine does with the requests one step admits: their questions scored in one
     run through the layers, their selected tokens recomputed in one run (`stack.Batch`), each
     attending over its own cache. Each gets the selection and the cache it gets alone."""
-    from sparsecache.blend import recompute_many
-    from sparsecache.methods.base import choose, choose_many
+    from sparsecache.query.blend import recompute_many
+    from sparsecache.query.methods.base import choose, choose_many
 
     cases = [(chunk_ids, QUESTION, QueryConfig(method="infoflow", recompute_ratio=0.3)),
              (chunk_ids[:2], "Why would one use it?", QueryConfig(method="a3", recompute_ratio=0.2)),

@@ -50,7 +50,7 @@ def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path, monk
 def test_ignoring_sliding_windows_fails_recompute_all(tmp_path, family, extra, monkeypatch):
     """Recomputation must apply each layer's window at global positions; without it the
     assembled context attends further back than the model ever does, and the check sees it."""
-    import sparsecache.stack as stack
+    import sparsecache.query.stack as stack
 
     model = load_model(str(tiny(family, tmp_path / family, **extra)))
     monkeypatch.setattr(stack, "layer_windows", lambda config: [None] * config.num_hidden_layers)

@@ -98,13 +98,13 @@ def test_cli_defaults_are_the_librarys():
     the CLI reads directly), the CLI states the same value: a notebook and the CLI agree."""
     import inspect
 
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.kvstore import compact
 
     def default(cmd, name):
         return next(p.default for p in cli.commands[cmd].params if p.name == name)
 
-    enc = inspect.signature(encode_corpus).parameters
+    enc = inspect.signature(encode_with).parameters
     assert default("encode-corpus", "batch_tokens") == enc["batch_tokens"].default
     assert default("encode-corpus", "keep") == enc["keep"].default
     assert default("encode-corpus", "index_kind") == enc["index"].default

@@ -66,7 +66,7 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
 def test_a_bug_keeps_its_traceback_and_a_library_error_is_one_line(tmp_path, monkeypatch):
     """The error boundary turns the library's own errors into one line, never a real bug:
     a bare ValueError from inside the library must reach the user with its traceback."""
-    import sparsecache.session as session
+    import sparsecache.query.session as session
     from sparsecache.errors import StoreError
 
     def broken(*args, **kwargs):

@@ -248,7 +248,7 @@ def read_until(i, r, store: str, model_dir: str, stop: str, doc_pattern: str):
     {"queries": n, "errors": [...]}; a chunk naming no document of the corpus is an error
     (what a version deleted under a silent zarr read would return)."""
     from sparsecache.model import load_model
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     model = load_model(model_dir)
     session = Session(store, model)

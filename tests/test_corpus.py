@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from sparsecache.build import corpus
-from sparsecache.build.corpus import chunks, scan
+from sparsecache.ingest import corpus
+from sparsecache.ingest.corpus import chunks, scan
 from sparsecache.errors import TextError
 
 

@@ -63,12 +63,12 @@ def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp
     accurate as the decoded KV alone (and full prefill is the bound). The RULER-style suite
     (`bench ruler`) measures this at scale; here it guards the real model's path."""
     from sparsecache.codec.dictionary import default_dictionary
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.bench.passkey import make_task, run_trials
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     trials = make_task(default_model.tokenizer, tmp_path, trials=10, k=4, tokens_per_chunk=120, seed=1)
-    encode_corpus([str(tmp_path / "corpus.jsonl")], tmp_path / "store", Dictionary.load(default_dictionary()),
+    encode_with([str(tmp_path / "corpus.jsonl")], tmp_path / "store", Dictionary.load(default_dictionary()),
                   default_model, progress=False)
     s = Session(tmp_path / "store", default_model)
     acc = {m: run_trials(s, trials, m, 0.3 if m in ("a3", "infoflow") else 0.0)["accuracy"]
@@ -84,14 +84,14 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     import runpy
 
     from sparsecache.codec.dictionary import default_dictionary
-    from sparsecache.build.encoder import encode_corpus
-    from sparsecache.session import STEPS
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import STEPS
     from sparsecache.text import read_documents
 
     doc = max(read_documents(["builtin"], split="heldout"), key=lambda d: len(d.text))
     ids = default_model.tokenizer(doc.text, add_special_tokens=False)["input_ids"][:2000]
     (tmp_path / "doc.txt").write_text(default_model.tokenizer.decode(ids))
-    encode_corpus([str(tmp_path / "doc.txt")], tmp_path / "store", Dictionary.load(default_dictionary()),
+    encode_with([str(tmp_path / "doc.txt")], tmp_path / "store", Dictionary.load(default_dictionary()),
                   default_model, progress=False)
     r = CliRunner().invoke(cli, ["bench", "ttft", "--store", str(tmp_path / "store"), "--k", "1,2",
                                  "--repeats", "1", "--plot", str(tmp_path / "t.png"), "--json"])

@@ -79,7 +79,7 @@ def test_gpu_encoded_store_holds_the_same_chunks(cuda_store):
 
 @pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend", "cacheclip"])
 def test_recomputing_everything_on_cuda_reproduces_full_prefill(cuda_store, tiny_model_dir, method):
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda", dtype="float32")
     ids = [c.id for c in s.store.chunks()][:4]
@@ -100,7 +100,7 @@ def test_recomputing_everything_on_cuda_reproduces_full_prefill(cuda_store, tiny
 
 def test_cake_on_cuda_overlaps_into_the_same_context(cuda_store, tiny_model_dir):
     """The loader decodes on its own CUDA stream: every split gives what the fixed methods give."""
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     s = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda", dtype="float32")
     ids = [c.id for c in s.store.chunks()][:4]
@@ -111,7 +111,7 @@ def test_cake_on_cuda_overlaps_into_the_same_context(cuda_store, tiny_model_dir)
     torch.testing.assert_close(logits(method="cake", cake_split=len(ids)), logits(method="full"),
                                atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits(method="cake", cake_split=0), logits(method="none"), atol=1e-4, rtol=1e-4)
-    from sparsecache.overlap import Rates
+    from sparsecache.query.overlap import Rates
 
     s.rates = Rates()  # nothing measured: the threads meet where they meet
     free = s.query(QUESTION, chunks=ids, max_new_tokens=1, method="cake")
@@ -154,7 +154,7 @@ def test_default_model_kv_on_cuda_matches_cpu(default_model):
 def test_the_gpu_default_dtype_is_bfloat16_and_close_to_float32(cuda_store, tiny_model_dir):
     """A CUDA session's model runs in bfloat16 unless told otherwise; its answers from the
     same store are within bf16's rounding of the float32 reference's."""
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     half = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda")
     ref = Session(cuda_store / "cuda", str(tiny_model_dir), "cuda", dtype="float32")

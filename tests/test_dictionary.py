@@ -158,7 +158,7 @@ def test_learn_config_continues_a_dictionary_with_its_sizes(tiny_dictionary):
 def test_each_shipped_dictionary_is_found_by_its_models_fingerprint(tiny_model, tmp_path):
     from sparsecache.codec.dictionary import (DEFAULT_DICTIONARY, META_FILE, MODEL_DICTIONARIES, SHIPPED_DIR,
                                         shipped_dictionary)
-    from sparsecache.build.encoder import dictionary_for
+    from sparsecache.ingest.encoder import dictionary_for
 
     assert shipped_dictionary() == SHIPPED_DIR / DEFAULT_DICTIONARY
     for name in (DEFAULT_DICTIONARY, *MODEL_DICTIONARIES):

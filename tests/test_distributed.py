@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsecache.build.encoder import encode_corpus
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.failpoints import Crash, crash_at
 from sparsecache.kvstore import verify
 from sparsecache.store import read_manifest
@@ -32,7 +32,7 @@ def encode(tiny_model, tiny_model_dir, tiny_dictionary):
     fake = FakeEmbedder()
 
     def run(corpus, store, workers=0):
-        return encode_corpus([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
+        return encode_with([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
                              batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
                              workers=workers, model_path=str(tiny_model_dir))
     return run
@@ -54,7 +54,7 @@ def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tm
     assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
     # and incrementally: change, add, delete, then the same again, planned in several rounds
     corpus.mutate(4)
-    monkeypatch.setattr("sparsecache.build.distributed.ROUND_TOKENS", 100)
+    monkeypatch.setattr("sparsecache.ingest.distributed.ROUND_TOKENS", 100)
     encode(corpus.root, tmp_path / "ray", workers=2)
     encode(corpus.root, tmp_path / "one")
     assert verify(tmp_path / "ray")["ok"]
@@ -67,7 +67,7 @@ def test_distributed_store_equals_single_process(ray_cluster, encode, corpus, tm
 
 def test_a_document_that_always_kills_its_worker_fails_the_job_naming_it(ray_cluster, encode, corpus, tmp_path,
                                                                           monkeypatch):
-    from sparsecache.build.distributed import EncodeFailed
+    from sparsecache.ingest.distributed import EncodeFailed
 
     encode(corpus.root, tmp_path / "s", workers=1)
     before = read_manifest(tmp_path / "s").version
@@ -122,7 +122,7 @@ def test_distributed_crash_then_single_process_rerun(ray_cluster, encode, corpus
 
 
 def test_transient_errors_are_retried_and_others_are_not(caplog):
-    from sparsecache.build.distributed import transient, with_retries
+    from sparsecache.ingest.distributed import transient, with_retries
     from sparsecache.errors import ModelError
 
     calls = []
@@ -158,7 +158,7 @@ def test_a_transient_failure_at_actor_start_up_is_retried(ray_cluster, encode, c
 
 
 def test_an_actor_that_cannot_start_fails_the_job_in_one_line(ray_cluster, encode, corpus, tmp_path, monkeypatch):
-    from sparsecache.build.distributed import STARTUP_ATTEMPTS, EncodeFailed
+    from sparsecache.ingest.distributed import STARTUP_ATTEMPTS, EncodeFailed
 
     monkeypatch.setenv("SPARSECACHE_FAIL_START", str(STARTUP_ATTEMPTS))  # every attempt fails
     with pytest.raises(EncodeFailed) as e:
@@ -209,7 +209,7 @@ def test_a_wrapped_store_encodes_on_ray_as_in_one_process(ray_cluster, tiny_mode
     config = replace(HISTORY_CONFIG, wrapper=wrapper.digest())
 
     def run(store, workers=0):
-        return encode_corpus([str(corpus.root)], store, tiny_dictionary, fresh, config, embedder=FakeEmbedder(),
+        return encode_with([str(corpus.root)], store, tiny_dictionary, fresh, config, embedder=FakeEmbedder(),
                              batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
                              workers=workers, model_path=str(tiny_model_dir), wrapper=wrapper)
 

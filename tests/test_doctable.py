@@ -100,12 +100,12 @@ def _inline(store) -> None:
 def test_a_store_with_inline_manifests_opens_answers_and_migrates_on_the_next_publish(
         tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
     from conftest import assert_same_live_chunks
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.kvstore import KVStore, verify
     from sparsecache.store import StoreConfig, read_manifest
 
     def build(store):
-        encode_corpus([str(corpus_dir)], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+        encode_with([str(corpus_dir)], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
                       embedder=embedder, batch_tokens=256, progress=False)
 
     store, fresh = tmp_path / "old", tmp_path / "fresh"

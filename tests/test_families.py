@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import eager_attention_mass, GEMMA2, GEMMA3, tiny, unit_atoms, write_corpus
-from sparsecache.blend import assemble, attention_scores, question_ids, value_deviation
+from sparsecache.query.blend import assemble, attention_scores, question_ids, value_deviation
 from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
 
@@ -47,14 +47,14 @@ def test_value_deviation_is_zero_for_one_exact_chunk(model):
 
 def test_encode_store_query_end_to_end(model, embedder, tmp_path):
     """encode-corpus → store → query; recomputing every chunk token reproduces full prefill."""
-    from sparsecache.build.encoder import encode_corpus
-    from sparsecache.session import Session
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
 
     m = model.m
     d = Dictionary(unit_atoms(m, 512, 1), unit_atoms(m, 512, 2), DictConfig(512, 4, 1), model.fingerprint())
     corpus = write_corpus(tmp_path / "corpus")
-    encode_corpus([str(corpus)], tmp_path / "store", d, model, StoreConfig(chunk_tokens=64), embedder=embedder,
+    encode_with([str(corpus)], tmp_path / "store", d, model, StoreConfig(chunk_tokens=64), embedder=embedder,
                   batch_tokens=512, progress=False)
     s = Session(tmp_path / "store", model)
     s._embedder = embedder

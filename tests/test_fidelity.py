@@ -72,13 +72,13 @@ def test_answer_spans_compare_first_sentences_without_case_or_punctuation():
 
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, suite, tmp_path_factory):
-    from sparsecache.build.encoder import encode_corpus
-    from sparsecache.session import Session
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
 
     out, _, _ = suite
     store = tmp_path_factory.mktemp("fidelity-store") / "store"
-    encode_corpus([str(out / "corpus.jsonl")], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=512),
+    encode_with([str(out / "corpus.jsonl")], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=512),
                   embedder=embedder, batch_tokens=4096, progress=False)
     s = Session(store, tiny_model)
     s._embedder = embedder
@@ -286,8 +286,8 @@ def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
 
     from click.testing import CliRunner
 
-    from sparsecache import methods
-    from sparsecache.query_config import QueryConfig
+    from sparsecache.query import methods
+    from sparsecache.query.config import QueryConfig
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("fidelity_table", root / "docs/tables/fidelity_table.py")

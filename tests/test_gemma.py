@@ -45,8 +45,8 @@ def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_an
     from pydoc_data.topics import topics
 
     from sparsecache.codec.dictionary import MODEL_DICTIONARIES, SHIPPED_DIR, Dictionary
-    from sparsecache.build.encoder import dictionary_for, encode_corpus
-    from sparsecache.session import Session
+    from sparsecache.ingest.encoder import dictionary_for, encode_with
+    from sparsecache.query.session import Session
 
     path, model = gemma
     d = dictionary_for(tmp_path / "store", None, path)
@@ -58,7 +58,7 @@ def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_an
     (tmp_path / "corpus").mkdir()
     for t in ("pass", "assert"):
         (tmp_path / "corpus" / f"{t}.txt").write_text(topics[t][:2000])
-    encode_corpus([str(tmp_path / "corpus")], tmp_path / "store", d, model, embedder=embedder, progress=False)
+    encode_with([str(tmp_path / "corpus")], tmp_path / "store", d, model, embedder=embedder, progress=False)
     session = Session(tmp_path / "store", model)
     answer = session.query(QUESTION, top_k=2, max_new_tokens=16)
     compared = session.compare(QUESTION, answer, max_new_tokens=16)
@@ -74,8 +74,8 @@ def store(gemma, embedder, tmp_path_factory):
 
     from conftest import unit_atoms
     from sparsecache.codec.dictionary import DictConfig, Dictionary
-    from sparsecache.build.encoder import encode_corpus
-    from sparsecache.session import Session
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
 
     _, model = gemma
     root = tmp_path_factory.mktemp("gemma")
@@ -83,7 +83,7 @@ def store(gemma, embedder, tmp_path_factory):
     for t in ("assert", "break", "continue", "pass", "global", "del"):
         (root / "corpus" / f"{t}.txt").write_text(topics[t][:2500])
     d = Dictionary(unit_atoms(model.m, 512, 1), unit_atoms(model.m, 512, 2), DictConfig(512, 8, 1), model.fingerprint())
-    encode_corpus([str(root / "corpus")], root / "store", d, model, embedder=embedder, progress=False)
+    encode_with([str(root / "corpus")], root / "store", d, model, embedder=embedder, progress=False)
     session = Session(root / "store", model)
     session.raw_files([c.id for c in session.store.chunks()])
     return session
@@ -127,7 +127,7 @@ def test_the_shipped_wrapper_is_found_by_the_model_and_one_wrapped_chunk_is_full
     soft tokens must enter where the scaled token embeddings do)."""
     import torch
 
-    from sparsecache.blend import question_ids
+    from sparsecache.query.blend import question_ids
     from sparsecache.model import default_prefix_ids
     from sparsecache.wrapper import Wrapper, continuation_logits, default_wrapper, shipped_wrapper, wrapped_kv
 

@@ -119,7 +119,7 @@ def test_storage_is_below_decoding():
 # The pipeline's subpackages, lowest first: each may import those before it, never one after it.
 # (The store imports the codec's format modules, `codes` and `bitpack`, so the codec is below it;
 # the build writes stores; the query methods read them; vLLM serves the methods.)
-PIPELINE = ("sparsecache.codec", "sparsecache.store", "sparsecache.build", "sparsecache.methods", "sparsecache.vllm")
+PIPELINE = ("sparsecache.codec", "sparsecache.store", "sparsecache.ingest", "sparsecache.query.methods", "sparsecache.vllm")
 
 
 def test_no_subpackage_imports_one_above_it_in_the_pipeline():

@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from sparsecache import methods
+from sparsecache.query import methods
 from sparsecache.errors import ConfigError
-from sparsecache.query_config import METHODS, SCORERS, QueryConfig
+from sparsecache.query.config import METHODS, SCORERS, QueryConfig
 from test_blend import QUESTION, chunk_ids, session  # noqa: F401  (fixtures)
 
 
@@ -51,7 +51,7 @@ def test_the_default_is_the_rules_choice_and_a_method_named_alone_keeps_its_own_
     from click.testing import CliRunner
 
     from sparsecache.cli.main import cli
-    from sparsecache.query_config import SERVE_METHOD
+    from sparsecache.query.config import SERVE_METHOD
     from sparsecache.vllm.server import ServeConfig
 
     cfg = QueryConfig()
@@ -69,7 +69,7 @@ def test_the_default_is_the_rules_choice_and_a_method_named_alone_keeps_its_own_
 
 
 def test_importing_the_registry_loads_no_torch():
-    code = "import sys, sparsecache.query_config; print('torch' in sys.modules)"
+    code = "import sys, sparsecache.query.config; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "False", r.stderr[-2000:]
 
@@ -77,7 +77,7 @@ def test_importing_the_registry_loads_no_torch():
 def test_a_method_is_one_registered_class(session, chunk_ids):  # noqa: F811
     """A new method, registered from outside the package, is a QueryConfig choice and answers
     through Session.query like the built-in ones; the registry's dispatch runs its code."""
-    from sparsecache.methods.base import Decoded
+    from sparsecache.query.methods.base import Decoded
 
     called = []
 
@@ -107,7 +107,7 @@ def test_a_method_is_one_registered_class(session, chunk_ids):  # noqa: F811
 def _question_logprob(session, chunk: str, q_ids: list[int]) -> float:
     """log P(q_ids[1:] | prefix + chunk, q_ids[0]) by the model's own forward over the chunk's
     decoded cache: what superposition scores each path by."""
-    from sparsecache.blend import load_cache
+    from sparsecache.query.blend import load_cache
 
     ctx = load_cache(session.store, [chunk], session.model)
     m = session.model
@@ -122,7 +122,7 @@ def test_superposition_keeps_the_path_that_makes_the_question_likeliest(session,
     """Each path is prefix + one chunk + the question, all paths in one batched run: its score
     is the model's own log-likelihood of the question there, and with one path kept the answer
     is that path's, exactly as a query of that chunk alone."""
-    from sparsecache.blend import question_ids
+    from sparsecache.query.blend import question_ids
 
     q_ids = question_ids(session.model, QUESTION)
     want = [_question_logprob(session, c, q_ids) for c in chunk_ids]
@@ -134,8 +134,8 @@ def test_superposition_keeps_the_path_that_makes_the_question_likeliest(session,
     torch.testing.assert_close(got.logits, alone.logits, atol=2e-4, rtol=1e-4)
     assert got.tokens == alone.tokens
 
-    from sparsecache.methods.superposition import path_scores
-    from sparsecache.blend import decode_chunks
+    from sparsecache.query.methods.superposition import path_scores
+    from sparsecache.query.blend import decode_chunks
     from sparsecache.stopwatch import Stopwatch
 
     scores, _ = path_scores(decode_chunks(session.store, chunk_ids, "cpu", Stopwatch("cpu")), q_ids, session.model)

@@ -29,7 +29,7 @@ def test_a_users_setting_is_kept():
 
 
 def test_the_cli_imports_sparsecache_before_torch():
-    assert _run("import sys, sparsecache.cli.main, sparsecache.session; print(sys.modules['sparsecache'].OPENMP_SPINS)") == "False"
+    assert _run("import sys, sparsecache.cli.main, sparsecache.query.session; print(sys.modules['sparsecache'].OPENMP_SPINS)") == "False"
 
 
 KERNELS = """

@@ -206,7 +206,7 @@ def test_metrics_count_requests_retrieval_and_injection(server):
 def test_the_compiled_server_answers_as_sparsecaches_own_loop(server):
     """The server runs vLLM's compiled forward (its default) while the connector blends with
     vLLM's layers in eager Python: each answer is `sparsecache query`'s over the same chunks."""
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     ours = Session(server.root / "store")
     for q in QUESTIONS[:3]:

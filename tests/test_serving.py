@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparsecache.build.encoder import encode_corpus
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import ConfigError, StoreError
 from sparsecache.serving import PARAMS_KEY, RagPrompts
 from sparsecache.store import StoreConfig
@@ -15,7 +15,7 @@ CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16"
 @pytest.fixture
 def built(tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
     def run():
-        encode_corpus([str(corpus_dir)], tmp_path / "store", tiny_dictionary, tiny_model, embedder=embedder,
+        encode_with([str(corpus_dir)], tmp_path / "store", tiny_dictionary, tiny_model, embedder=embedder,
                       config=CONFIG, batch_tokens=256, progress=False)
         return tmp_path / "store"
     return run

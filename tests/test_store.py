@@ -13,7 +13,7 @@ import torch
 from conftest import all_codes, assert_same_codes, write_corpus
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import DictConfig, Dictionary
-from sparsecache.build.encoder import encode_corpus
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
 from sparsecache.kvstore import KVStore, compact, verify
 from sparsecache.model import extract_kv, prefix_ids
@@ -26,7 +26,7 @@ CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16"
 def build(tiny_model, tiny_dictionary, embedder):
     def run(corpus, store, **kw):
         kw.setdefault("config", CONFIG)
-        return encode_corpus([str(c) for c in corpus], store, tiny_dictionary, tiny_model, embedder=embedder,
+        return encode_with([str(c) for c in corpus], store, tiny_dictionary, tiny_model, embedder=embedder,
                              batch_tokens=kw.pop("batch_tokens", 256), progress=False, **kw)
     return run
 
@@ -257,10 +257,10 @@ def test_wrong_dictionary_is_refused(build, store, corpus_dir, tiny_model):
     other = Dictionary(unit_atoms(32, 512, 7), unit_atoms(32, 512, 8), DictConfig(512, 4, 1), tiny_model.fingerprint())
     write_corpus(corpus_dir, ("return",))
     with pytest.raises(DictionaryMismatch, match="was encoded with dictionary"):
-        encode_corpus([str(corpus_dir)], store, other, tiny_model, CONFIG, progress=False)
+        encode_with([str(corpus_dir)], store, other, tiny_model, CONFIG, progress=False)
     foreign = Dictionary(other.keys, other.values, other.config, {**tiny_model.fingerprint(), "config_hash": "x"})
     with pytest.raises(DictionaryMismatch, match="learned for"):
-        encode_corpus([str(corpus_dir)], store, foreign, tiny_model, CONFIG, progress=False)
+        encode_with([str(corpus_dir)], store, foreign, tiny_model, CONFIG, progress=False)
     assert versions(store) == [1, 2]
 
 
@@ -511,7 +511,7 @@ def test_search_within_documents_finds_k_among_them(store, embedder):
 def test_a_session_reads_again_at_the_newest_version_when_its_version_is_compacted_away(store, tiny_model):
     """Session.query and Session.retrieve read at a live version: a compact that deletes the
     version a session holds makes its next read go to the newest version, once."""
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     s = Session(store, tiny_model)
     before = s.store.version

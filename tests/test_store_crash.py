@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sparsecache.build.encoder import encode_corpus
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.kvstore import KVStore, verify
 from sparsecache.store import read_manifest
 from conftest import all_codes, assert_same_codes, CRASH_TOPICS, encode_cmd, kill_at, rerun, start_encode
@@ -72,6 +72,6 @@ def test_killed_inside_a_document_then_the_corpus_changes(crash_corpus, tiny_mod
     rerun(cmd)
     assert verify(store)["ok"]
     fresh = tmp_path / "fresh"
-    encode_corpus([str(corpus)], fresh, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
+    encode_with([str(corpus)], fresh, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
                   embedder=embedder, batch_tokens=256, progress=False)
     assert_same_live_chunks(store, fresh)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsecache.build.encoder import encode_corpus
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import StoreError
 from sparsecache.kvstore import verify
 from sparsecache.store import StoreConfig, read_manifest
@@ -176,7 +176,7 @@ def test_random_history_on_the_default_model(default_model, tmp_path, seed):
     fake = FakeEmbedder()
 
     def encode(corpus: Path, store: Path):
-        return encode_corpus([str(corpus)], store, d, default_model, config, embedder=fake, batch_tokens=32,
+        return encode_with([str(corpus)], store, d, default_model, config, embedder=fake, batch_tokens=32,
                              delete_missing=True, keep=3, progress=False)
 
     assert run_history(encode, seed, tmp_path, steps=3, scale=0.15) >= 1

@@ -25,7 +25,7 @@ def store(tmp_path_factory):
     from pydoc_data.topics import topics
 
     from sparsecache.cli.main import cli
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     root = tmp_path_factory.mktemp("vllm")
     (root / "corpus").mkdir()
@@ -131,7 +131,7 @@ def test_a_model_blending_cannot_drive_is_refused_at_start_up_with_one_line(llm,
 @pytest.fixture
 def chosen(monkeypatch):
     """Positions each engine's blending selected, in call order: {"vllm": [...], "query": [...]}."""
-    import sparsecache.methods.base as methods_base
+    import sparsecache.query.methods.base as methods_base
     import sparsecache.vllm.connector as connector
 
     seen = {"vllm": [], "query": []}
@@ -253,7 +253,7 @@ def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
 
 
 def test_rag_prompts_lay_out_prefix_chunks_question(store, rag):
-    from sparsecache.blend import question_ids
+    from sparsecache.query.blend import question_ids
 
     ids = [c.id for c in store.store.chunks()][:3]
     req = rag.request("why?", chunks=ids, order="given")

@@ -23,7 +23,7 @@ HEAD, TAIL = 4, 2
 def wrapped(tmp_path_factory, default_model):
     from pydoc_data.topics import topics
 
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
     from sparsecache.wrapper import initial_wrapper
 
     root = tmp_path_factory.mktemp("vllm-wrapped")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from sparsecache.blend import question_ids
+from sparsecache.query.blend import question_ids
 from sparsecache.errors import ConfigError
 from sparsecache.model import default_prefix_ids, extract_kv
 from sparsecache.wrapper import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
@@ -188,9 +188,9 @@ def test_recomputing_everything_in_a_wrapped_store_is_full_prefill_of_the_wrappe
     """Soft tokens are recomputed like any other (their embeddings from the store): infoflow at r = 1
     gives full prefill's logits of prefix | head chunk₁ tail | head chunk₂ tail | question, and `full`
     prefills the chunks' own text alone, as it does from a plain store."""
-    from sparsecache.blend import question_ids as q_ids
-    from sparsecache.generate import full_prefill
-    from sparsecache.session import Session
+    from sparsecache.query.blend import question_ids as q_ids
+    from sparsecache.query.generate import full_prefill
+    from sparsecache.query.session import Session
 
     path, w = wrapped_store
     head, tail = _real_ids(tiny_model, w)
@@ -227,11 +227,11 @@ def test_a_header_only_wrapper_learns_encodes_and_answers_as_full_prefill(tmp_pa
     from the chunk): its loss reaches the header, a store keeps no soft token with any chunk, and
     recomputing everything gives full prefill of prefix | head chunk₁ | head chunk₂ | question."""
     from conftest import cli_encode
-    from sparsecache.generate import full_prefill
+    from sparsecache.query.generate import full_prefill
     from sparsecache.kvstore import KVStore
     from sparsecache.learn_wrapper import distillation_loss
     from sparsecache.model import load_model
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     m = load_model(str(tiny_model_dir))  # its own: a model reads one wrapper's soft tokens, and others gave theirs
     w = initial_wrapper(m, 3, 0)

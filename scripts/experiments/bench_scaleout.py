@@ -27,7 +27,7 @@ from sparsecache.bench.suite import cpu_model, moto_copy
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
     """The same corpus encoded three ways into fresh stores; seconds per phase for each."""
     from sparsecache.codec.dictionary import Dictionary, default_dictionary
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.model import load_model
 
     corpus = work / "corpus"
@@ -37,7 +37,7 @@ def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
     rows = []
     for label, workers in (("1 process", 0), ("ray, 1 actor", 1), ("ray, 2 actors", 2)):
         t = time.perf_counter()
-        r = encode_corpus([str(corpus)], work / f"store-{workers}", d, model, device=device, progress=False,
+        r = encode_with([str(corpus)], work / f"store-{workers}", d, model, device=device, progress=False,
                           workers=workers)
         wall = time.perf_counter() - t
         s = r.seconds

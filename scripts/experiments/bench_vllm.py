@@ -71,7 +71,7 @@ def ensure_store(store: Path, corpus: Path, ruler: Path, trials: int) -> None:
     subprocess.run(["sparsecache", "encode-corpus", str(corpus), str(ruler / "corpus.jsonl"), "--store", str(store)],
                    check=True)
     # the exact fp16 KV files of the `raw` configuration, made (once) by the same code as `query --method raw`
-    subprocess.run([sys.executable, "-c", "import sys; from sparsecache.session import Session; s = Session(sys.argv[1]); "
+    subprocess.run([sys.executable, "-c", "import sys; from sparsecache.query.session import Session; s = Session(sys.argv[1]); "
                     "s.raw_files([c.id for c in s.store.chunks() if c.token_length >= 480])", str(store)], check=True)
 
 

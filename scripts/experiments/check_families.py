@@ -21,7 +21,7 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 from conftest import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
 
-import sparsecache.stack as stack  # noqa: E402
+import sparsecache.query.stack as stack  # noqa: E402
 from sparsecache.check import check_model  # noqa: E402
 from sparsecache.errors import ModelError  # noqa: E402
 from sparsecache.model import KVModel, load_model  # noqa: E402
@@ -64,14 +64,14 @@ def vllm_store(model, root: Path) -> Path:
 
     from conftest import unit_atoms
     from sparsecache.codec.dictionary import DictConfig, Dictionary
-    from sparsecache.build.encoder import encode_corpus
-    from sparsecache.session import Session
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
 
     (root / "corpus").mkdir(parents=True)
     for t in ("assert", "break", "continue", "pass"):
         (root / "corpus" / f"{t}.txt").write_text(topics[t][:1500])
     d = Dictionary(unit_atoms(model.m, 256, 1), unit_atoms(model.m, 256, 2), DictConfig(256, 8, 1), model.fingerprint())
-    encode_corpus([str(root / "corpus")], root / "store", d, model, progress=False)
+    encode_with([str(root / "corpus")], root / "store", d, model, progress=False)
     session = Session(root / "store", model)
     session.raw_files([c.id for c in session.store.chunks()])
     return root / "store"

@@ -51,9 +51,9 @@ def main() -> None:
 
     from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity
     from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.model import load_model
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def main() -> None:
         configs = (("anchored", enriched),) if args.no_plain else (("plain", StoreConfig()), ("anchored", enriched))
         for name, config in configs:
             start = time.perf_counter()
-            encode_corpus([str(args.work / "corpus.jsonl")], args.work / name, d, model, config, device=args.device,
+            encode_with([str(args.work / "corpus.jsonl")], args.work / name, d, model, config, device=args.device,
                           wrapper=wrapper if config.wrapper else None)
             t_name = time.perf_counter() - start
             json.dump({**(json.loads(report.read_text()) if report.exists() else {}), f"{name}_s": round(t_name, 1),

@@ -31,10 +31,10 @@ import torch
 from sparsecache.bench.fidelity import load_suite
 from sparsecache.bench.passkey import chunk_ids_by_doc
 from sparsecache.bench.suite import cpu_model
-from sparsecache.blend import Context, attention_scores, decode_chunks, layout, question_ids
-from sparsecache.generate import full_prefill
-from sparsecache.methods.superposition import path_scores
-from sparsecache.session import Session
+from sparsecache.query.blend import Context, attention_scores, decode_chunks, layout, question_ids
+from sparsecache.query.generate import full_prefill
+from sparsecache.query.methods.superposition import path_scores
+from sparsecache.query.session import Session
 from sparsecache.stopwatch import Stopwatch
 
 STARTS = (1, 4, 16)

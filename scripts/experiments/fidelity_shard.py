@@ -40,7 +40,7 @@ def main() -> None:
     from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity  # before torch (its OpenMP setup)
     from sparsecache.bench.suite import wrapped_session
     from sparsecache.errors import StoreLocked
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     import torch
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import sparsecache  # noqa: E402,F401  (before torch: its OpenMP workers then sleep between operations)
 import torch  # noqa: E402
 
-from sparsecache.session import Session  # noqa: E402
+from sparsecache.query.session import Session  # noqa: E402
 
 QUESTION = "How do I read a file line by line?"
 

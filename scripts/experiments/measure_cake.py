@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from sparsecache.bench.suite import cpu_model, drop_page_cache, moto_copy
-from sparsecache.overlap import cake_split
-from sparsecache.session import Session
+from sparsecache.query.overlap import cake_split
+from sparsecache.query.session import Session
 
 QUESTION = "Summarise what these sections say about special method names."
 

@@ -23,9 +23,9 @@ def main() -> None:
     import torch
     from sparsecache.bench.fidelity import load_suite
     from sparsecache.bench.passkey import chunk_ids_by_doc
-    from sparsecache.blend import decode_chunks, question_ids
-    from sparsecache.methods.superposition import path_scores
-    from sparsecache.session import Session
+    from sparsecache.query.blend import decode_chunks, question_ids
+    from sparsecache.query.methods.superposition import path_scores
+    from sparsecache.query.session import Session
     from sparsecache.stopwatch import Stopwatch
 
     torch.set_num_threads(1)

@@ -67,7 +67,7 @@ def full_rebuild_s(store: Path) -> tuple[float, int, str]:
 def measure(work: Path, n: int, changed: int, workers: int, model_dir: Path, dictionary, model) -> dict:
     import ray
 
-    from sparsecache.build.encoder import encode_corpus
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.store import StoreConfig
 
     corpus, store = work / f"corpus-{n}.jsonl", work / f"store-{n}"
@@ -76,7 +76,7 @@ def measure(work: Path, n: int, changed: int, workers: int, model_dir: Path, dic
     if not (store / "manifests").exists():
         write_corpus(corpus, n, set(), 0)
         t = time.perf_counter()
-        r = encode_corpus([str(corpus)], str(store), dictionary, model, StoreConfig(chunk_tokens=64), progress=True,
+        r = encode_with([str(corpus)], str(store), dictionary, model, StoreConfig(chunk_tokens=64), progress=True,
                           batch_tokens=32768, model_path=str(model_dir))
         row["first_encode_s"] = round(time.perf_counter() - t, 1)
         row["first_encode_phases_s"] = {k: round(v, 2) for k, v in r.seconds.items()}
@@ -84,7 +84,7 @@ def measure(work: Path, n: int, changed: int, workers: int, model_dir: Path, dic
         write_corpus(corpus, n, edited, edit)
         before = index_bytes(store)
         t = time.perf_counter()
-        r = encode_corpus([str(corpus)], str(store), dictionary, lambda: model, StoreConfig(chunk_tokens=64),
+        r = encode_with([str(corpus)], str(store), dictionary, lambda: model, StoreConfig(chunk_tokens=64),
                           progress=False, workers=workers, model_path=str(model_dir))
         wall = time.perf_counter() - t
     after = index_bytes(store)

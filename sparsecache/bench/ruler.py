@@ -31,7 +31,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import methods
+from ..query import methods
 from ..durable import write_atomic
 from ..errors import ConfigError, TextError
 from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, chunk_ids_by_doc
@@ -66,7 +66,7 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
     """`label,...` from METHODS (or `labels`), or `method:ratio` with suffixes: `+reorder`
     reorders by attention, `+field=value` sets another QueryConfig field (`+paths=2`); any of
     them ending in `@wrapped` answers from the suite's store encoded with a learned wrapper."""
-    from ..query_config import QueryConfig
+    from ..query.config import QueryConfig
 
     known = {**METHODS, **(labels or {})}
     out = {}

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import methods
+from ..query import methods
 from ..codec.coding import GRAPH_MAX_DIM
 from ..codec.dictionary import Dictionary
 from ..codec.learn import initial_atoms
 from ..codec.omp import _omp_block, _omp_block_gemm, batch_omp, batch_size_for, gemm_batch_size_for, gram, reconstruct
 from ..durable import write_atomic
 from ..errors import ConfigError, StoreError
-from ..query_config import DTYPE
+from ..query.config import DTYPE
 
 
 def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
@@ -297,9 +297,9 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     from safetensors.torch import load
 
     from ..codec.dictionary import default_dictionary
-    from ..build.encoder import encode_corpus
+    from ..ingest.encoder import encode_with
     from ..model import load_model
-    from ..session import Session
+    from ..query.session import Session
     from ..kvstore import KVStore
     from ..store import StoreConfig
 
@@ -310,7 +310,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     report_file = work / "encode.json"
     if not report_file.exists():
         bench_corpus(work / "corpus", min_tokens)
-        r = encode_corpus([str(work / "corpus")], store_path, d, model, StoreConfig(), device=device)
+        r = encode_with([str(work / "corpus")], store_path, d, model, StoreConfig(), device=device)
         write_atomic(report_file, json.dumps(r.to_dict()))
     encode = json.loads(report_file.read_text())
     store = KVStore.open(store_path)
@@ -359,7 +359,7 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     from pathlib import Path
 
     from ..codec.dictionary import default_dictionary
-    from ..build.encoder import encode_corpus
+    from ..ingest.encoder import encode_with
     from ..model import extract_kv, load_model
     from ..codec.omp import EXACT, Screening
     from ..kvstore import KVStore
@@ -371,7 +371,7 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     runs = {}
     for name, screening in (("exact", EXACT), ("screened", Screening())):  # the default's screening, forced
         shutil.rmtree(work / name, ignore_errors=True)
-        r = encode_corpus(list(corpus), work / name, d, model, StoreConfig(), device=device, screening=screening)
+        r = encode_with(list(corpus), work / name, d, model, StoreConfig(), device=device, screening=screening)
         runs[name] = {**r.to_dict(), "screening": {"candidates": screening.candidates, "refresh": screening.refresh}}
     stores = {name: KVStore.open(work / name) for name in runs}
     chunks = {name: {(c.doc_id, c.ordinal): c.id for c in st.chunks()} for name, st in stores.items()}
@@ -534,9 +534,9 @@ def _suite_session(work, settings: dict, make, device):
     import json
 
     from ..codec.dictionary import shipped_dictionary
-    from ..build.encoder import encode_corpus
+    from ..ingest.encoder import encode_with
     from ..model import load_model
-    from ..session import Session
+    from ..query.session import Session
     from ..store import StoreConfig
 
     made = work / "suite.json"
@@ -547,7 +547,7 @@ def _suite_session(work, settings: dict, make, device):
     if not made.exists():
         make(model)
         write_atomic(made, json.dumps(settings))
-    encode_corpus([str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
+    encode_with([str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
                   StoreConfig(), device=device)
     return Session(work / "store", model, device)
 
@@ -558,12 +558,12 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None):
     dictionary and settings; incremental like the plain store (another wrapper there is refused)."""
     from dataclasses import replace
 
-    from ..build.encoder import encode_corpus
-    from ..session import Session
+    from ..ingest.encoder import encode_with
+    from ..query.session import Session
     from ..wrapper import load_wrapper
 
     w = load_wrapper(wrapper, session.model.fingerprint())
-    encode_corpus([str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,
+    encode_with([str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,
                   replace(session.store.config, wrapper=w.digest()), embedder=embedder, device=device, wrapper=w,
                   progress=False)
     return Session(work / "store-wrapped", session.model, device)
@@ -729,7 +729,7 @@ def competing_load():
 
 def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: int, dtype: str) -> dict:
     from ..model import load_model, query_dtype
-    from ..session import STEPS, Session
+    from ..query.session import STEPS, Session
 
     model = load_model(device=device, dtype=query_dtype(dtype, device))
     session = Session(store_path, model, device)
@@ -781,7 +781,7 @@ def plot_ttft(result: dict, out) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..session import STEPS
+    from ..query.session import STEPS
 
     rows = [r for r in result["rows"] if r["page_cache"] == "warm"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))

@@ -242,7 +242,7 @@ def fidelity_cmd(workdir, ks, questions, split, limit, methods, wrapper, model_p
 def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device, dtype, as_json):
     """TTFT breakdown of full / raw / none / a3 / infoflow / cacheblend (r = 0.15) vs chunk count."""
     from sparsecache.bench.suite import bench_ttft, plot_ttft
-    from sparsecache.session import STEPS
+    from sparsecache.query.session import STEPS
 
     r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy, min_chunk_tokens, dtype)
     if plot:

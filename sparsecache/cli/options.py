@@ -8,7 +8,7 @@ import json
 import click
 
 from sparsecache.errors import SparseCacheError
-from sparsecache.query_config import DTYPE, DTYPES
+from sparsecache.query.config import DTYPE, DTYPES
 
 
 def model_option(f):
@@ -57,13 +57,13 @@ def json_option(f):
 
 
 def resolve_device(name: str) -> str:
-    import torch
+    """`model.resolve_device` (auto made concrete), its ConfigError as the CLI's one line."""
+    from sparsecache.model import resolve_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise click.ClickException("--device cuda asked for, but no CUDA device is available")
-    return name
+    try:
+        return resolve_device(name)
+    except SparseCacheError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def library_errors(f):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from .options import device_option, dtype_option, emit, json_option, library_errors, model_option, resolve_device
-from sparsecache import methods
-from sparsecache.query_config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
+from sparsecache.query import methods
+from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
 
 @click.command("query")
@@ -57,7 +57,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
 
     Prints the answer, the chunks used and where the time to first token went.
     """
-    from sparsecache.session import Session
+    from sparsecache.query.session import Session
 
     cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
                       selector_model, selector_layers, paths=paths)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from .options import library_errors, model_option
-from sparsecache import methods
-from sparsecache.query_config import SERVE_METHOD
+from sparsecache.query import methods
+from sparsecache.query.config import SERVE_METHOD
 from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
 
@@ -39,8 +39,7 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
                    "Default on a GPU: vLLM's --gpu-memory-utilization.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM OPTIONS]")
 @library_errors
-def serve_cmd(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len, kv_cache_gb,
-              vllm_args):
+def serve_cmd(model_path, vllm_args, **options):
     """Serve STORE over HTTP: an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
     /v1/models, /health, /metrics) whose answers come from the store's chunks.
 
@@ -56,5 +55,5 @@ def serve_cmd(store, model_path, host, port, top_k, method, recompute_ratio, api
         raise click.ClickException("vLLM is not installed: `bash scripts/setup.sh vllm` adds it") from None
     from sparsecache.vllm.server import serve
 
-    serve(ServeConfig(store, model_path, host, port, top_k, method, recompute_ratio, api_key, dtype, max_model_len,
-                      kv_cache_gb, vllm_args=tuple(a for a in vllm_args if a != "--")))
+    # the options map onto ServeConfig by name; ServeConfig parses the method and ratio once
+    serve(ServeConfig(model=model_path, vllm_args=tuple(a for a in vllm_args if a != "--"), **options))

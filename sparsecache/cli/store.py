@@ -9,6 +9,7 @@ import click
 from sparsecache.index_config import INDEX_KINDS, KIND_HELP
 
 from sparsecache.codec.codes import COEF_DTYPE_NAMES
+from sparsecache.ingest.config import EncodeOptions
 from sparsecache.wrapper_config import DEFAULT_WRAPPER_HELP
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
@@ -33,14 +34,15 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--anchor", default=None, help="Text every chunk is encoded after (after the prefix), its K/V not "
               "kept: chunks then carry context a query's layout would not give them (Star Attention's anchor "
               "block; fixed when the store is created).  [default: none]")
-@click.option("--wrapper", "wrapper_dir", default=None,
+@click.option("--wrapper", "wrapper", default=None,
               help="A learned chunk wrapper: a `learn-wrapper` directory, 'shipped' (the one shipped for --model) or "
               "'none'. Every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays out "
               "with it (fixed when the store is created; `query`, `serve` and the vLLM connector read it).  "
               "[default: an existing store's own; for a new store, the model's default wrapper where one ships "
               "(" + DEFAULT_WRAPPER_HELP + "), else none]")
 @click.option("--delete-missing", is_flag=True, help="Tombstone documents the corpus no longer has.")
-@click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default="auto", show_default=True,
+@click.option("--index", "index_kind", type=click.Choice(INDEX_KINDS), default=EncodeOptions.index_kind,
+              show_default=True,
               help=f"FAISS index kind for the segments this run builds: {KIND_HELP}.")
 @click.option("--embedder", default=None,
               help="'default' (all-MiniLM-L6-v2, packaged) or a local HF encoder directory.  [default: default]")
@@ -51,14 +53,15 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--indices", "index_coding", type=click.Choice(["elias-fano", "packed"]), default=None,
               help="Atom indices as Elias-Fano sorted sets (10 bits each at s=32) or 13-bit packed in OMP "
               "order (the paper's layout); lossless either way.  [default: elias-fano]")
-@click.option("--adapt", "adapt_steps", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--adapt", "adapt_steps", type=click.IntRange(min=0), default=EncodeOptions.adapt_steps,
+              show_default=True,
               help="Before a new store's first encode, adapt the dictionary to a sample of CORPUS for this many "
               "steps (~100: a few minutes on a CPU; see docs/how-to/another-model.md) and keep the adapted copy in the store. "
               "0: off. An existing store keeps its dictionary.")
-@click.option("--batch-tokens", default=8192, show_default=True, help="Tokens per encode batch (memory vs speed).")
-@click.option("--keep", default=5, show_default=True,
+@click.option("--batch-tokens", default=EncodeOptions.batch_tokens, show_default=True, help="Tokens per encode batch (memory vs speed).")
+@click.option("--keep", default=EncodeOptions.keep, show_default=True,
               help="Published versions to keep; older manifests and indexes are deleted (0 keeps all).")
-@click.option("--workers", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--workers", default=EncodeOptions.workers, show_default=True, type=click.IntRange(min=0),
               help="Encode on N Ray actors in a local Ray cluster (needs the ray extra); 0: in this process.")
 @click.option("--ray-address", default=None,
               help="Encode on an existing Ray cluster ('auto' inside `ray job submit`); --workers actors "
@@ -67,10 +70,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @device_option
 @json_option
 @library_errors
-def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefix, anchor, wrapper_dir, delete_missing,
-                      index_kind,
-                      embedder, compressor, coef_dtype, index_coding, adapt_steps, batch_tokens, keep, workers,
-                      ray_address, exact_omp, device, as_json):
+def encode_corpus_cmd(corpus, store, model_path, as_json, **options):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -84,32 +84,10 @@ def encode_corpus_cmd(corpus, store, dictionary, model_path, chunk_tokens, prefi
     The store may be an object-storage URL (s3://bucket/prefix, gs://, az://), and the
     encoding may run on Ray actors (--workers, --ray-address); the guarantees are the same.
     """
-    from sparsecache.check import ensure_checked
-    from sparsecache.codec.config import AdaptConfig
-    from sparsecache.build.encoder import dictionary_for, encode_corpus
-    from sparsecache.model import load_model
-    from sparsecache.store import config_for
-    from sparsecache.wrapper import wrapper_for
+    from sparsecache.ingest.encoder import encode_corpus
 
-    wrapper = wrapper_for(store, wrapper_dir, model_path)
-    config = config_for(store, chunk_tokens=chunk_tokens, prefix=prefix, anchor=anchor, coef_dtype=coef_dtype,
-                        index_coding=index_coding, compressor=compressor, embedder=embedder,
-                        wrapper=wrapper.digest() if wrapper else None)
-    dev = resolve_device(device)
-    d = dictionary_for(store, dictionary, model_path)
-
-    def model():  # called only when there is something to encode
-        if not as_json:
-            click.echo(f"loading model {model_path} on {dev}", err=True)
-        loaded = load_model(model_path, device=dev)
-        ensure_checked(loaded)  # once per model fingerprint: a model whose K/V we would store wrongly is refused
-        return loaded
-
-    r = encode_corpus(corpus, store, d, model, config, device=dev, batch_tokens=batch_tokens,
-                      delete_missing=delete_missing, index=index_kind, keep=keep, progress=not as_json,
-                      workers=workers, ray_address=ray_address, model_path=model_path,
-                      adapt=AdaptConfig(steps=adapt_steps) if adapt_steps else None, screening=screening(exact_omp),
-                      wrapper=wrapper)
+    # the options map onto EncodeOptions by name
+    r = encode_corpus(corpus, store, EncodeOptions(model=model_path, progress=not as_json, **options))
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
     emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
                                               f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))

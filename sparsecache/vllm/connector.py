@@ -23,7 +23,7 @@ global positions, the question (the prompt's tokens after the context) runs thro
 own layers to score them, the selected tokens are recomputed through every layer attending
 to the whole context, and the blended K/V of every context token are written into vLLM's
 paged cache; vLLM then prefills the question. Scoring, selection and recomputation are
-`sparsecache.blend`'s, run on vLLM's loaded layers and weights (`stack.py`; the model comes
+`sparsecache.query.blend`'s, run on vLLM's loaded layers and weights (`stack.py`; the model comes
 from this package's vLLM plugin, `plugin.py`). Where the model cannot be driven (no plugin,
 pipeline or tensor parallelism), the worker says so once at start-up and serves `none`.
 
@@ -63,26 +63,31 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                               KVConnectorRole)
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
-from .. import methods
-from ..blend import decode_chunks, recompute_many
 from ..codec import _numba_pool
-from ..errors import ConfigError, SparseCacheError
+from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
 from ..kvstore import KVStore
-from ..methods.base import choose_many
 from ..model import Rope, config_fingerprint
-from ..query_config import SERVE_METHOD, QueryConfig
+from ..query import methods
+from ..query.blend import decode_chunks, recompute_many
+from ..query.config import QueryConfig, served_config
+from ..query.methods.base import choose_many
+from ..query.raw import RawKV, read_raw
 from ..serving import PARAMS_KEY, context_ids
-from ..session import _raw_dir, raw_chunks, raw_file, read_raw
 from ..stopwatch import Stopwatch
 from ..store import LatestVersion, open_backend
 from ..wrapper import placeholder_id
@@ -99,20 +104,7 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "load_errors")
-BLEND_FIELDS = ("method", "recompute_ratio", "group_window", "group_min", "score_layer", "selector_layers")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
-
-
-def blend_config(base: QueryConfig, given: dict, where: str) -> QueryConfig:
-    """`base` with the blending fields `given` sets (QueryConfig's names and checks); the
-    connector can do `none` and the scorers (`full`, `raw`, `cake` and reordering are
-    `sparsecache query`'s: `source: raw` is the connector's exact-KV option)."""
-    fields = {k: given[k] for k in BLEND_FIELDS if k in given}
-    method = fields.get("method", base.method)
-    served = methods.names(connector=True)  # the registry's methods that blend a decoded context
-    if method not in served:  # before QueryConfig's check, which names query's methods too
-        raise ConfigError(f"{where}: method must be one of {', '.join(served)}, got {method!r}")
-    return dataclasses.replace(base, **fields)
 
 
 @dataclass
@@ -190,17 +182,17 @@ class SparsecacheConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         if not extra.get("store"):
-            raise ValueError('SparsecacheConnector needs kv_connector_extra_config={"store": PATH_OR_URL}')
+            raise ConfigError('SparsecacheConnector needs kv_connector_extra_config={"store": PATH_OR_URL}')
         self.where = str(extra["store"])
         self.source = extra.get("source", "codes")
         if self.source not in ("codes", "raw"):
-            raise ValueError(f'SparsecacheConnector: source must be "codes" or "raw", got {self.source!r}')
+            raise ConfigError(f'SparsecacheConnector: source must be "codes" or "raw", got {self.source!r}')
         self.raw_dir = extra.get("raw_dir")
         for gone in ("recompute_tail", "layerwise"):  # removed: blending does their job (BENCHMARKS.md)
             if gone in extra:
-                raise ValueError(f"SparsecacheConnector: {gone} was removed; blending (method, recompute_ratio) "
+                raise ConfigError(f"SparsecacheConnector: {gone} was removed; blending (method, recompute_ratio) "
                                  "recomputes the tokens the question needs instead")
-        self.blend = blend_config(QueryConfig(method=SERVE_METHOD), extra, "kv_connector_extra_config")
+        self.blend = served_config(extra, where="kv_connector_extra_config")  # parsed once, typed from here on
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self.placeholder = placeholder_id(vllm_config.model_config.hf_config)  # for a wrapper's soft tokens
@@ -208,7 +200,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         # a nightly re-index is followed within version_check_s seconds of publishing
         every = extra.get("version_check_s", 1.0)
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
-            raise ValueError(f"version_check_s must be seconds >= 0, got {every!r}")
+            raise ConfigError(f"version_check_s must be seconds >= 0, got {every!r}")
         self._latest = LatestVersion(open_backend(self.where), float(every))
         # a missing or unreadable store, or one of another model, stops the engine here, not per request
         self._store().check_model(config_fingerprint(vllm_config.model_config.hf_config,
@@ -261,10 +253,10 @@ class SparsecacheConnector(KVConnectorBase_V1):
     def _plan(self, request: "Request", params: dict) -> LoadSpec | None:
         chunks = params["chunks"]
         if not isinstance(chunks, list) or not chunks or not all(isinstance(c, str) for c in chunks):
-            raise ValueError('"chunks" must be a non-empty list of chunk ids')
+            raise ConfigError('"chunks" must be a non-empty list of chunk ids')
         version = params.get("version")  # the version the prompt was laid out from: served from it while it exists
         if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise ValueError(f'"version" must be a version number, got {version!r}')
+            raise ConfigError(f'"version" must be a version number, got {version!r}')
         store = self._store(version)
         expected = context_ids(store, chunks, self.placeholder)
         prompt = list(request.prompt_token_ids or [])
@@ -272,18 +264,18 @@ class SparsecacheConnector(KVConnectorBase_V1):
             return None
         source = params.get("source", self.source)
         if source not in ("codes", "raw"):
-            raise ValueError(f'"source" must be "codes" or "raw", got {source!r}')
+            raise ConfigError(f'"source" must be "codes" or "raw", got {source!r}')
         if source == "raw":
-            missing = [c for c in chunks if not raw_file(self._raw_dir(store), c).exists()]
+            missing = self._raw(store).missing(chunks)
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
-        blend = blend_config(self.blend, params, "kv_transfer_params")
+        blend = served_config(params, self.blend, "kv_transfer_params")
         # the whole context is claimed, blended or as stored; vLLM prefills the question
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
                         prompt[len(expected):] if blend.recomputes else [])
 
-    def _raw_dir(self, store: KVStore) -> Path:
-        return Path(self.raw_dir) if self.raw_dir else _raw_dir(store)
+    def _raw(self, store: KVStore) -> RawKV:
+        return RawKV(store, self.raw_dir)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         spec = self._plans.pop(request.request_id, None)
@@ -316,7 +308,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         names = sorted(kv_caches, key=extract_layer_index)
         layers = int(self._store().attrs["model"]["layers"])
         if len(names) != layers:
-            raise ValueError(f"SparsecacheConnector: vLLM has {len(names)} attention layers, the store {layers}")
+            raise ModelError(f"SparsecacheConnector: vLLM has {len(names)} attention layers, the store {layers}")
         self._layer_names = names
         L = self._store().dictionary.config.layers_per_signal  # fixed for the store's life
         self._layer_groups = [(lo, min(len(names), lo + L)) for lo in range(0, len(names), L)]
@@ -432,14 +424,13 @@ class SparsecacheConnector(KVConnectorBase_V1):
         """The request's prefix and chunks decoded into a blend.Context at their positions."""
         store = self._store(spec.version)
         if spec.source == "raw":
-            files = [raw_file(self._raw_dir(store), c) for c in spec.chunks]
-            chunks = raw_chunks(store, spec.chunks, files).to(self.device)
+            chunks = self._raw(store).chunks(store, spec.chunks).to(self.device)
         else:
             chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device))
         self.stack.soft = store.soft()  # a wrapped store's soft tokens, where recomputation picks them
         ctx = chunks.assemble(self.stack)
         if ctx.length != spec.end:
-            raise ValueError(f"{ctx.length} context tokens decoded, {spec.end} claimed")
+            raise StoreCorrupt(f"{ctx.length} context tokens decoded, {spec.end} claimed")
         return ctx
 
     def _source(self, spec: LoadSpec):
@@ -457,7 +448,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             return torch.cat([prefix.to(dev, x.dtype)] + [t for p in pieces for t in (*head, p)], 1)[:, : spec.end]
 
         if spec.source == "raw":
-            raw, _ = read_raw([raw_file(self._raw_dir(store), c) for c in spec.chunks])
+            raw, _ = read_raw(self._raw(store).files(spec.chunks))
             lengths = [rk.shape[1] for rk, _ in raw]
             k = context(torch.cat([rk.float() for rk, _ in raw], 1).to(dev), pk, header and header[1], lengths)
             v = context(torch.cat([rv.float() for _, rv in raw], 1).to(dev), pv, header and header[2], lengths)

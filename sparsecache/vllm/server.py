@@ -35,11 +35,11 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError
-from ..query_config import SERVE_METHOD, QueryConfig
+from ..query.config import SERVE_METHOD, QueryConfig, served_config
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
     from ..serving import RagRequest
@@ -74,6 +74,14 @@ class ServeConfig:
     served_model_name: str | None = None
     vllm_args: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        # method and ratio parsed once, into the typed value every request starts from
+        blend = served_config({"method": self.method, "recompute_ratio": self.recompute_ratio},
+                              where="--method/--recompute-ratio")
+        object.__setattr__(self, "blend", blend)
+
+    blend: QueryConfig = field(init=False, repr=False, compare=False)  # method and ratio, typed
+
 
 OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio")
 _PROMPT: contextvars.ContextVar[RagRequest | None] = contextvars.ContextVar("sparsecache_prompt", default=None)
@@ -91,13 +99,10 @@ class Rag:
         from prometheus_client import Counter, Histogram
 
         from ..serving import RagPrompts
-        from .connector import blend_config
 
         self.cfg = cfg
         self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.follow_s)
         self.prompts.store.warm()  # the index files into the page cache (a thread) while vLLM starts
-        self.base = QueryConfig(method=cfg.method, recompute_ratio=cfg.recompute_ratio)
-        blend_config(self.base, {}, "--method/--recompute-ratio")  # refuse a bad default at start-up
         self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
         self.prompts.retrieve("warm-up", 1)  # the embedder loads now, not in the first request
         self.requests = Counter("sparsecache_server_requests", "RAG requests by endpoint and outcome",
@@ -123,14 +128,11 @@ class Rag:
             v = body.get(key)
             if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
                 raise BadRequest(f"{key} must be a non-empty list of strings")
-        blend = {k: body[k] for k in ("method", "recompute_ratio") if k in body}
-        if blend:
-            from .connector import blend_config
-
-            try:
-                blend_config(self.base, blend, "sparsecache")
-            except (ConfigError, ValueError, TypeError) as e:
-                raise BadRequest(str(e)) from None
+        try:  # the request's method and ratio, parsed once: `request` passes on the typed value
+            blend = served_config({k: body[k] for k in ("method", "recompute_ratio") if k in body}, self.cfg.blend,
+                                  "sparsecache")
+        except ConfigError as e:
+            raise BadRequest(str(e)) from None
         return {"top_k": top_k, "chunks": body.get("chunks"), "documents": body.get("documents"), "blend": blend}
 
     def request(self, question: str, opts: dict) -> RagRequest:
@@ -143,9 +145,7 @@ class Rag:
                 raise BadRequest(str(e)) from None
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
-        from .connector import blend_config
-
-        blend = blend_config(self.base, opts.get("blend", {}), "sparsecache")  # (checked in `options` already)
+        blend = opts.get("blend", self.cfg.blend)
         req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
         return req
 

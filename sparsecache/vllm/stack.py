@@ -1,4 +1,4 @@
-"""The model vLLM loaded, as the `Stack` blending runs on (`sparsecache.stack`).
+"""The model vLLM loaded, as the `Stack` blending runs on (`sparsecache.query.stack`).
 
 vLLM's decoder models share one shape: `model.model.embed_input_ids(ids)` (a wrapped store's
 soft tokens, ids < 0, are the store's embeddings instead: `model.embed_soft`), then each layer
@@ -20,7 +20,7 @@ import functools
 import torch
 
 from ..model import Rope, embed_soft
-from ..stack import Pass, Stack
+from ..query.stack import Pass, Stack
 
 
 class UnsupportedModel(Exception):

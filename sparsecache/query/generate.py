@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .model import KVModel
+from ..model import KVModel
 
 
 @torch.inference_mode()

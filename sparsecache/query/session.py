@@ -15,18 +15,20 @@ from pathlib import Path
 
 import torch
 
-from . import OPENMP_SPINS
+from .. import OPENMP_SPINS
+from ..errors import ConfigError, VersionGone
+from ..kvstore import KVStore
+from ..model import KVModel, load_model, query_dtype, use_soft_tokens
+from ..stopwatch import Stopwatch
+from ..store.versions import READ_ATTEMPTS
 from . import methods
-from .blend import Context, DecodedChunks, question_ids, stored_chunks, truncate
-from .durable import publish_file
-from .errors import ConfigError, VersionGone
+from .blend import question_ids, truncate
+from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
+from .context import QueryContext
 from .generate import forced_agreement, greedy_continue
-from .model import KVModel, extract_kv, load_model, query_dtype, use_soft_tokens
+from .methods.cacheclip import Selectors
 from .overlap import Rates
-from .query_config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
-from .stopwatch import Stopwatch
-from .kvstore import KVStore
-from .store.versions import READ_ATTEMPTS
+from .raw import RawKV
 
 STEPS = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
 
@@ -97,15 +99,15 @@ class Session:
                               "operations: on a CPU shared with other work a query can be several times slower. "
                               "Import sparsecache first, or set OMP_WAIT_POLICY=PASSIVE before Python starts.",
                               stacklevel=2)
-        self.raw_dir = Path(raw_dir) if raw_dir else _raw_dir(self.store)
+        self.raw = RawKV(self.store, raw_dir)
         self._embedder = None
-        self._selectors: dict[str, KVModel] = {}
+        self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
 
     @property
     def embedder(self):
         if self._embedder is None:
-            from .index import Embedder
+            from ..index import Embedder
 
             self._embedder = Embedder(self.store.config.embedder, self.device)
         return self._embedder
@@ -157,7 +159,7 @@ class Session:
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
         self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
-        p = methods.get(cfg.method).prefilled(self, ids, q_ids, cfg, watch)
+        p = methods.get(cfg.method).prefilled(self.context(), ids, q_ids, cfg, watch)
         with watch.step("first_token"):
             first = int(p.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
@@ -174,21 +176,6 @@ class Session:
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
                       p.logits, tokens, agreement)
 
-    def selector(self, path: str | None) -> KVModel | None:
-        """CacheClip's auxiliary model, loaded once; it must tokenise exactly as the main model."""
-        if path is None:
-            return None
-        if path not in self._selectors:
-            if self.store.header() is not None:
-                raise ConfigError("--selector-model cannot read this store's wrapper (its soft tokens are the main "
-                                  "model's embeddings): leave it out, and the model's own first layers select")
-            selector = load_model(path, device=self.device, dtype=self.model.dtype)
-            if selector.tokenizer.get_vocab() != self.model.tokenizer.get_vocab():
-                raise ConfigError(f"--selector-model {path}: its tokenizer differs from {self.model.name}'s; "
-                                  "the selector must read the same token ids")
-            self._selectors[path] = selector
-        return self._selectors[path]
-
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # before every chunk
@@ -199,50 +186,17 @@ class Session:
 
     def raw_files(self, ids: list[str]) -> list[Path]:
         """One fp16 .safetensors of exact pre-RoPE keys/values per chunk in `raw_dir`, computed
-        (after the shared prefix) for those not there yet."""
-        from safetensors.torch import save_file
+        (after the shared prefix) for those not there yet (`raw.RawKV.make`)."""
+        return self.raw.make(self.store, ids, self.model)
 
-        prefix = self.store.encoded_after()  # the prefix (and a wrapped store's header)
-        files = [raw_file(self.raw_dir, c) for c in ids]
-        for f, toks in zip(files, self.store.tokens(ids)):
-            if not f.exists():  # a reader (the vLLM connector, another query) sees the whole file or none
-                k, v = extract_kv(self.model, [toks], prefix)[0]
-                raw = {"keys": k.half().cpu().contiguous(), "values": v.half().cpu().contiguous()}
-                publish_file(f, lambda tmp: save_file(raw, str(tmp)), replace=False)
-        return files
+    @property
+    def raw_dir(self) -> Path:
+        return self.raw.root
 
-    def raw_context(self, ids: list[str], watch: Stopwatch) -> Context:
-        """Exact pre-RoPE K/V per chunk from `raw_dir` (one fp16 .safetensors per chunk, made
-        on first use, like a TurboRAG/LMCache store), assembled like decoded codes."""
-        files = self.raw_files(ids)
-        with watch.step("read"):
-            chunks = raw_chunks(self.store, ids, files)
-        with watch.step("transfer"):
-            chunks = chunks.to(self.device)
-        with watch.step("reconstruct"):
-            ctx = chunks.assemble(self.model)
-        ctx.timings_ms = {"bytes_read": chunks.nbytes}
-        return ctx
-
-
-def raw_file(raw_dir: Path, chunk_id: str) -> Path:
-    """The raw-KV baseline's file of one chunk."""
-    return Path(raw_dir) / f"{chunk_id}.safetensors"
-
-
-def read_raw(files: list[Path]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
-    """The fp16 pre-RoPE (keys, values) of raw-KV files, and the bytes read."""
-    from safetensors.torch import load
-
-    blobs = [f.read_bytes() for f in files]
-    return [(r["keys"], r["values"]) for r in map(load, blobs)], sum(map(len, blobs))
-
-
-def raw_chunks(store: KVStore, ids: list[str], files: list[Path]) -> DecodedChunks:
-    """The prefix and chunks `ids` with their exact fp16 K/V (on the host) from raw-KV `files`."""
-    prefix, pk, pv = store.prefix()
-    raw, nbytes = read_raw(files)
-    return stored_chunks(store, prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
+    def context(self) -> QueryContext:
+        """What a query method is handed: this session's model, device, store version, rates,
+        selector models and raw-KV files."""
+        return QueryContext(self.model, self.device, self.store, self.rates, self.selectors, self.raw)
 
 
 def retrieve(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
@@ -260,15 +214,3 @@ def given_hits(store: KVStore, ids: list[str]) -> list[dict]:
 
 def _hit(c, score: float | None) -> dict:
     return {"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": score}
-
-
-def _raw_dir(store: KVStore) -> Path:
-    """Where the raw-KV baseline's files go: beside a local store, in the user cache for a remote one."""
-    import hashlib
-
-    from .paths import cache_root
-
-    root = store.backend.local_root
-    if root is not None:
-        return root.parent / (root.name + ".raw")
-    return cache_root() / "raw" / hashlib.sha256(store.backend.url.encode()).hexdigest()[:16]

@@ -10,16 +10,16 @@ class Cake(Method):
     summary = "prefill the first chunks while the last ones load, on two threads"
     options = ("cake_split",)
 
-    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+    def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
         from ..generate import prefill
         from ..overlap import cake_context
 
-        lengths = [session.store.chunk(c).token_length for c in ids]
-        split = cfg.cake_split if cfg.cake_split is not None else session.rates.split(lengths)
+        lengths = [qc.store.chunk(c).token_length for c in ids]
+        split = cfg.cake_split if cfg.cake_split is not None else qc.rates.split(lengths)
         with watch.step("recompute"):  # loading runs inside it, on a second thread
-            ctx, computed, nbytes = cake_context(session.store, ids, session.model, split)
+            ctx, computed, nbytes = cake_context(qc.store, ids, qc.model, split)
         with watch.step("prefill"):
-            logits = prefill(ctx.cache, q_ids, session.model)
+            logits = prefill(ctx.cache, q_ids, qc.model)
         recomputed = sum(b - a for a, b in ctx.spans[:computed])
         return Prefilled(logits, ctx.cache, ctx.length, recomputed, nbytes, list(ids))
 

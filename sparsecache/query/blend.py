@@ -1,5 +1,5 @@
 """Query time mechanisms: assemble retrieved chunks into one model cache, score tokens, select,
-recompute. Which of them a query uses is its method's choice (`sparsecache.methods`).
+recompute. Which of them a query uses is its method's choice (`sparsecache.query.methods`).
 
 The context is [shared prefix (exact KV), chunk 1, chunk 2, …] at global positions 0..S-1:
 pre-RoPE keys are rotated where they land, so positions are monotonic and there is one
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .model import KVModel, kv_cache
+from ..model import KVModel, kv_cache
+from ..stopwatch import Stopwatch
 from .stack import Batch, Pass, Stack, as_stack, attention_probs, probe, probe_many
-from .stopwatch import Stopwatch
 
 QUESTION_MARKER = "\u2063Q\u2063"
 

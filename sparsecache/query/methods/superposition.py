@@ -36,12 +36,12 @@ class Superposition(AttentionScorer):
     def layer(self, n_layers: int) -> int:
         return infoflow_layer(n_layers)
 
-    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
+    def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
         from ..blend import decode_chunks
 
-        chunks = decode_chunks(session.store, ids, session.device, watch)
+        chunks = decode_chunks(qc.store, ids, qc.device, watch)
         with watch.step("select"):
-            scores, paths = path_scores(chunks, q_ids, session.model)
+            scores, paths = path_scores(chunks, q_ids, qc.model)
             keep = min(cfg.paths or self.paths, len(ids))
             best = sorted(range(len(ids)), key=scores.__getitem__)[-keep:]  # the likeliest last, by the question
         if keep == 1 and not cfg.recomputes:
@@ -49,8 +49,8 @@ class Superposition(AttentionScorer):
             return Prefilled(logits, ctx.cache, ctx.length, 0, chunks.nbytes, [chunks.ids[best[0]]])
         kept = chunks.reordered(best)
         with watch.step("reconstruct"):
-            ctx = kept.assemble(session.model)
-        logits, positions = fuse(ctx, q_ids, cfg, session.model, watch)
+            ctx = kept.assemble(qc.model)
+        logits, positions = fuse(ctx, q_ids, cfg, qc.model, watch)
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids)
 
 

@@ -3,14 +3,16 @@ so the CLI can offer the choices without loading torch or transformers."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..dtypes import DTYPE, DTYPES  # noqa: F401  (the query's dtype names: the CLI and Session read them here)
+from ..errors import ConfigError
 from . import methods
-from .dtypes import DTYPE, DTYPES  # noqa: F401  (the query's dtype names: the CLI and Session read them here)
-from .errors import ConfigError
 from .methods.base import EXCLUSIVE_OPTIONS
 
-METHODS = methods.names()  # the registry's (`sparsecache.methods`), in the order the CLI offers them
+METHODS = methods.names()  # the registry's (`sparsecache.query.methods`), in the order the CLI offers them
 SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
@@ -25,7 +27,7 @@ MAX_NEW_TOKENS = 64  # tokens a query generates
 class QueryConfig:
     """How a query lays out and fuses retrieved chunks; validated on construction.
 
-    - method: a name in the registry (`sparsecache.methods`): `none` (decoded KV as is), a
+    - method: a name in the registry (`sparsecache.query.methods`): `none` (decoded KV as is), a
       scorer (`a3`, `infoflow`, `cacheblend`, `cacheclip`: recompute the tokens it selects),
       `cake` (recompute the first chunks by prefill while the last ones are read and decoded,
       on two threads), `full` (prefill everything, no cache), `raw` (exact fp16 KV), …;
@@ -99,3 +101,31 @@ class QueryConfig:
                 raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
             return self.score_layer
         return methods.get(self.method).layer(n_layers)
+
+
+# The QueryConfig fields a served request (the server's `sparsecache` option, the vLLM
+# connector's kv_transfer_params and extra config) may set, with the types each takes.
+SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),
+                 "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None))}
+
+
+def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:
+    """The typed QueryConfig of a served request: `base` (default: `SERVE_METHOD`'s) with the
+    fields of SERVED_FIELDS that `given` (parsed JSON) sets. Only a method the vLLM connector
+    can serve is accepted (`full`, `raw`, `cake`, superposition and reordering are `sparsecache
+    query`'s); anything else is a ConfigError naming `where`."""
+    base = base if base is not None else QueryConfig(method=SERVE_METHOD)
+    fields = {k: given[k] for k in SERVED_FIELDS if k in given}
+    for k, v in fields.items():
+        if isinstance(v, bool) or not isinstance(v, SERVED_FIELDS[k]):
+            raise ConfigError(f"{where}: {k} must be {_type_names(SERVED_FIELDS[k])}, got {v!r}")
+    served = methods.names(connector=True)  # the registry's methods that blend a decoded context
+    method = fields.get("method", base.method)
+    if method not in served:  # before QueryConfig's own check, which names query's methods too
+        raise ConfigError(f"{where}: method must be one of {', '.join(served)}, got {method!r}")
+    return dataclasses.replace(base, **fields)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    names = {str: "a string", int: "a number", float: "a number", type(None): "null"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))

@@ -1,4 +1,4 @@
-"""The build: a corpus becomes a store's chunks.
+"""Ingest: a corpus becomes a store's chunks (the package was `sparsecache.build` before 0.2).
 
 - `corpus`: the documents of a corpus (directories, files, HTML, JSONL): ids, hashes, streaming;
 - `encoder`: `encode_corpus`, scan → plan → batch → append → index → publish, resumable;

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from ...stopwatch import Stopwatch
     from ..blend import Context
-    from ..stopwatch import Stopwatch
+    from ..context import QueryContext
 
 # A QueryConfig field that only some methods read: the methods that read it name it in
 # `Method.options`, and QueryConfig refuses it set with any other.
@@ -62,10 +63,10 @@ class Method:
         """The layer a scorer reads by default."""
         return min(1, n_layers - 1)
 
-    def prefilled(self, session, ids: list[str], q_ids: list[int], cfg: "QueryConfig",
+    def prefilled(self, qc: "QueryContext", ids: list[str], q_ids: list[int], cfg: "QueryConfig",
                   watch: "Stopwatch") -> Prefilled:
-        """The chunks `ids` (in context order) and the question `q_ids` in `session.model`'s
-        cache, each step timed in `watch` (session.STEPS' names)."""
+        """The chunks `ids` (in context order) and the question `q_ids` in `qc.model`'s cache,
+        each step timed in `watch` (`session.STEPS`' names)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -78,26 +79,26 @@ class Decoded(Method):
     reorders = True
     connector = True
 
-    def context(self, session, ids: list[str], q_ids: list[int], cfg: "QueryConfig", watch: "Stopwatch"):
-        """(Context, bytes read): the store's prefix and the chunks decoded in `session`'s
-        device, reordered by the question's attention if `cfg` says so."""
+    def context(self, qc: "QueryContext", ids: list[str], q_ids: list[int], cfg: "QueryConfig", watch: "Stopwatch"):
+        """(Context, bytes read, chunk ids in context order): the store's prefix and the chunks
+        decoded on `qc.device`, reordered by the question's attention if `cfg` says so."""
         from ..blend import attention_order, decode_chunks
 
-        chunks = decode_chunks(session.store, ids, session.device, watch)
+        chunks = decode_chunks(qc.store, ids, qc.device, watch)
         if cfg.reorder == "attention":
             with watch.step("select"):
-                layer = infoflow_layer(session.model.n_layers)
+                layer = infoflow_layer(qc.model.n_layers)
                 budget = cfg.ratio if cfg.recomputes else REORDER_BUDGET
-                chunks = chunks.reordered(attention_order(chunks, q_ids, session.model, layer, budget))
+                chunks = chunks.reordered(attention_order(chunks, q_ids, qc.model, layer, budget))
         with watch.step("reconstruct"):
-            ctx = chunks.assemble(session.model)
-        session.rates.observe("decode_tokens_per_s", sum(map(len, chunks.tokens)),
+            ctx = chunks.assemble(qc.model)
+        qc.rates.observe("decode_tokens_per_s", sum(map(len, chunks.tokens)),
                               sum(watch.get(s, 0.0) for s in ("read", "transfer", "reconstruct")))
         return ctx, chunks.nbytes, chunks.ids
 
-    def prefilled(self, session, ids, q_ids, cfg, watch) -> Prefilled:
-        ctx, nbytes, ids = self.context(session, ids, q_ids, cfg, watch)
-        logits, positions = fuse(ctx, q_ids, cfg, session.model, watch, session.selector(cfg.selector_model))
+    def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
+        ctx, nbytes, ids = self.context(qc, ids, q_ids, cfg, watch)
+        logits, positions = fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model))
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids))
 
 
@@ -174,9 +175,9 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     prefills the question. `cacheclip` scores with `selector` (default: `model`)."""
     import torch
 
+    from ...stopwatch import Stopwatch
     from ..blend import recompute
     from ..generate import prefill
-    from ..stopwatch import Stopwatch
 
     watch = watch if watch is not None else Stopwatch(model.device)
     positions = torch.zeros(0, dtype=torch.long)

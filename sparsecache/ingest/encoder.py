@@ -9,6 +9,7 @@ would have, it writes the same codes an uninterrupted run would.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
@@ -20,7 +21,7 @@ from tqdm.auto import tqdm
 from ..codec.coding import Codec
 from ..codec.dictionary import Dictionary
 from ..codec.learn import AdaptConfig
-from ..codec.omp import Screening
+from ..codec.omp import EXACT, Screening
 from ..errors import ConfigError
 from ..index import Embedder, FaissIndexer
 from ..model import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
@@ -28,6 +29,7 @@ from ..stopwatch import Stopwatch
 from ..store import StoreConfig, Writer
 from ..wrapper import Wrapper, store_wrapping
 from .batch import code_batch
+from .config import EncodeOptions
 from .corpus import Chunk, Source, chunks, scan
 
 
@@ -93,6 +95,42 @@ class EncodeRun:
     progress: bool
 
 
+def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOptions = EncodeOptions()
+                  ) -> EncodeReport:
+    """Bring the store at `store` (a directory or an s3://, gs://, az:// URL) up to date with
+    `corpus` as `options` say: the one call `encode-corpus` makes.
+
+    Resolves what a store is built with (the store's own dictionary, wrapper and format for an
+    existing store, else what `options` names, else the model's shipped defaults), loads the
+    model only when there is something to encode and passes it through the model gate
+    (`check.ensure_checked`: a model whose K/V would be stored wrongly is refused), then runs
+    `encode_with`. The store is opened once."""
+    from ..check import ensure_checked
+    from ..model import load_model, resolve_device
+    from ..store import config_for, open_backend
+    from ..wrapper import wrapper_for
+
+    backend = open_backend(store)
+    wrapper = wrapper_for(backend, options.wrapper, options.model)
+    config = config_for(backend, **options.store_fields(), wrapper=wrapper.digest() if wrapper else None)
+    dictionary = dictionary_for(backend, options.dictionary, options.model)
+    device = resolve_device(options.device)
+
+    def model() -> KVModel:  # called only when there is something to encode
+        if options.progress:
+            tqdm.write(f"loading model {options.model} on {device}", file=sys.stderr)
+        loaded = load_model(options.model, device=device)
+        ensure_checked(loaded)  # once per model fingerprint
+        return loaded
+
+    return encode_with(corpus, backend, dictionary, model, config, device=device, batch_tokens=options.batch_tokens,
+                       delete_missing=options.delete_missing, index=options.index_kind, keep=options.keep,
+                       progress=options.progress, workers=options.workers, ray_address=options.ray_address,
+                       model_path=options.model,
+                       adapt=AdaptConfig(steps=options.adapt_steps) if options.adapt_steps else None,
+                       screening=EXACT if options.exact_omp else None, wrapper=wrapper)
+
+
 def dictionary_for(store, given: str | None = None, model_path: str = "default") -> Dictionary:
     """The dictionary an encode of `store` with `model_path` uses: `given` (a directory;
     "default" is the model's shipped one), or with none given the store's own copy where the
@@ -107,15 +145,16 @@ def dictionary_for(store, given: str | None = None, model_path: str = "default")
     return Dictionary.load(given)
 
 
-def encode_corpus(corpus: list[str] | tuple[str, ...], store, dictionary: Dictionary,
-                  model: KVModel | Callable[[], KVModel], config: StoreConfig = StoreConfig(),
-                  embedder: Embedder | None = None, device="cpu", batch_tokens: int = 8192,
-                  delete_missing: bool = False, index: str = "auto", keep: int = 5, progress: bool = True,
-                  workers: int = 0, ray_address: str | None = None, model_path: str = "default",
-                  adapt: AdaptConfig | None = None, screening: Screening | None = None,
-                  wrapper: Wrapper | None = None) -> EncodeReport:
-    """Bring the store at `store` (a directory or an s3://, gs://, az:// URL) up to date with
-    `corpus`; returns what was done and how long it took.
+def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictionary,
+                model: KVModel | Callable[[], KVModel], config: StoreConfig = StoreConfig(),
+                embedder: Embedder | None = None, device="cpu", batch_tokens: int = EncodeOptions.batch_tokens,
+                delete_missing: bool = False, index: str = EncodeOptions.index_kind, keep: int = EncodeOptions.keep,
+                progress: bool = True, workers: int = 0, ray_address: str | None = None, model_path: str = "default",
+                adapt: AdaptConfig | None = None, screening: Screening | None = None,
+                wrapper: Wrapper | None = None) -> EncodeReport:
+    """Bring the store at `store` (a directory, an s3://, gs://, az:// URL or an open Backend)
+    up to date with `corpus`, with the dictionary, model and config already chosen (what
+    `encode_corpus` resolves); returns what was done and how long it took.
 
     `model` may be a function that loads it: it is only called when there is work, so an
     unchanged corpus is answered from the scan alone. `workers` > 0 or a `ray_address` encode

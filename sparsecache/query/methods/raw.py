@@ -1,6 +1,6 @@
 """`raw`: each chunk's exact fp16 K/V, computed alone (a TurboRAG/LMCache-style store of
-uncompressed per-chunk KV, made on first use beside the store): what the codec is measured
-against."""
+uncompressed per-chunk KV, made on first use beside the store: `sparsecache.query.raw`):
+what the codec is measured against."""
 
 from . import register
 from .base import Decoded
@@ -13,9 +13,9 @@ class Raw(Decoded):
     connector = False  # the connector's exact-KV option is `source: raw`, with any method
     reorders = False
 
-    def context(self, session, ids, q_ids, cfg, watch):
-        ctx = session.raw_context(ids, watch)
-        return ctx, ctx.timings_ms["bytes_read"], ids
+    def context(self, qc, ids, q_ids, cfg, watch):
+        ctx, nbytes = qc.raw.context(qc.store, ids, qc.model, qc.device, watch)
+        return ctx, nbytes, ids
 
 
 register(Raw())
