@@ -46,7 +46,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from sparsecache.ingest.corpus import _HTMLText
+from sparsecache.ingest.corpus import HTMLText
 from sparsecache.text import builtin_documents
 
 SECTION_CHARS = 4_000
@@ -76,7 +76,7 @@ def python_source(_: Path, limit: int = 400) -> list[tuple[str, str]]:
 def manual(root: Path) -> list[tuple[str, str]]:
     docs = []
     for page in sorted(root.glob("usr/share/debian-reference/*.html")):
-        parser = _HTMLText()
+        parser = HTMLText()
         text = parser.feed_text(page.read_text(encoding="utf-8", errors="replace"))
         docs.append((page.name, re.sub(r"\n{3,}", "\n\n", text)))
     return docs

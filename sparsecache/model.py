@@ -301,7 +301,7 @@ def _key_value_modules(attn: torch.nn.Module) -> list[tuple[torch.nn.Module, obj
 
 
 @contextlib.contextmanager
-def _kv_taps(model: KVModel):
+def kv_taps(model: KVModel):
     """Record every layer's keys before RoPE (after any k_norm) and its values as cached."""
     taps: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
@@ -332,7 +332,7 @@ def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = 
     out: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(chunks)  # type: ignore[list-item]
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))  # less padding
     pad = model.tokenizer.pad_token_id or 0
-    with _kv_taps(model) as taps:
+    with kv_taps(model) as taps:
         for batch in _batches(order, chunks, len(prefix), batch_tokens):
             width = len(prefix) + max(len(chunks[i]) for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)

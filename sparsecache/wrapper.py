@@ -23,7 +23,7 @@ import torch
 from .durable import write_atomic
 from .errors import ConfigError
 from .fingerprint import same_model
-from .model import KVModel, _kv_taps, kv_cache, use_soft_tokens
+from .model import KVModel, kv_taps, kv_cache, use_soft_tokens
 from .wrapper_config import DEFAULT_WRAPPERS
 
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/; a wheel holds the default
@@ -223,7 +223,7 @@ def wrapped_pieces(model: KVModel, chunks: list[list[int]], prefix: list[int], h
     rows = [torch.cat([pre, head, embed(torch.tensor(c, dtype=torch.long, device=dev)), tail]) for c in chunks]
     width = max(r.shape[0] for r in rows)
     batch = torch.stack([torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in rows])
-    with _kv_taps(model) as taps:  # right padding: causal attention keeps real tokens blind to it
+    with kv_taps(model) as taps:  # right padding: causal attention keeps real tokens blind to it
         model.hf.model(inputs_embeds=batch, use_cache=False)
         k = torch.stack([taps["k", i] for i in range(model.n_layers)], 1)  # (k, L, W, m) pre-RoPE
         v = torch.stack([taps["v", i] for i in range(model.n_layers)], 1)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from click.testing import CliRunner
 
-from sparsecache.bench.suite import unit_atoms  # noqa: F401  test modules import it from here
+from sparsecache.testing import unit_atoms  # noqa: F401  test modules import it from here
 from sparsecache.cli.main import cli
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.failpoints import Crash, crash_at
@@ -64,7 +64,7 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 4-layer Llama (2 KV heads × 16 dims, m = 32) with the default model's tokenizer."""
-    from sparsecache.bench.suite import write_tiny_llama
+    from sparsecache.testing import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
@@ -159,7 +159,7 @@ def eager_attention_mass(model, ctx, q_ids: list[int], layer: int) -> torch.Tens
 @pytest.fixture(scope="session")
 def tiny_dictionary_dir(tiny_model, tmp_path_factory) -> Path:
     """Random unit atoms (512, s=4) fingerprinted for the tiny model: codes are codes, quality aside."""
-    from sparsecache.bench.suite import tiny_dictionary
+    from sparsecache.testing import tiny_dictionary
 
     return tiny_dictionary(tiny_model.fingerprint()).save(tmp_path_factory.mktemp("tiny-dict"))
 
@@ -205,7 +205,7 @@ def moto_endpoint():
     standard AWS_* variables point obstore (and so sparsecache) at it."""
     import shutil
 
-    from sparsecache.bench.suite import moto_server
+    from sparsecache.testing import moto_server
 
     pytest.importorskip("obstore", reason="needs the s3 extra")
     if shutil.which("moto_server") is None:

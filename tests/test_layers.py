@@ -118,8 +118,8 @@ def test_storage_is_below_decoding():
 
 # The pipeline's subpackages, lowest first: each may import those before it, never one after it.
 # (The store imports the codec's format modules, `codes` and `bitpack`, so the codec is below it;
-# the build writes stores; the query methods read them; vLLM serves the methods.)
-PIPELINE = ("sparsecache.codec", "sparsecache.store", "sparsecache.ingest", "sparsecache.query.methods", "sparsecache.vllm")
+# ingest writes stores; the query runtime reads them; vLLM serves its methods.)
+PIPELINE = ("sparsecache.codec", "sparsecache.store", "sparsecache.ingest", "sparsecache.query", "sparsecache.vllm")
 
 
 def test_no_subpackage_imports_one_above_it_in_the_pipeline():
@@ -157,3 +157,55 @@ print("\\n".join(failed))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == ""
+
+
+def _private_reaches(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """`from X import _y` and `X._y` (X a sparsecache module bound by an import) in `name`'s
+    source, where X is another module. A package's private modules (`codec._omp_cpu`) may be
+    imported by that package's own modules."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    found, bound = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if not (module == "sparsecache" or module.startswith("sparsecache.")):
+                continue
+            for a in node.names:
+                full = f"{module}.{a.name}"
+                if full in modules:  # a module imported by name
+                    bound[a.asname or a.name] = full
+                    own_package = full.rsplit(".", 1)[0] == package
+                    if a.name.startswith("_") and not own_package:
+                        found.append(f"{name} imports {full}")
+                elif a.name.startswith("_") and not a.name.startswith("__") and module != name:
+                    found.append(f"{name} imports {module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules and a.asname:
+                    bound[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{name} reaches {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_the_private_reach_finder_finds_one(tmp_path):
+    mod = tmp_path / "sparsecache" / "a.py"
+    mod.parent.mkdir()
+    mod.write_text("from .b import _x\nfrom . import b\nb._y()\n")
+    modules = {"sparsecache.a": mod, "sparsecache.b": mod}
+    assert _private_reaches("sparsecache.a", mod, modules) == ["sparsecache.a imports sparsecache.b._x",
+                                                               "sparsecache.a reaches sparsecache.b._y"]
+
+
+def test_no_module_reaches_into_anothers_private_names():
+    modules = _modules()
+    scripts = {f"scripts.{p.stem}": p for p in (PACKAGE.parent / "scripts").rglob("*.py")}
+    found = [r for name, path in {**modules, **scripts}.items() for r in _private_reaches(name, path, modules)]
+    assert found == []

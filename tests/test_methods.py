@@ -30,7 +30,7 @@ def test_the_benchmarks_tables_and_the_cli_read_the_registry():
     from click.testing import CliRunner
 
     from sparsecache.bench.ruler import METHODS as RULER
-    from sparsecache.bench.suite import TTFT_METHODS
+    from sparsecache.bench.ttft import TTFT_METHODS
     from sparsecache.cli.main import cli
 
     assert list(RULER)[:2] == ["full", "raw"] and set(METHODS) <= set(RULER)

@@ -87,7 +87,7 @@ def test_moto_copy_serves_a_store_and_restores_the_environment(s3_url, tmp_path)
     lock or lease, and hands the session's server back its AWS_* settings afterwards."""
     import os
 
-    from sparsecache.bench.suite import moto_copy
+    from sparsecache.testing import moto_copy
 
     local = open_backend(tmp_path / "store")
     local.put("zarr.json", b"{}")

@@ -6,7 +6,7 @@ from sklearn.linear_model import orthogonal_mp_gram
 from hypothesis import given, settings, strategies as st
 
 from sparsecache.codec._omp_cpu import _kth_largest
-from sparsecache.codec.omp import (EXACT, Screening, _omp_block, _omp_block_cpu, _omp_block_gemm, batch_omp, gram,
+from sparsecache.codec.omp import (EXACT, Screening, omp_block, _omp_block_cpu, omp_block_gemm, batch_omp, gram,
                              reconstruct, reference_omp)
 from tests.conftest import DEVICES, unit_atoms
 
@@ -16,9 +16,9 @@ BLOCKS = {
     # a quarter of the atoms as candidates, screened again every other step: exactly sparse
     # signals keep their atoms among the candidates, so this must find what exact OMP finds
     "numba-screened": lambda Y, D, s: _omp_block_cpu(Y @ D, gram(D), s, Screening(D.shape[1] // 4, 2)),
-    "torch": lambda Y, D, s: _omp_block(Y @ D, gram(D), s),
-    "gemm": lambda Y, D, s: _omp_block_gemm(Y, D, gram(D), s),
-    "gemm-fp16": lambda Y, D, s: _omp_block_gemm(Y, D, gram(D), s, "float16"),
+    "torch": lambda Y, D, s: omp_block(Y @ D, gram(D), s),
+    "gemm": lambda Y, D, s: omp_block_gemm(Y, D, gram(D), s),
+    "gemm-fp16": lambda Y, D, s: omp_block_gemm(Y, D, gram(D), s, "float16"),
 }
 # (formulation, device) pairs: the numba kernel is CPU-only, the torch ones run everywhere.
 CASES = [pytest.param(b, d, id=f"{b}-{d.id if hasattr(d, 'id') else d}", marks=getattr(d, "marks", ()))

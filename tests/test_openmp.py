@@ -45,5 +45,5 @@ print(before, torch.get_num_threads())
 def test_the_cpu_kernels_leave_the_callers_openmp_thread_count_alone():
     """numba's OpenMP pool shares torch's runtime; starting it set the starting thread's count to
     numba's own. vLLM's CPU worker (pinned to 1 CPU, OpenMP planned for 2) then ran its next
-    attention with 1 thread and aborted on its own check (`_numba_pool`)."""
+    attention with 1 thread and aborted on its own check (`numba_pool`)."""
     assert _run(KERNELS, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="2").split() == ["2", "2"]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sparsecache.bench.suite import cpu_model, moto_copy
+from sparsecache.bench.machine import cpu_model
+from sparsecache.testing import moto_copy
 
 
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:

@@ -26,7 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sparsecache.bench.suite import cpu_model
+from sparsecache.bench.machine import cpu_model
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 ENGINE_ARGS = ["--max-model-len", "8192", "--enforce-eager"]

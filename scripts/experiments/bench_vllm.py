@@ -25,7 +25,7 @@
 
     OMP_NUM_THREADS=2 python scripts/experiments/bench_vllm.py --fidelity W --out docs/benchmarks/vllm-fidelity-cpu.json
 
-(W/corpus: `python -c "from sparsecache.bench.suite import bench_corpus; bench_corpus('W/corpus')"`.)
+(W/corpus: `python -c "from sparsecache.bench.storage import bench_corpus; bench_corpus('W/corpus')"`.)
 The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess (the
 corpus and the suite's documents in one store: the engine's connector serves one). Every
 finished section is saved to --out at once; a rerun with the same --out skips what is there.
@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from sparsecache.bench.suite import cpu_model
+from sparsecache.bench.machine import cpu_model
 
 # k = 32 chunks of ~500 tokens exceed the default model's 8,192 positions: TTFT is a matter of
 # compute, so vLLM is allowed the longer length (answers there are not judged; needles use k = 8).

@@ -30,7 +30,7 @@ import torch
 
 from sparsecache.bench.fidelity import load_suite
 from sparsecache.bench.passkey import chunk_ids_by_doc
-from sparsecache.bench.suite import cpu_model
+from sparsecache.bench.machine import cpu_model
 from sparsecache.query.blend import Context, attention_scores, decode_chunks, layout, question_ids
 from sparsecache.query.generate import full_prefill
 from sparsecache.query.methods.superposition import path_scores

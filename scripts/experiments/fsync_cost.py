@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sparsecache.bench.suite import bench_corpus
+from sparsecache.bench.storage import bench_corpus
 from sparsecache.codec.dictionary import Dictionary, default_dictionary
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.model import load_model

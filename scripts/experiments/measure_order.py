@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
 from sparsecache.bench.ruler import wilson
-from sparsecache.bench.suite import cpu_model
+from sparsecache.bench.machine import cpu_model
 from sparsecache.query.session import Session
 
 METHODS = "full:0,none:0,infoflow:0.15,a3:0.15,cacheclip:0.15"

@@ -13,7 +13,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sparsecache.codec.omp import _omp_block, _omp_block_gemm, batch_size_for, gemm_batch_size_for, gram
+from sparsecache.codec.omp import omp_block, omp_block_gemm, batch_size_for, gemm_batch_size_for, gram
 
 
 def main():
@@ -31,9 +31,9 @@ def main():
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     sort = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
     for name, bs, fn in (
-        ("gemm-float16", gemm_batch_size_for(a.atoms), lambda y: _omp_block_gemm(y, D, G, a.sparsity, "float16")),
-        ("gemm-float32", gemm_batch_size_for(a.atoms), lambda y: _omp_block_gemm(y, D, G, a.sparsity, "float32")),
-        ("batch-omp", batch_size_for(a.atoms, a.sparsity), lambda y: _omp_block(y @ D, G, a.sparsity)),
+        ("gemm-float16", gemm_batch_size_for(a.atoms), lambda y: omp_block_gemm(y, D, G, a.sparsity, "float16")),
+        ("gemm-float32", gemm_batch_size_for(a.atoms), lambda y: omp_block_gemm(y, D, G, a.sparsity, "float32")),
+        ("batch-omp", batch_size_for(a.atoms, a.sparsity), lambda y: omp_block(y @ D, G, a.sparsity)),
     ):
         y = torch.randn(bs, a.dim, generator=g).to(dev)
         fn(y)  # warm-up

@@ -109,7 +109,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
 
-    from sparsecache.bench.suite import cpu_model, tiny_dictionary, write_tiny_llama
+    from sparsecache.bench.machine import cpu_model
+    from sparsecache.testing import tiny_dictionary, write_tiny_llama
     from sparsecache.model import load_model
 
     a.work.mkdir(parents=True, exist_ok=True)

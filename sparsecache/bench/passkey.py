@@ -31,7 +31,7 @@ class Trial:
     question: str
 
 
-def _filler(tokenizer, tokens_per_chunk: int, count: int | None) -> list[str]:
+def filler_passages(tokenizer, tokens_per_chunk: int, count: int | None) -> list[str]:
     """`count` pieces of held-out documentation of about `tokens_per_chunk` tokens each
     (None: every piece there is)."""
     from ..text import builtin_documents
@@ -48,7 +48,7 @@ def _filler(tokenizer, tokens_per_chunk: int, count: int | None) -> list[str]:
     raise TextError(f"not enough held-out text for {count} filler chunks")
 
 
-def _insert(text: str, sentence: str, rng: random.Random) -> str:
+def insert_sentence(text: str, sentence: str, rng: random.Random) -> str:
     cuts = [m.end() for m in re.finditer(r"[.!?]\s", text)] or [len(text) // 2]
     at = rng.choice(cuts)
     return text[:at] + sentence + text[at:]
@@ -60,7 +60,7 @@ def make_task(tokenizer, out: str | Path, trials: int = 20, k: int = 4, tokens_p
     rng = random.Random(seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    filler = _filler(tokenizer, tokens_per_chunk, max(k * 2, 16) + trials * keys_per_trial)
+    filler = filler_passages(tokenizer, tokens_per_chunk, max(k * 2, 16) + trials * keys_per_trial)
     shared, spare = filler[: max(k * 2, 16)], filler[max(k * 2, 16):]
     docs = {f"filler-{i:03d}": t for i, t in enumerate(shared)}
     result = []
@@ -74,7 +74,7 @@ def make_task(tokenizer, out: str | Path, trials: int = 20, k: int = 4, tokens_p
             if i in slots:
                 j = slots.index(i)
                 doc = f"needle-{t:03d}-{j}"
-                docs[doc] = _insert(spare[t * keys_per_trial + j], NEEDLE.format(key=keys[j], value=values[j]), rng)
+                docs[doc] = insert_sentence(spare[t * keys_per_trial + j], NEEDLE.format(key=keys[j], value=values[j]), rng)
                 order.append(doc)
             else:
                 order.append(next(others))

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..query import methods
 from ..durable import write_atomic
 from ..errors import ConfigError, TextError
-from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, _filler, _insert, chunk_ids_by_doc
+from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, filler_passages, insert_sentence, chunk_ids_by_doc
 
 TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 
@@ -148,7 +148,7 @@ class _Builder:
 
     def __init__(self, tokenizer, k: int, tokens_per_chunk: int, rng: random.Random):
         n_shared = max(2 * k, 16)
-        pieces = _filler(tokenizer, tokens_per_chunk, None)
+        pieces = filler_passages(tokenizer, tokens_per_chunk, None)
         if len(pieces) < n_shared + 3:
             raise TextError(f"not enough held-out text for {n_shared + 3} chunks of {tokens_per_chunk} tokens")
         self.docs = {f"filler-{i:03d}": t for i, t in enumerate(pieces[:n_shared])}
@@ -163,7 +163,7 @@ class _Builder:
     def needle_doc(self, name: str, sentences: list[str]) -> str:
         text = next(self.spare)
         for s in sentences:
-            text = _insert(text, s, self.rng)
+            text = insert_sentence(text, s, self.rng)
         self.docs[name] = text
         return name
 

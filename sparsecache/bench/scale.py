@@ -314,7 +314,7 @@ def run(workdir: Path, cfg: ScaleConfig, progress=print, resume: bool = False) -
 
 
 def _report(cfg: ScaleConfig, rows: list[dict]) -> dict:
-    from .suite import cpu_model
+    from .machine import cpu_model
 
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(),
                "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}

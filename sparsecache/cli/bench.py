@@ -34,7 +34,7 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, layers, device, 
 
     On a GPU it also times every torch formulation (GEMM correlations in fp32/fp16/bf16,
     Gram-row Batch-OMP) and the fused CPU kernel on the same machine."""
-    from sparsecache.bench.suite import bench_omp
+    from sparsecache.bench.codec import bench_omp
 
     r = bench_omp(dict_path, atoms, sparsity, count, sklearn_n, kind, resolve_device(device), layers)
     forms = [f"  {name:<20} {f['vectors_per_s']:>12,.0f} signals/s  batch {f['batch']:>5}  "
@@ -63,7 +63,7 @@ def omp_cmd(dict_path, atoms, sparsity, count, sklearn_n, kind, layers, device, 
 def decode_cmd(store_path, n_chunks, device, as_json):
     """Decode speed of retrieved chunks (codes already on the device) against a device-to-device
     copy of the same bytes; on a CPU side by side with the embedding_bag decode other devices run."""
-    from sparsecache.bench.suite import bench_decode
+    from sparsecache.bench.storage import bench_decode
 
     r = bench_decode(store_path, n_chunks, resolve_device(device))
     emit(r, as_json, [
@@ -95,7 +95,7 @@ def index_coding_lines(ic: dict) -> list[str]:
 def encode_cmd(corpus, workdir, device, as_json):
     """encode-corpus of CORPUS (default: builtin:heldout, the demo corpus) with exact Batch-OMP and
     with the default screening, one after the other in this run: tokens/s, phases and code error."""
-    from sparsecache.bench.suite import bench_encode
+    from sparsecache.bench.storage import bench_encode
 
     r = bench_encode(workdir, corpus or ("builtin:heldout",), resolve_device(device))
     lines = [f"{name:>8}: {x['tokens']} tokens, {x['tokens_per_s']:.1f} tokens/s; "
@@ -117,7 +117,7 @@ def encode_cmd(corpus, workdir, device, as_json):
 def store_cmd(workdir, n_chunks, repeats, min_tokens, device, as_json):
     """Encode throughput (and where the time goes), then reading chunks' codes from the store vs
     their raw fp16 KV from one .safetensors file per chunk (TurboRAG/LMCache style), warm and cold."""
-    from sparsecache.bench.suite import bench_store
+    from sparsecache.bench.storage import bench_store
 
     r = bench_store(workdir, n_chunks, repeats, resolve_device(device), min_tokens)
     e = r["encode"]
@@ -241,7 +241,7 @@ def fidelity_cmd(workdir, ks, questions, split, limit, methods, wrapper, model_p
 @library_errors
 def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device, dtype, as_json):
     """TTFT breakdown of full / raw / none / a3 / infoflow / cacheblend (r = 0.15) vs chunk count."""
-    from sparsecache.bench.suite import bench_ttft, plot_ttft
+    from sparsecache.bench.ttft import bench_ttft, plot_ttft
     from sparsecache.query.session import STEPS
 
     r = bench_ttft(store_path, ks, repeats, resolve_device(device), cold, busy, min_chunk_tokens, dtype)
@@ -289,9 +289,7 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
 @device_option
 @json_option
 @library_errors
-def quality_cmd(model_path, texts, configs, dicts, passages, prefix_tokens, continuation_tokens, trials, needle_chunks,
-                needle_chunk_tokens, recompute_ratio, corpus_tokens, learn_steps, atoms, no_baselines, skip_needles, plot,
-                device, as_json):
+def quality_cmd(model_path, texts, configs, dicts, no_baselines, skip_needles, plot, device, as_json, **settings):
     """The compression–quality frontier: sparsecache configurations (fp16/fp8/int8 coefficients,
     packed, Elias–Fano or Rice-coded indices) against KIVI int4/int2, per-layer SVD, xKV, fp8 and raw fp16,
     all on the same held-out passages and needle trials.
@@ -305,9 +303,7 @@ def quality_cmd(model_path, texts, configs, dicts, passages, prefix_tokens, cont
     parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or (() if dicts else SPARSE_CONFIGS)
     if any(len(c) != 2 for c in parsed):
         raise click.BadParameter("each --config is L,S (e.g. 2,32)", param_hint="--config")
-    cfg = FrontierConfig(passages, prefix_tokens, continuation_tokens, trials, needle_chunks, needle_chunk_tokens,
-                         recompute_ratio=recompute_ratio, corpus_tokens=corpus_tokens, learn_steps=learn_steps,
-                         atoms=atoms)
+    cfg = FrontierConfig(**settings)  # the options are FrontierConfig's fields, by name
     dev = resolve_device(device)
     model = load_model(model_path, device=dev)
     r = run_frontier(model, cfg, parsed, [] if no_baselines else None, texts, dev,
@@ -316,7 +312,7 @@ def quality_cmd(model_path, texts, configs, dicts, passages, prefix_tokens, cont
         plot_frontier(r, plot)
     fusion = cfg.fusion
     lines = [f"{'method':<22}{'ratio':>7}{'total':>7}{'nmse_k':>8}{'nmse_v':>8}{'ppl':>8}{'KL':>7}{'top1':>7}"
-             f"{'needle':>8}{fusion[:6] + ' r' + format(recompute_ratio, 'g'):>12}"]
+             f"{'needle':>8}{fusion[:6] + ' r' + format(cfg.recompute_ratio, 'g'):>12}"]
     for row in sorted(r["rows"], key=lambda x: x["ratio_total"]):
         needle = row["needle"] or {}
         lines.append(f"{row['method']:<22}{row['ratio']:>7.2f}{row['ratio_total']:>7.2f}{row['nmse_k']:>8.4f}"

@@ -68,8 +68,7 @@ def check_model_cmd(model_path, device, as_json):
                    f"at no measured cost in quality.  [default: --init's, else {TrainConfig.atoms_dtype}]")
 @device_option
 @library_errors
-def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_dict, steps, batch, lr, lr_v,
-                   max_tokens, seed, out, resume, atoms_dtype, device):
+def learn_dict_cmd(model_path, texts, init_dict, out, resume, device, **settings):
     """Learn global K and V dictionaries for a model (batched OMP + gradient dictionary update).
 
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
@@ -81,9 +80,7 @@ def learn_dict_cmd(model_path, texts, atoms, sparsity, layers_per_signal, init_d
     from sparsecache.model import load_model
 
     init = Dictionary.load(init_dict) if init_dict else None
-    config, tcfg = learn_config(init, atoms=atoms, sparsity=sparsity, layers_per_signal=layers_per_signal,
-                                atoms_dtype=atoms_dtype, steps=steps, batch=batch, lr=lr, lr_v=lr_v,
-                                max_tokens=max_tokens, seed=seed)
+    config, tcfg = learn_config(init, **settings)  # DictConfig's and TrainConfig's fields, by name
     device = resolve_device(device)
     model = load_model(model_path, device=device)  # calibration KV is computed where the OMP runs
     ensure_checked(model)
@@ -168,8 +165,7 @@ W = WrapperConfig()
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out.")
 @device_option
 @library_errors
-def learn_wrapper_cmd(model_path, out, header, trailer, steps, lr, k, prompts, text_share, eval_every, eval_questions,
-                      seed, resume, device):
+def learn_wrapper_cmd(model_path, out, resume, device, **settings):
     """Learn a chunk wrapper for a model: soft tokens around every chunk, the model frozen.
 
     Every chunk is encoded as `prefix | header | chunk | trailer`; the header and trailer
@@ -184,8 +180,7 @@ def learn_wrapper_cmd(model_path, out, header, trailer, steps, lr, k, prompts, t
     from sparsecache.learn_wrapper import learn_wrapper
     from sparsecache.model import load_model
 
-    cfg = WrapperConfig(header=header, trailer=trailer, steps=steps, lr=lr, k=k, prompts=prompts,
-                        text_share=text_share, eval_every=eval_every, eval_questions=eval_questions, seed=seed)
+    cfg = WrapperConfig(**settings)  # the options are WrapperConfig's fields, by name
     model = load_model(model_path, device=resolve_device(device))
     w = learn_wrapper(model, out, cfg, resume=resume)
     e = w.meta["eval"]

@@ -89,6 +89,14 @@ def _object_store_errors() -> tuple:
     return (BaseError,)
 
 
+def config_from(cls, options: dict):
+    """`cls(**…)` from the click `options` named like its fields, which are taken out of
+    `options`: a command maps its options onto a config dataclass by name, never by position."""
+    import dataclasses
+
+    return cls(**{f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.init and f.name in options})
+
+
 def emit(result: dict, as_json: bool, lines: list[str]) -> None:
     if as_json:
         click.echo(json.dumps(result, default=float))

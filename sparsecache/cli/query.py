@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .options import device_option, dtype_option, emit, json_option, library_errors, model_option, resolve_device
+from .options import (config_from, device_option, dtype_option, emit, json_option, library_errors, model_option,
+                      resolve_device)
 from sparsecache.query import methods
 from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
@@ -50,20 +51,18 @@ from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @dtype_option
 @json_option
 @library_errors
-def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer,
-              max_new_tokens, chunk_list, order, reorder, cake_split, selector_model, selector_layers, paths, compare,
-              model_path, device, dtype, as_json):
+def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model_path, device, dtype, as_json,
+              **blend):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
     """
-    from sparsecache.query.session import Session
+    from sparsecache.query.session import ask
 
-    cfg = QueryConfig(method, recompute_ratio, group_window, group_min, score_layer, order, reorder, cake_split,
-                      selector_model, selector_layers, paths=paths)
-    s = Session(store, model_path, resolve_device(device), dtype=dtype)
+    cfg = config_from(QueryConfig, blend)  # the method and its options, by name
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
-    a = s.query(question, cfg, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
+    a, ref = ask(store, question, cfg, model=model_path, device=resolve_device(device), dtype=dtype, top_k=top_k,
+                 chunks=chunks, max_new_tokens=max_new_tokens, compare=compare)
     t = a.timings_ms
     lines = [a.answer, "", "chunks:"]
     lines += [f"  {c['id']}  {c['doc_id']}#{c['ordinal']}" + (f"  {c['score']:.3f}" if c["score"] is not None else "")
@@ -73,8 +72,7 @@ def query_cmd(store, question, top_k, method, recompute_ratio, group_window, gro
               "  " + "  ".join(f"{k} {t[k]:.1f}" for k in t if k not in ("ttft", "generate")),
               f"  then {t['generate']:.1f} ms to generate the rest"]
     result = a.to_dict()
-    if compare:
-        ref = s.compare(question, a, cfg, max_new_tokens)
+    if ref is not None:
         result["full_prefill"] = {k: v for k, v in ref.items() if k != "tokens"}
         agree = round(ref["token_agreement"] * ref["tokens"])
         lines += ["", f"full prefill of the same chunks (no cache, {ref['context_tokens']} context tokens), "

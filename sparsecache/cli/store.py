@@ -13,7 +13,7 @@ from sparsecache.ingest.config import EncodeOptions
 from sparsecache.wrapper_config import DEFAULT_WRAPPER_HELP
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
-                         resolve_device, screening)
+                         resolve_device)
 
 store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 

@@ -25,9 +25,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _numba_pool
+from . import numba_pool
 
-_numba_pool.start()  # before any kernel runs: see _numba_pool
+numba_pool.start()  # before any kernel runs: see numba_pool
 
 PREFETCH_AHEAD = 4  # atom rows requested this many terms before they are summed (2-8 measured alike)
 

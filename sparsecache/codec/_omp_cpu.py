@@ -4,7 +4,7 @@ On a CPU the torch formulation streams every [batch, atoms] intermediate through
 several times per iteration and is bandwidth-bound (~1.1K signals/s on 2 cores). Here each
 signal's working set (α⁰, α and the chosen rows of G: (s + 2) · n floats) stays in cache, the
 correlation update and the argmax share one pass, and signals run in parallel threads.
-Exact, it is the same algorithm with the same outputs as `omp._omp_block`; the tests compare
+Exact, it is the same algorithm with the same outputs as `omp.omp_block`; the tests compare
 them. With candidate screening (`omp.Screening`) a step updates only the candidates'
 correlations, Σ k·M instead of Σ k·n floats per signal (the rows of n = 8,192 atoms no
 longer fit L2 at s = 80; M = 512 of them do).
@@ -17,9 +17,9 @@ import math
 import numba
 import numpy as np
 
-from . import _numba_pool
+from . import numba_pool
 
-_numba_pool.start()  # before any kernel runs: see _numba_pool
+numba_pool.start()  # before any kernel runs: see numba_pool
 
 
 TILE = 256  # α entries kept in L1 while the support's G rows stream past (256 measured fastest of 64/128/256)

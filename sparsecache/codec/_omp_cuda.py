@@ -2,7 +2,7 @@
 
 Choosing the next atom is argmax |α| over the atoms not yet chosen. In torch ops that is
 abs (read α, write a copy) → scatter → a two-pass reduction: four passes over a [B, n]
-tensor per atom, which profiling on an H100 showed to be ~40% of `_omp_block_gemm`'s time.
+tensor per atom, which profiling on an H100 showed to be ~40% of `omp_block_gemm`'s time.
 This kernel reads α once. Chosen atoms are marked NaN in α beforehand (a scatter of B·k
 elements), so the kernel needs no list of them.
 

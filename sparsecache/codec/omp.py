@@ -12,14 +12,14 @@ Three implementations of the same greedy algorithm, one per kind of hardware:
 
 - on the CPU, the fused numba loop of `_omp_cpu` (memory traffic, not FLOPs, bounds the
   torch ops there);
-- on a GPU, `_omp_block_gemm`: the residual's correlations come from one GEMM per step,
+- on a GPU, `omp_block_gemm`: the residual's correlations come from one GEMM per step,
   α = Dᵀ(y − D_S x_S), which equals Batch-OMP's α⁰ − G_S x_S but runs on the matrix units
   instead of reading s gathered Gram rows per signal from memory (n·s²/2 floats per signal,
   4 MB at n = 8192, s = 16: that traffic, not arithmetic, bounds Batch-OMP on a GPU). The
   step that only *chooses* the next atom may run in fp16 on the unit-normalised residual
   (an argmax needs no more); the least-squares coefficients are always solved in fp32
   from the exact α⁰;
-- `_omp_block`: Batch-OMP in plain torch ops (any device), the formulation the others are
+- `omp_block`: Batch-OMP in plain torch ops (any device), the formulation the others are
   checked against and `bench omp` compares with.
 
 Tests hold all of them to the reference and to scikit-learn.
@@ -93,7 +93,7 @@ def batch_size_for(n_atoms: int, sparsity: int) -> int:
 
 
 def gemm_batch_size_for(n_atoms: int) -> int:
-    """Signals per step of `_omp_block_gemm` that keep its [B, n] tensors within budget."""
+    """Signals per step of `omp_block_gemm` that keep its [B, n] tensors within budget."""
     return max(16, min(16384, _GEMM_BUDGET_BYTES // (12 * n_atoms)))
 
 
@@ -128,7 +128,7 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
             # (atoms that had to be copied or cast here are not the caller's tensor: no cache key)
             i, c = _graphed_block(D, G, sparsity, select_dtype, step)(y)
         else:
-            i, c = _omp_block_gemm(y, D, G, sparsity, select_dtype)
+            i, c = omp_block_gemm(y, D, G, sparsity, select_dtype)
         idx.append(i)
         coef.append(c)
         if on_block is not None:
@@ -141,7 +141,7 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
 
 def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int,
                    screening: Screening = EXACT) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same as `_omp_block` (exact, or screened: `Screening`), as the fused numba loop of `_omp_cpu`."""
+    """The same as `omp_block` (exact, or screened: `Screening`), as the fused numba loop of `_omp_cpu`."""
     idx = torch.empty(alpha0.shape[0], s, dtype=torch.long)
     coef = torch.empty(alpha0.shape[0], s, dtype=torch.float32)
     # numba is imported on first encode only: readers (query, the vLLM connector) never need it,
@@ -153,7 +153,7 @@ def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int,
     return idx, coef
 
 
-def _omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+def omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch-OMP on initial correlations α⁰ [B, n]; returns (indices, coefficients) [B, s]."""
     B, n = alpha0.shape
     Gs = alpha0.new_empty(B, s, n)  # G rows of the chosen atoms
@@ -168,11 +168,11 @@ def _omp_block(alpha0: torch.Tensor, G: torch.Tensor, s: int) -> tuple[torch.Ten
     return step.idx, x[..., 0]
 
 
-def _omp_block_gemm(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int,
+def omp_block_gemm(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int,
                     select_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """OMP on signals y [B, m] with residual correlations by GEMM; returns (indices, coefficients) [B, s].
 
-    The same selections and coefficients as `_omp_block` (up to fp rounding in near-ties):
+    The same selections and coefficients as `omp_block` (up to fp rounding in near-ties):
     Dᵀ(y − D_S x_S) = α⁰ − G_S x_S. With `select_dtype` float16/bfloat16 the atom-choosing GEMM
     runs in that precision on the residual scaled to unit norm (argmax is scale-invariant and
     unit atoms keep every correlation in [-1, 1]); the coefficients stay fp32.
@@ -194,7 +194,7 @@ def _omp_block_gemm(y: torch.Tensor, D: torch.Tensor, G: torch.Tensor, s: int,
 
 
 class _GraphedBlock:
-    """`_omp_block_gemm` on a fixed batch of B signals, captured once as a CUDA graph.
+    """`omp_block_gemm` on a fixed batch of B signals, captured once as a CUDA graph.
 
     Each of its s steps launches ~40 small kernels; on an H100 the host issued them slower
     than the GPU ran them (8.9 ms of kernels in a 14 ms block at B = 10,922, s = 16). A
@@ -210,11 +210,11 @@ class _GraphedBlock:
         side.wait_stream(torch.cuda.current_stream(D.device))
         with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, cuBLAS makes handles
             for _ in range(2):
-                _omp_block_gemm(self.y, D, G, s, select_dtype)
+                omp_block_gemm(self.y, D, G, s, select_dtype)
         torch.cuda.current_stream(D.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.idx, self.coef = _omp_block_gemm(self.y, D, G, s, select_dtype)
+            self.idx, self.coef = omp_block_gemm(self.y, D, G, s, select_dtype)
 
     def __call__(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = y.shape[0]

@@ -46,7 +46,7 @@ class Source:
             yield self.text
             return
         html_doc = self.path.suffix.lower() in HTML_SUFFIXES
-        stripper = _HTMLText() if html_doc else None
+        stripper = HTMLText() if html_doc else None
         for piece in _decoded_blocks(self.path):
             yield stripper.feed_text(piece) if stripper else piece
 
@@ -221,7 +221,7 @@ def _decoded_blocks(path: Path) -> Iterator[str]:
                 return
 
 
-class _HTMLText(html.parser.HTMLParser):
+class HTMLText(html.parser.HTMLParser):
     """Visible text of an HTML stream: tags dropped, script/style skipped, blocks → paragraphs."""
 
     _BLOCKS = {"p", "div", "br", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "section", "article", "pre"}

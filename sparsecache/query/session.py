@@ -214,3 +214,15 @@ def given_hits(store: KVStore, ids: list[str]) -> list[dict]:
 
 def _hit(c, score: float | None) -> dict:
     return {"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": score}
+
+
+def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None = None, *, model: str = "default",
+    device: str = "cpu", dtype: str = DTYPE, compare: bool = False, **query_args) -> tuple[Answer, dict | None]:
+    """One question, as `sparsecache query` asks it: a Session over `store`, its answer under
+    `config` (`Session.query`'s keyword arguments in `query_args`), and with `compare` how it
+    compares with full prefill of the same chunks (`Session.compare`; None without)."""
+    session = Session(store, model, device, dtype=dtype)
+    answer = session.query(question, config, **query_args)
+    if not compare:
+        return answer, None
+    return answer, session.compare(question, answer, config, query_args.get("max_new_tokens", MAX_NEW_TOKENS))

@@ -59,7 +59,6 @@ device in its `kv_transfer_params["sparsecache"]`):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -78,11 +77,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
-from ..codec import _numba_pool
+from ..codec import numba_pool
 from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
 from ..kvstore import KVStore
 from ..model import Rope, config_fingerprint
-from ..query import methods
 from ..query.blend import decode_chunks, recompute_many
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
@@ -341,9 +339,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self._timed(lambda: self._blend(blended, layers))
         self._timed(lambda: self._load_plain(plain, layers))
         # vLLM's CPU attention aborts the engine when the OpenMP thread count differs from the one
-        # its metadata was planned with (what numba's pool start did: `_numba_pool`): never leave
+        # its metadata was planned with (what numba's pool start did: `numba_pool`): never leave
         # this step's forward another count than it had
-        if _numba_pool.put_back(threads):
+        if numba_pool.put_back(threads):
             logger.warning("sparsecache: loading changed the OpenMP thread count; put back to %d", threads)
 
     def _timed(self, fn) -> None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ...stopwatch import Stopwatch
     from ..blend import Context
     from ..context import QueryContext
+    # ("QueryConfig" is query.config's, which imports this module: named, not imported)
 
 # A QueryConfig field that only some methods read: the methods that read it name it in
 # `Method.options`, and QueryConfig refuses it set with any other.
