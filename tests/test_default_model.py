@@ -136,3 +136,29 @@ def test_default_model_passes_check_model():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["passed"] and all(c["error"] < 1e-5 for c in out["checks"])
+
+
+def test_the_readmes_python_example_runs(tmp_path, monkeypatch):
+    """README.md's "From Python" block, run as written on the library's defaults (the default
+    model, its dictionary and wrapper, the model gate), but over one short document instead of
+    the 32-document demo corpus (minutes), so `demo.store` is built here by the example itself."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = re.search(r"## From Python\n\n```python\n(.*?)```", readme, re.S).group(1)
+    assert 'encode_corpus(["builtin:heldout"], "demo.store"' in block
+    (tmp_path / "uuid.md").write_text("# uuid\n\nThe uuid module generates universally unique identifiers as "
+                                      "specified in RFC 4122. uuid4() returns a random UUID.\n")
+    import sparsecache.check as check
+
+    monkeypatch.chdir(tmp_path)
+    gated, real = [], check.ensure_checked
+    monkeypatch.setattr(check, "ensure_checked", lambda model: gated.append(model.name) or real(model))
+    printed = []
+    scope: dict = {"print": lambda *a, **k: printed.append(a)}
+    exec(compile(block.replace('["builtin:heldout"]', '["uuid.md"]'), "README.md", "exec"), scope)
+    assert printed[0][0].startswith("published version") and scope["r"].chunks == 1, printed
+    answer, ttft, docs = printed[1]
+    assert answer.strip() and ttft > 0 and docs == ["uuid.md"]
+    assert len(scope["k_v"]) == 1 and scope["k_v"][0][0].shape[0] == 30
+    assert gated == ["SmolLM2-135M-Instruct"]  # the library ran the model gate, not only the CLI

@@ -14,12 +14,32 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _venv_over_this_python(env_dir: Path) -> Path:
+    """A new venv at `env_dir` that sees the packages of the Python running the tests (torch,
+    transformers, the packaged models), whether that is a base interpreter or a venv: their
+    site-packages are listed in a .pth file, after the new venv's own, whose packages come first.
+    (`system_site_packages=True` would show the base interpreter's packages, not an active
+    venv's: in a venv, nothing the user installed would be seen.) Their own .pth files are not
+    read, so an editable sparsecache there does not shadow one installed here. Returns its python."""
+    import sys
+    import sysconfig
+
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    own = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                         text=True, check=True, timeout=120).stdout.strip()
+    seen = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                          *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))])
+    (Path(own) / "outer-python.pth").write_text("\n".join(p for p in seen if Path(p).is_dir()) + "\n")
+    return py
+
+
 def test_a_wheel_install_runs_the_main_job_from_another_directory(tmp_path):
     env_dir = tmp_path / "venv"
-    # the venv sees this machine's packages (torch, transformers, the packaged models) but gets
+    # the venv sees the test run's packages (torch, transformers, the packaged models) but gets
     # its own, non-editable sparsecache, which comes first on its path; built as `pip install .` builds it
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
-    py, exe = env_dir / "bin" / "python", env_dir / "bin" / "sparsecache"
+    py = _venv_over_this_python(env_dir)
+    exe = env_dir / "bin" / "sparsecache"
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(REPO)],
                    check=True, cwd=tmp_path, timeout=600)
     work = tmp_path / "elsewhere"
@@ -59,9 +79,7 @@ def test_the_newest_transformers_allowed_runs_the_model_tests_without_deprecatio
     """The suite runs at the lower transformers bound (vLLM's CPU build pins it); this runs the
     model, capture and family tests at the newest release below the upper bound, with our own
     deprecated calls turned into errors (5.24 renamed `past_key_values` to `cache`)."""
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
-    py = env_dir / "bin" / "python"
+    py = _venv_over_this_python(tmp_path / "venv")
     spec = "transformers" + _upper_bound("transformers")
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", spec], check=True, timeout=600)
     version = subprocess.run([py, "-c", "import transformers; print(transformers.__version__)"], capture_output=True,
@@ -70,3 +88,12 @@ def test_the_newest_transformers_allowed_runs_the_model_tests_without_deprecatio
                         "tests/test_model.py", "tests/test_check_model.py", "tests/test_families.py"],
                        cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"transformers {version}:\n{r.stdout[-3000:]}"
+
+
+def test_the_plots_need_no_optional_package():
+    """`bench scale` and the other benchmarks plot after minutes of work: the plotting package is
+    a core dependency, so the README's install (no extras) has it and no run loses its figures."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.split(">")[0].split("=")[0].strip() == "matplotlib" for d in deps), deps

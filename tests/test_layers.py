@@ -23,6 +23,14 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from … import` in `package` names (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """sparsecache modules `name` imports anywhere in its source (top level or in functions)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -31,11 +39,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = _from_module(node, package)
             targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names]
         else:
             continue
@@ -168,11 +172,7 @@ def _private_reaches(name: str, path: Path, modules: dict[str, Path]) -> list[st
     found, bound = [], {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = _from_module(node, package)
             if not (module == "sparsecache" or module.startswith("sparsecache.")):
                 continue
             for a in node.names:

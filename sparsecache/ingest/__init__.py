@@ -1,8 +1,11 @@
 """Ingest: a corpus becomes a store's chunks (the package was `sparsecache.build` before 0.2).
 
-- `corpus`: the documents of a corpus (directories, files, HTML, JSONL): ids, hashes, streaming;
-- `encoder`: `encode_corpus`, scan → plan → batch → append → index → publish, resumable;
+- `config`: `EncodeOptions`, how an encode runs and what a new store is built with (light: no torch);
+- `encoder`: `encode_corpus(corpus, store, options)`, which resolves the dictionary, wrapper and
+  store config and runs the model gate, then `encode_with`: scan → plan → batch → append →
+  index → publish, resumable;
 - `batch`: `code_batch`, one batch of chunks through the model's forward and Batch-OMP;
+- `corpus`: the documents of a corpus (directories, files, HTML, JSONL): ids, hashes, streaming;
 - `distributed`: the same encode on Ray actors.
 
 Text sources and chunking (`sparsecache.text`) stay below the codec: dictionaries are learned
@@ -10,6 +13,10 @@ on the same built-in text the build reads.
 
 `encode_corpus` is re-exported here lazily (it imports torch).
 """
+
+from .config import EncodeOptions
+
+__all__ = ["EncodeOptions", "encode_corpus"]
 
 
 def __getattr__(name: str):
