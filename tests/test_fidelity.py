@@ -96,6 +96,8 @@ def test_a_run_agrees_with_full_prefill_where_the_method_is_exact_and_resumes(se
     assert by["infoflow:1.0"]["same_answer"] == 1.0 and by["infoflow:1.0"]["token_agreement"] == 1.0
     assert by["infoflow:1.0"]["same_answer_ci95"] == wilson(5, 5)
     assert "same_answer" not in by["full"] and by["full"]["questions"] == 5
+    assert by["infoflow:1.0"]["disagreement"] == 0.0  # neither gains nor losses against full prefill
+    assert all("confident" in r and "margin" in r for r in rows if r["label"] == "full")
     assert all(r["recomputed_tokens"] == 0 for r in rows if r["label"] == "none")
     saved = json.loads(results.read_text())["rows"]
     assert saved == json.loads(json.dumps(rows))
@@ -177,7 +179,7 @@ def test_the_rule_picks_the_best_agreement_within_half_of_full_prefills_ttft():
         pick_default(agreement, ttft[1:])
 
 
-def test_the_default_rule_is_correct_answers_relative_to_full_then_right_where_full_is_right():
+def test_51s_rule_is_correct_answers_relative_to_full_then_right_where_full_is_right():
     from sparsecache.bench.fidelity import pick_default
 
     def row(label, rel, where, ttft):
@@ -185,8 +187,26 @@ def test_the_default_rule_is_correct_answers_relative_to_full_then_right_where_f
 
     agreement = [row("a", 0.9, 0.6, 0), row("b", 0.9, 0.7, 0), row("c", 1.1, 0.9, 0)]
     ttft = [row("full", 1, 1, 1000), row("a", 0, 0, 200), row("b", 0, 0, 400), row("c", 0, 0, 600)]
-    r = pick_default(agreement, ttft)
+    r = pick_default(agreement, ttft, rule="correct_vs_full")
     assert r["rule"] == "correct_vs_full" and r["chosen"] == "b"  # a tie on the first key: the second decides
+
+
+def test_the_default_rule_is_kepts_lower_bound_then_value_tokens_then_ttft_with_the_needed_chunks_kept():
+    """#69's rule, stated before it was applied: within half of full prefill's TTFT, the highest
+    lower bound of kept, then value-token agreement, then the lower TTFT; a method that drops
+    chunks is eligible only if it kept the needed ones on >= 99% / 95% of one- / two-chunk questions."""
+    from sparsecache.bench.fidelity import pick_default
+
+    def row(label, low, value, ttft, **holds):
+        return {"k": 8, "label": label, "kept_ci95": (low, 1.0), "value_agreement": value, "ttft_ms": ttft, **holds}
+
+    agreement = [row("a", 0.80, 0.90, 0), row("b", 0.85, 0.90, 0), row("c", 0.85, 0.95, 0), row("d", 0.85, 0.95, 0),
+                 row("drops", 0.99, 1.0, 0, holds_hops1=1.0, holds_hops2=0.2), row("slow", 0.99, 1.0, 0)]
+    ttft = [row("full", 0, 0, 1000), row("a", 0, 0, 100), row("b", 0, 0, 200), row("c", 0, 0, 400), row("d", 0, 0, 300),
+            row("drops", 0, 0, 100), row("slow", 0, 0, 600)]
+    r = pick_default(agreement, ttft)
+    assert r["rule"] == "kept" and r["chosen"] == "d"  # c and d tie on both keys: the faster one
+    assert {x["label"]: (x["within"], x["keeps_chunks"]) for x in r["rows"]}["drops"] == (False, False)
 
 
 def test_summaries_score_against_full_prefill_with_intervals():
@@ -204,7 +224,7 @@ def test_summaries_score_against_full_prefill_with_intervals():
     lo, hi = s["token_agreement_ci95"]
     assert lo < s["token_agreement"] < hi
     assert s["holds_answer"] == 0.9 and s["correct_hops1"] == 0.5 and s["correct_hops2"] == 0.0
-    assert summarise(rows, {f"q{i}": True for i in range(10)})["correct_vs_full"] == 0.4  # full's rows given
+    assert summarise(rows, {f"q{i}": {"correct": True} for i in range(10)})["correct_vs_full"] == 0.4  # full's rows
     full = [{k: r[k] for k in ("question", "hops", "correct", "ttft_ms")} for r in rows]  # full prefill's own rows
     assert summarise(full)["correct_hops1"] == 0.5 and "correct_vs_full" not in summarise(full)
 
@@ -280,7 +300,8 @@ def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):
 
 def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
     """#51's rule over the dev split's answers and the CPU's TTFT run in docs/benchmarks chooses
-    the configuration `QueryConfig()` is: the default follows the measurement."""
+    the configuration `QueryConfig()` is: the default follows the measurement (until #69's rule,
+    `kept`, has its own dev measurements to choose from)."""
     import importlib.util
     from pathlib import Path
 
@@ -295,7 +316,8 @@ def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
     spec.loader.exec_module(table)
     bench = root / "docs/benchmarks"
     answers, ttft = bench / "fidelity-dev-200-2026-11-27.json", bench / "fidelity-dev-ttft10-2026-11-27.json"
-    r = CliRunner().invoke(table.main, [str(answers), str(ttft), "--out", str(tmp_path / "d.json")])
+    r = CliRunner().invoke(table.main, [str(answers), str(ttft), "--rule", "correct_vs_full",
+                                        "--out", str(tmp_path / "d.json")])
     assert r.exit_code == 0, r.output
     chosen = json.loads((tmp_path / "d.json").read_text())["chosen"]
     cfg = QueryConfig()
@@ -329,3 +351,44 @@ def test_wrapped_methods_answer_from_the_wrapped_store_beside_the_plain_one(sess
         run_fidelity(session, {4: made[4][:1]}, methods)
     with pytest.raises(ConfigError, match="only store suffix"):
         parse_configs("none@other")
+
+
+def test_kept_counts_only_what_full_prefill_answers_with_confidence_and_disagreement_counts_gains_too():
+    from sparsecache.bench.fidelity import summarise
+
+    # full prefill right on q0-q5, confident on q0-q3; the method right on q0, q1, q4 and on q8 (a gain)
+    rows = [{"question": f"q{i}", "hops": 1, "correct": i in (0, 1, 4, 8), "full_correct": i < 6,
+             "full_confident": i < 4, "same_answer": False, "token_agreement": 0.5, "ttft_ms": 1.0,
+             **({"value_agreement": 1.0 if i < 2 else 0.5, "value_kl": 0.1} if i < 6 else {})} for i in range(10)]
+    s = summarise(rows)
+    assert s["confident"] == 4 and s["kept"] == 0.5 and s["kept_ci95"] == wilson(2, 4)
+    assert s["disagreement"] == 0.4  # q2, q3, q5 lost, q8 gained
+    assert s["value_agreement"] == 0.75 and s["value_kl"] == 0.1  # over the confident questions only
+    assert s["correct_vs_full"] == round(4 / 6, 4)
+    beats = [{**r, "correct": True} for r in rows]
+    assert summarise(beats)["correct_vs_full"] == 1.0 and summarise(beats)["kept"] == 1.0  # capped at full prefill
+
+
+def test_value_tokens_are_the_answers_tokens_over_the_true_value_and_their_kl_is_zero_for_full_prefill(tiny_model):
+    import torch
+
+    from sparsecache.bench.fidelity import CONFIDENT_MARGIN, value_figures, value_positions, value_reference
+
+    tok = tiny_model.tokenizer
+    tokens = tok("The town was founded in 1873, long ago.", add_special_tokens=False)["input_ids"]
+    pos = value_positions(tok, tokens, "1873")
+    assert pos and tok.decode([tokens[i] for i in pos]).strip() == "1873"
+    assert value_positions(tok, tokens, "1874") == [] and value_positions(tok, tokens, "187") == []
+    V = len(tok)
+    lp = torch.full((len(tokens), V), -20.0)
+    lp[torch.arange(len(tokens)), torch.tensor(tokens)] = -0.01
+    lp[torch.arange(len(tokens)), (torch.tensor(tokens) + 1) % V] = -3.0  # a runner-up ~3 nats below
+    lp = lp.log_softmax(-1)
+    ref = {"tokens": tokens, **value_reference(lp, tokens, pos)}
+    assert ref["margin"] == pytest.approx(2.99, abs=0.01) and ref["margin"] >= CONFIDENT_MARGIN
+    same = value_figures(ref, lp)
+    assert same["value_agreement"] == 1.0 and same["value_kl"] == pytest.approx(0.0, abs=1e-6)
+    other = lp.clone()
+    other[:, :] = lp.roll(1, dims=-1)  # every top-1 moved to the next id
+    worse = value_figures(ref, other)
+    assert worse["value_agreement"] == 0.0 and worse["value_kl"] > 1.0

@@ -14,10 +14,25 @@ several phrasings:
   table), drawn from disjoint pools: name syllables, given names and question phrasings
   (`split=None` draws from all of them, as the suite did before it had splits).
 
-What is scored, per configuration, each with a 95% interval: `correct` (the true value
-appears in the answer, full prefill's too); `correct_vs_full` (its correct answers relative to
-full prefill's: what a user gets of what full prefill gives); `right_where_full_right` (the
-share of the questions full prefill gets right that it gets right too: what a user loses);
+What is scored, per configuration, each with a 95% interval. The reference is full prefill of
+the same chunks in the same order, and the primary figure is fidelity to it (#69):
+
+- `kept`: of the questions full prefill answers right *with confidence* (CONFIDENT_MARGIN,
+  stated before anything was measured with it: its answer holds the true value, and at every
+  token of that value its chosen token is at least 4x as likely as the runner-up), the share the
+  configuration also answers right (Wilson interval);
+- `disagreement`: (gains + losses) / n over all questions: right where full prefill is wrong,
+  or wrong where it is right (beating full prefill is not fidelity);
+- `value_agreement` and `value_kl`: teacher-forced along full prefill's answer, at the tokens of
+  the answer's value only, whether the configuration's top-1 token is full prefill's and the KL
+  divergence from full prefill's distribution (its top TOP_SUPPORT tokens and the rest as one);
+- `holds_hops1` / `holds_hops2`: for a method that drops chunks, how often it kept every chunk
+  the answer needs, for one- and two-chunk questions;
+
+and, secondary: `correct` (the true value appears in the answer, full prefill's too);
+`correct_vs_full` (its correct answers relative to full prefill's, capped at 1: beyond full
+prefill is not the goal); `right_where_full_right` (the share of the questions full prefill gets
+right that it gets right too, confident or not);
 `token_agreement` (the fraction of full prefill's answer tokens the method's context predicts
 when fed that answer, as `query --compare` computes it); `same_answer` (the answers' first
 sentences are equal after normalising case, spaces and punctuation; on questions full prefill
@@ -27,6 +42,7 @@ gets wrong a small model's answers are unstable, so this one undercounts); mean 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import sys
@@ -36,6 +52,12 @@ from pathlib import Path
 from ..durable import write_atomic
 from ..errors import ConfigError, TextError
 from .ruler import wilson
+
+# The confidence rule (#69), fixed before any figure was measured with it: full prefill is
+# confident of an answer holding the true value when, at every token of that value in its
+# answer, its chosen token's log-probability exceeds the runner-up's by at least ln 4.
+CONFIDENT_MARGIN = math.log(4)
+TOP_SUPPORT = 64  # full prefill's distribution at a value token: its top 64 tokens and the rest lumped
 
 SPLITS = ("dev", "test")
 TRAIN = "train"  # what learned chunk wrappers train on (`learn-wrapper`): pools shared with neither split
@@ -227,7 +249,10 @@ def _document(rng: random.Random, sentences: list[str], n: str, filler: int, poo
     return sentences[0] + " " + "\n\n".join(" ".join(p) for p in paragraphs) + "\n"
 
 
-def check_suite(ks, questions: int, entities: int = 40) -> None:
+ENTITIES = 40  # documents about entities (and as many about their people): ~250 questions at most
+
+
+def check_suite(ks, questions: int, entities: int = ENTITIES) -> None:
     """Refuses settings the suite cannot be made with (before any model loads)."""
     if not ks or min(ks) < 2:
         raise ConfigError("k must be >= 2: a context holds the answer's chunk and others")
@@ -243,7 +268,10 @@ def check_suite(ks, questions: int, entities: int = 40) -> None:
                           "questions, and a fifth must be two-hop; ask for fewer or add entities")
 
 
-def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int = 40, filler: int = 14,
+FILLER_SENTENCES = 14  # per document: ~300 tokens, k = 8 ~2,400 (beyond SmolLM2's 2,048 positions)
+
+
+def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int = ENTITIES, filler: int = FILLER_SENTENCES,
                seed: int = 0, split: str | None = None) -> dict[int, list[Question]]:
     """Write `out`/corpus.jsonl (one document per entity and per person) and
     `out`/questions.json; returns `questions` questions for each k, a fifth of them two-hop,
@@ -323,6 +351,57 @@ def _words(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
+# ---------------------------------------------------------------- value tokens
+
+
+def value_positions(tokenizer, tokens: list[int], truth: str) -> list[int]:
+    """The positions of `tokens` (an answer) whose text overlaps the first whole-word occurrence
+    of `truth` in it (case-insensitive); [] when the answer does not contain it."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    found = re.search(r"(?<![A-Za-z0-9])" + re.escape(truth) + r"(?![A-Za-z0-9])", text, re.I)
+    if found is None:
+        return []
+    ends = [len(tokenizer.decode(tokens[: i + 1], skip_special_tokens=True)) for i in range(len(tokens))]
+    starts = [0] + ends[:-1]
+    return [i for i, (a, b) in enumerate(zip(starts, ends)) if a < found.end() and b > found.start()]
+
+
+def value_reference(logprobs, tokens: list[int], positions: list[int]) -> dict:
+    """What full prefill's row keeps of its answer's value tokens: their positions, the smallest
+    margin of the chosen token over the runner-up (log-probabilities [len(tokens), vocab]
+    `logprobs` of its own steps), and at each position its top TOP_SUPPORT (ids, log-probs)."""
+    import torch
+
+    if not positions:
+        return {"value_positions": [], "margin": None}
+    lp = logprobs[positions]  # (P, V)
+    top2 = lp.topk(2, -1).values
+    support = lp.topk(TOP_SUPPORT, -1)
+    assert all(int(lp[i].argmax()) == tokens[p] for i, p in enumerate(positions)), "not its own greedy tokens"
+    return {"value_positions": positions, "margin": round(float((top2[:, 0] - top2[:, 1]).min()), 4),
+            "value_support": [[ids.tolist(), [round(x, 5) for x in vals.tolist()]]
+                              for ids, vals in zip(support.indices, support.values.to(torch.float64))]}
+
+
+def value_figures(ref: dict, reference_logprobs) -> dict:
+    """A configuration's agreement with full prefill's row `ref` at its value tokens, from its
+    log-probabilities along full prefill's answer: the share of them where its top-1 token is full
+    prefill's, and the mean KL(full || it) over full prefill's top tokens with the rest as one."""
+    positions = ref.get("value_positions") or []
+    if not positions:
+        return {}
+    agree, kls = 0, []
+    for pos, (ids, ref_lp) in zip(positions, ref["value_support"]):
+        q = reference_logprobs[pos].double()
+        agree += int(q.argmax()) == ref["tokens"][pos]
+        p_top = [math.exp(x) for x in ref_lp]
+        q_top = q[ids].exp().tolist()
+        p_rest, q_rest = max(0.0, 1 - sum(p_top)), max(1e-12, 1 - sum(q_top))
+        kl = sum(p * (lp - math.log(max(qq, 1e-30))) for p, lp, qq in zip(p_top, ref_lp, q_top) if p > 0)
+        kls.append(kl + (p_rest * math.log(p_rest / q_rest) if p_rest > 0 else 0.0))
+    return {"value_agreement": round(agree / len(positions), 4), "value_kl": round(sum(kls) / len(kls), 5)}
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -354,6 +433,9 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
     ids_of = {key: chunk_ids_by_doc(s.store) for key, s in by_store.items() if s is not None}
 
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
+    if any(r["label"] == "full" and "confident" not in r for r in rows):
+        raise ConfigError(f"{results} was made before full prefill's confidence was recorded (#69): "
+                          "measure in a new --workdir")
     done = {(r["k"], r["label"], r["question"]) for r in rows}
     refs = {(r["k"], r["question"]): r for r in rows if r["label"] == "full"}
     for k, questions in suite.items():
@@ -366,17 +448,23 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                 needed = [ids[d] for d in q.docs]
                 chunks = [ids[d] for d in q.chunk_docs if cfg.get("context") != "gold" or d in q.docs]
                 ref = refs.get((k, q.id))
-                a = ask.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens,
+                a = ask.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens, logprobs=True,
                               reference=None if ref is None else ref["tokens"], **query)
                 row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
                        "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens,
                        "holds_answer": set(needed) <= set(a.context_ids)}
                 if ref is None:
+                    positions = value_positions(ask.model.tokenizer, a.tokens, q.truth) if row["correct"] else []
+                    row |= value_reference(a.logprobs, a.tokens, positions)
+                    row["confident"] = row["correct"] and row["margin"] is not None and \
+                        row["margin"] >= CONFIDENT_MARGIN
                     refs[(k, q.id)] = row
                 else:
                     row |= {"same_answer": answer_span(a.answer) == answer_span(ref["answer"]),
-                            "token_agreement": a.agreement, "full_correct": ref["correct"]}
+                            "token_agreement": a.agreement, "full_correct": ref["correct"],
+                            "full_confident": bool(ref.get("confident")),
+                            **value_figures(ref, a.reference_logprobs)}
                 rows.append(row)
                 if results is not None:
                     write_atomic(results, json.dumps({"rows": rows}))
@@ -389,21 +477,23 @@ def line(k: int, label: str, s: dict) -> str:
     """One configuration's summary in a line (`-` where full prefill's own row has no figure)."""
     def f(key, spec=".2f"):
         return format(s[key], spec) if key in s else "-"
-    return (f"k={k} {label:>24}  correct vs full {f('correct_vs_full')} {s.get('correct_vs_full_ci95', '')}  "
-            f"right where full is {f('right_where_full_right')}  tokens {f('token_agreement', '.3f')}  "
-            f"same {f('same_answer')}  correct {s['correct']:.2f}  ttft {s['ttft_ms']:.0f} ms")
+    return (f"k={k} {label:>24}  kept {f('kept')} {s.get('kept_ci95', '')} of {s.get('confident', '-')}  "
+            f"disagree {f('disagreement')}  value tokens {f('value_agreement', '.3f')} kl {f('value_kl', '.3f')}  "
+            f"correct vs full {f('correct_vs_full')}  same {f('same_answer')}  correct {s['correct']:.2f}  "
+            f"ttft {s['ttft_ms']:.0f} ms")
 
 
 BOOTSTRAP = 2000  # resamples of the questions for the intervals of ratios and means
 
 
-def summarise(rows: list[dict], full: dict[str, bool] | None = None) -> dict:
+def summarise(rows: list[dict], full: dict[str, dict] | None = None) -> dict:
     """One configuration's figures, each with a 95% interval (Wilson for shares, a paired
-    bootstrap over the questions for ratios and means): correct; with full prefill's rows'
-    `correct` by question (`full`, or each row's `full_correct`): correct relative to full
-    prefill's and right where full prefill is right; agreement with full prefill's answer
-    (same first sentence, token agreement); mean TTFT; by hops; how often the context held
-    the answer's chunks where a method dropped some."""
+    bootstrap over the questions for ratios and means): correct; against full prefill's rows
+    by question (`full`, else each row's `full_correct` and `full_confident`): kept (right
+    where full prefill is confidently right), disagreement, the value tokens' agreement and KL,
+    correct relative to full prefill's (capped at 1) and right where full prefill is right;
+    agreement with full prefill's answer (same first sentence, token agreement); mean TTFT; by
+    hops; how often the context held the answer's chunks, by hops, where a method dropped some."""
     n = len(rows)
     correct = [bool(r["correct"]) for r in rows]
     out = {"questions": n, "correct": sum(correct) / n, "correct_ci95": wilson(sum(correct), n),
@@ -414,20 +504,35 @@ def summarise(rows: list[dict], full: dict[str, bool] | None = None) -> dict:
             out[f"correct_hops{hops}"] = round(sum(bool(r["correct"]) for r in part) / len(part), 4)
     if "same_answer" not in rows[0]:
         return out
-    ref = [bool(full[r["question"]]) if full is not None else bool(r["full_correct"]) for r in rows]
+    ref = [bool(full[r["question"]]["correct"]) if full is not None else bool(r["full_correct"]) for r in rows]
+    sure = [bool(full[r["question"]].get("confident")) if full is not None else bool(r.get("full_confident"))
+            for r in rows]
+    if any(sure):
+        kept = sum(c for c, s in zip(correct, sure) if s)
+        out |= {"confident": sum(sure), "kept": round(kept / sum(sure), 4), "kept_ci95": wilson(kept, sum(sure))}
+    out["disagreement"] = round(sum(c != f for c, f in zip(correct, ref)) / n, 4)
+    valued = [r for r, s in zip(rows, sure) if s and "value_agreement" in r]
+    if valued:
+        agree = [r["value_agreement"] for r in valued]
+        out |= {"value_agreement": round(_mean(agree), 4), "value_agreement_ci95": _bootstrap(agree, _mean),
+                "value_kl": round(_mean([r["value_kl"] for r in valued]), 4)}
     same = sum(r["same_answer"] for r in rows)
     agreement = [r["token_agreement"] for r in rows]
     out |= {"same_answer": same / n, "same_answer_ci95": wilson(same, n),
             "token_agreement": round(sum(agreement) / n, 4), "token_agreement_ci95": _bootstrap(agreement, _mean)}
     if any(ref):
         both = sum(c and f for c, f in zip(correct, ref))
-        out |= {"correct_vs_full": round(sum(correct) / sum(ref), 4),
-                "correct_vs_full_ci95": _bootstrap(list(zip(correct, ref)), _ratio),
+        out |= {"correct_vs_full": round(min(1.0, sum(correct) / sum(ref)), 4),
+                "correct_vs_full_ci95": tuple(min(1.0, x) for x in _bootstrap(list(zip(correct, ref)), _ratio)),
                 "right_where_full_right": round(both / sum(ref), 4),
                 "right_where_full_right_ci95": wilson(both, sum(ref)), "full_correct": sum(ref) / n}
     held = [r.get("holds_answer", True) for r in rows]
     if not all(held):
         out["holds_answer"] = round(sum(held) / n, 4)
+        for hops in (1, 2):
+            part = [r.get("holds_answer", True) for r in rows if r["hops"] == hops]
+            if part:
+                out[f"holds_hops{hops}"] = round(sum(part) / len(part), 4)
     for hops in (1, 2):
         part = [r for r in rows if r["hops"] == hops]
         if part:
@@ -458,16 +563,35 @@ def table(rows: list[dict]) -> list[dict]:
     """`summarise` of every (k, label) in the order the rows were made, each against full
     prefill's rows of the same k."""
     keys = list(dict.fromkeys((r["k"], r["label"]) for r in rows))
-    full = {k: {r["question"]: r["correct"] for r in rows if r["k"] == k and r["label"] == "full"} for k, _ in keys}
+    full = {k: {r["question"]: r for r in rows if r["k"] == k and r["label"] == "full"} for k, _ in keys}
     return [{"k": k, "label": label, **summarise([r for r in rows if r["k"] == k and r["label"] == label],
                                                  full[k] or None)}
             for k, label in keys]
 
 
-# The rules a default is chosen by, stated before they are applied: the keys compared, in order.
+def by_context_length(rows: list[dict], k: int, bins: int = 4) -> list[dict]:
+    """Full prefill's accuracy at k by context length: its questions in `bins` equal groups by
+    context tokens, each with its token range, accuracy and share confident."""
+    full = sorted((r for r in rows if r["k"] == k and r["label"] == "full"), key=lambda r: r["context_tokens"])
+    out = []
+    for i in range(bins):
+        part = full[i * len(full) // bins:(i + 1) * len(full) // bins]
+        if part:
+            out.append({"k": k, "tokens": [part[0]["context_tokens"], part[-1]["context_tokens"]], "questions": len(part),
+                        "correct": round(sum(bool(r["correct"]) for r in part) / len(part), 4),
+                        "confident": round(sum(bool(r.get("confident")) for r in part) / len(part), 4)})
+    return out
+
+
+# The rules a default is chosen by, stated before they are applied: the keys compared, in order
+# (a key "-x" prefers the lower x). #69's, `kept`: the highest lower bound of kept, then the
+# value tokens' agreement, then the lower TTFT; a method that drops chunks is eligible only if it
+# kept every needed chunk on >= 99% of one-chunk and >= 95% of two-chunk questions.
 RULES = {"same_answer": ("same_answer", "token_agreement"),  # #34's (2026-11-26)
-         "correct_vs_full": ("correct_vs_full", "right_where_full_right")}  # #51's
-RULE = "correct_vs_full"
+         "correct_vs_full": ("correct_vs_full", "right_where_full_right"),  # #51's (rewarded beating full prefill)
+         "kept": ("kept_low", "value_agreement", "-ttft_ms")}  # #69's
+RULE = "kept"
+HOLDS = {1: 0.99, 2: 0.95}  # #69: the needed chunks a chunk-dropping method must keep, by hops
 
 
 def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: float = 0.5, rule: str = RULE) -> dict:
@@ -484,8 +608,12 @@ def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: fl
         if r["k"] != k or r["label"] == "full" or r["label"] not in times:
             continue
         ratio = times[r["label"]] / times["full"]
-        rows.append({**r, "ttft_ms": times[r["label"]], "ttft_vs_full": round(ratio, 3), "within": ratio <= budget})
+        holds = all(r.get(f"holds_hops{h}", 1.0) >= share for h, share in HOLDS.items())
+        rows.append({**r, "ttft_ms": times[r["label"]], "ttft_vs_full": round(ratio, 3),
+                     "kept_low": r.get("kept_ci95", (0.0, 0.0))[0], "keeps_chunks": holds,
+                     "within": ratio <= budget and (holds or rule != "kept")})
     eligible = [r for r in rows if r["within"]]
     keys = RULES[rule]
-    chosen = max(eligible, key=lambda r: tuple(r[key] for key in keys))["label"] if eligible else None
+    chosen = max(eligible, key=lambda r: tuple(-r[key[1:]] if key.startswith("-") else r.get(key, 0.0)
+                                               for key in keys))["label"] if eligible else None
     return {"k": k, "budget": budget, "rule": rule, "full_ttft_ms": times["full"], "chosen": chosen, "rows": rows}

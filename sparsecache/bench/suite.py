@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..codec.dictionary import Dictionary
 from ..durable import write_atomic
 from ..errors import ConfigError
+from .fidelity import ENTITIES, FILLER_SENTENCES
 from .machine import cpu_model
 
 
@@ -46,7 +47,7 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
 
 def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,
                    model_path: str = "default", dictionary: str | None = None, split: str | None = None,
-                   wrapper: str | None = None) -> dict:
+                   wrapper: str | None = None, filler: int = FILLER_SENTENCES, entities: int = ENTITIES) -> dict:
     """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
     of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
     documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
@@ -55,33 +56,37 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     Made once per workdir like `bench_ruler` (suite, store); every answer is saved to
     results.json as it is made, and a rerun resumes there. With `wrapper` (a `learn-wrapper`
     directory or 'shipped') the suite is also encoded with it (store-wrapped), which methods
-    ending in `@wrapped` answer from."""
+    ending in `@wrapped` answer from. `filler` sentences per document set the context's length:
+    fewer, shorter contexts (#69: measure where full prefill is reliable for the model); more
+    `entities` hold more questions."""
     import json
     from pathlib import Path
 
-    from .fidelity import check_suite, load_suite, make_suite, run_fidelity, table
+    from .fidelity import by_context_length, check_suite, load_suite, make_suite, run_fidelity, table
     from .ruler import check_wrapped, parse_methods
 
-    check_suite(ks, questions)
+    check_suite(ks, questions, entities)
     check_wrapped(methods or {}, wrapper, refuse_unused=True)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions, **({"split": split} if split else {}),
-                **_model_settings(model_path, dictionary)}
+                **({"filler": filler} if filler != FILLER_SENTENCES else {}),
+                **({"entities": entities} if entities != ENTITIES else {}), **_model_settings(model_path, dictionary)}
     made = work / "suite.json"
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
         if (saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ()))
-                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary", "split"))):
+                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary", "split", "filler", "entities"))):
             settings = saved
-    session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, split=split), device)
+    session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, entities, filler, split=split),
+                             device)
     suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
     wrapped = wrapped_session(work, session, wrapper, device) if wrapper else None
     rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json",
                         wrapped=wrapped)
-    asked = {(k, q.id) for k, qs in suite.items() for q in qs}
+    asked = [r for r in rows if (r["k"], r["question"]) in {(k, q.id) for k, qs in suite.items() for q in qs}]
     return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
             "split": split, **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
-            "rows": table([r for r in rows if (r["k"], r["question"]) in asked])}
+            "rows": table(asked), "full_by_context_length": [b for k in ks for b in by_context_length(asked, k)]}
 
 
 def _model_settings(model_path: str, dictionary: str | None) -> dict:

@@ -3,7 +3,7 @@
 import click
 
 from sparsecache.bench.config import FrontierConfig
-from sparsecache.bench.fidelity import SPLIT, SPLITS
+from sparsecache.bench.fidelity import ENTITIES, FILLER_SENTENCES, SPLIT, SPLITS
 from sparsecache.bench.scale import ScaleConfig
 from sparsecache.index_config import INDEX_KINDS
 
@@ -202,26 +202,38 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
               "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2), "
               "and @wrapped to answer from the --wrapper store. "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
+@click.option("--entities", type=click.IntRange(min=10), default=ENTITIES, show_default=True,
+              help="Entities the documents describe (each also has a person's document): more hold more questions.")
+@click.option("--filler", type=click.IntRange(0, 20), default=FILLER_SENTENCES, show_default=True,
+              help="Sentences of filler per document: its length (14: ~300 tokens; 4: ~120), so full prefill can be "
+                   "measured at context lengths where it is reliable for the model.")
 @suite_wrapper_option
 @model_option
 @suite_dict_option
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, questions, split, limit, methods, wrapper, model_path, dictionary, device, as_json):
-    """Does the compressed path answer as well as full prefill? Documents about fictional
-    entities, one fact per question (some need two chunks), k chunks with the answer's at a
-    random rank. Per method, each with a 95% interval: correct answers relative to full
-    prefill's, right where full prefill is right, token agreement along full prefill's answer,
-    same first sentence, accuracy; mean TTFT. The label `gold` answers from the answer's own
-    chunks alone (the ceiling of any method that picks chunks)."""
+def fidelity_cmd(workdir, ks, questions, split, limit, methods, entities, filler, wrapper, model_path, dictionary,
+                 device, as_json):
+    """Does the compressed path give full prefill's answers? Documents about fictional entities,
+    one fact per question (some need two chunks), k chunks with the answer's at a random rank.
+    The reference is full prefill of the same chunks. Per method, each with a 95% interval:
+    kept (the share of the questions full prefill answers right with confidence, its chosen
+    value tokens each >= 4x as likely as the runner-up, that the method answers right too),
+    disagreement ((gains + losses) / questions), top-1 agreement and KL at the answer's value
+    tokens teacher-forced along full prefill's answer, for a method that drops chunks how often
+    it kept the needed ones; then correct answers relative to full prefill's (capped at 1),
+    same first sentence, accuracy, mean TTFT, and full prefill's accuracy by context length.
+    The label `gold` answers from the answer's own chunks alone."""
     from sparsecache.bench.fidelity import line, parse_configs
     from sparsecache.bench.suite import bench_fidelity
 
     r = bench_fidelity(workdir, ks, questions,
                        parse_configs(methods) if methods else None, resolve_device(device), limit,
-                       model_path, dictionary, split, wrapper)
-    emit(r, as_json, [line(x["k"], x["label"], x) for x in r["rows"]])
+                       model_path, dictionary, split, wrapper, filler, entities)
+    emit(r, as_json, [line(x["k"], x["label"], x) for x in r["rows"]]
+         + [f"k={b['k']} full prefill at {b['tokens'][0]}-{b['tokens'][1]} context tokens: correct {b['correct']:.2f}, "
+            f"confident {b['confident']:.2f} ({b['questions']} questions)" for b in r["full_by_context_length"]])
 
 
 @bench.command("ttft")
@@ -377,7 +389,7 @@ def scale_cmd(workdir, sizes, queries, embeddings, index_kind, resume, as_json):
 
     from sparsecache.bench.scale import plot, run
 
-    cfg = ScaleConfig(tuple(sizes), queries, embeddings, index_kind)
+    cfg = ScaleConfig(sizes=tuple(sizes), queries=queries, embeddings=embeddings, index=index_kind)
     r = run(Path(workdir), cfg, progress=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)),
             resume=resume)
     plot(r, Path(workdir) / "scale.png")

@@ -121,8 +121,9 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     d = Dictionary.load(dictionary)
     model = load_model(model_path, device=resolve_device(device))
     d.check_model(model.fingerprint())
-    r = evaluate_dictionary(model, d, texts, EvalConfig(passages, prefix_tokens, continuation_tokens, coef,
-                                                                screening(exact_omp)))
+    cfg = EvalConfig(passages=passages, prefix_tokens=prefix_tokens, continuation_tokens=continuation_tokens,
+                     coef_dtype=coef, screening=screening(exact_omp))
+    r = evaluate_dictionary(model, d, texts, cfg)
     if record:
         record_eval(d, r, dictionary_dir(dictionary))
     per_domain = [f"{name:>16}: ppl {100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):+.1f}%{_ci(x)}   "

@@ -30,13 +30,17 @@ def full_prefill(token_ids: list[int], model: KVModel) -> tuple[torch.Tensor, Dy
 
 @torch.inference_mode()
 def greedy_continue(first_token: int, cache: DynamicCache, position: int, model: KVModel,
-                    max_new_tokens: int, until=None) -> list[int]:
+                    max_new_tokens: int, until=None, steps: list | None = None) -> list[int]:
     """Greedy decoding from `first_token` (already chosen) at `position`; stops at EOS, or
-    once `until(tokens so far)` is true."""
+    once `until(tokens so far)` is true. With `steps`, each later step's float32 logits [vocab]
+    are appended to it (the first token's are the caller's)."""
     eos = set(_eos_ids(model))
     out = [first_token]
     while len(out) < max_new_tokens and out[-1] not in eos and not (until and until(out)):
-        out.append(int(_next_logits(out[-1], position + len(out) - 1, cache, model).argmax()))
+        logits = _next_logits(out[-1], position + len(out) - 1, cache, model)
+        if steps is not None:
+            steps.append(logits.float())
+        out.append(int(logits.argmax()))
     return [t for t in out if t not in eos]
 
 
@@ -55,15 +59,23 @@ def _eos_ids(model: KVModel) -> list[int]:
 
 
 @torch.inference_mode()
-def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, reference: list[int],
-                     model: KVModel) -> int:
-    """How many of `reference`'s tokens greedy decoding would pick, starting from `logits` (the
-    next-token logits after the context and question in `cache`, whose next position is
-    `position`) and fed the reference's own tokens (teacher forcing): top-1 agreement along
-    another method's answer, which does not stop counting at the first difference."""
-    agree = 0
+def forced_logprobs(logits: torch.Tensor, cache: DynamicCache, position: int, reference: list[int],
+                    model: KVModel) -> torch.Tensor:
+    """float32 log-probabilities [len(reference), vocab] of each of `reference`'s tokens' step,
+    starting from `logits` (the next-token logits after the context and question in `cache`,
+    whose next position is `position`) and fed the reference's own tokens (teacher forcing)."""
+    rows = []
     for i, token in enumerate(reference):
-        agree += int(logits.argmax()) == token
+        rows.append(logits.float().log_softmax(-1))
         if i + 1 < len(reference):
             logits = _next_logits(token, position + i, cache, model)
-    return agree
+    return torch.stack(rows) if rows else torch.zeros(0, 0)
+
+
+def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, reference: list[int],
+                     model: KVModel) -> int:
+    """How many of `reference`'s tokens greedy decoding would pick, teacher-forced along it
+    (`forced_logprobs`): top-1 agreement along another method's answer, which does not stop
+    counting at the first difference."""
+    lp = forced_logprobs(logits, cache, position, reference, model)
+    return int((lp.argmax(-1).cpu() == torch.tensor(reference)).sum()) if len(reference) else 0

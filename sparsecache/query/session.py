@@ -25,7 +25,7 @@ from . import methods
 from .blend import question_ids, truncate
 from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .context import QueryContext
-from .generate import forced_agreement, greedy_continue
+from .generate import forced_logprobs, greedy_continue
 from .methods.cacheclip import Selectors
 from .overlap import Rates
 from .raw import RawKV
@@ -46,6 +46,10 @@ class Answer:
     logits: torch.Tensor | None = field(default=None, repr=False)  # next-token logits after the question
     tokens: list[int] = field(default_factory=list, repr=False)  # the answer's token ids
     agreement: float | None = None  # with `reference=`: top-1 agreement along the reference answer
+    # with `logprobs=True`: float32 log-probabilities [len(tokens), vocab] of each step of the answer
+    # (`logprobs`) and, with `reference=`, of each step along the reference, teacher-forced
+    logprobs: torch.Tensor | None = field(default=None, repr=False)
+    reference_logprobs: torch.Tensor | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
@@ -137,12 +141,13 @@ class Session:
     @_at_a_live_version
     def query(self, question: str, config: QueryConfig | None = None, *, top_k: int = TOP_K,
               chunks: list[str] | None = None, max_new_tokens: int = MAX_NEW_TOKENS, answer_prefix: str = "",
-              reference: list[int] | None = None, **changes) -> Answer:
+              reference: list[int] | None = None, logprobs: bool = False, **changes) -> Answer:
         """Answer `question` from the top_k retrieved chunks (or the given chunk ids), fused as
         `config` says; keyword `changes` override its fields (`method="none"`, `order="reverse"`).
         With `reference` (another answer's token ids), `agreement` also says how many of the
         reference's tokens this context would predict, teacher-forced (then the answer is
-        generated from the same cache, the reference's tokens dropped from it again)."""
+        generated from the same cache, the reference's tokens dropped from it again). With
+        `logprobs`, the answer carries the distributions behind its tokens (and the reference's)."""
         cfg = dataclasses.replace(config or QueryConfig(), **changes)
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
@@ -165,16 +170,20 @@ class Session:
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
         timings["ttft"] = round(sum(timings.values()), 3)
         position = p.context_tokens + len(q_ids)
-        agreement = None
+        agreement = forced = None
+        steps = [p.logits.float()] if logprobs else None
         with watch.step("generate"):
             if reference is not None:
-                agreement = forced_agreement(p.logits, p.cache, position, reference, self.model) / max(1, len(reference))
+                forced = forced_logprobs(p.logits, p.cache, position, reference, self.model)
+                agreement = int((forced.argmax(-1).cpu() == torch.tensor(reference)).sum()) / len(reference) \
+                    if reference else 0.0
                 truncate(p.cache, position)
-            tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens)
+            tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens, steps=steps)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        own = torch.stack(steps[: len(tokens)]).log_softmax(-1).cpu() if logprobs and tokens else None
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
-                      p.logits, tokens, agreement)
+                      p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None)
 
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
