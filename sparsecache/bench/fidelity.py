@@ -59,6 +59,9 @@ from .ruler import wilson
 CONFIDENT_MARGIN = math.log(4)
 TOP_SUPPORT = 64  # full prefill's distribution at a value token: its top 64 tokens and the rest lumped
 
+# #69's formats: (a) generated entity documents, (b) timetable records with look-alikes (held out:
+# nothing is learned or chosen on it, `records.HELD_OUT`), (c) cloze over real text
+FORMATS = ("entities", "records", "cloze")
 SPLITS = ("dev", "test")
 TRAIN = "train"  # what learned chunk wrappers train on (`learn-wrapper`): pools shared with neither split
 SPLIT = "dev"  # what `bench fidelity` measures unless told: the test split is run once, at the end
@@ -191,6 +194,10 @@ class Question:
     docs: list[str]  # the document(s) the answer needs
     chunk_docs: list[str]  # the k documents of its context, in retrieval order
     hops: int
+    # a suite over a store's own chunks (`cloze`): the context's chunk ids and those the answer
+    # needs, given directly (None: one chunk per document, found by document id)
+    chunks: list[str] | None = None
+    needed: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -311,7 +318,7 @@ def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int =
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "corpus.jsonl", "".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in docs.items()))
-    write_atomic(out / "questions.json", json.dumps({str(k): [asdict(q) for q in qs] for k, qs in suite.items()}, indent=1))
+    save_suite(out, suite)
     return suite
 
 
@@ -324,6 +331,13 @@ def _context(rng: random.Random, need: list[str], docs: list[str], k: int) -> li
     for i in range(k):
         out.append(next(it_need) if i in slots else next(it_other))
     return out
+
+
+def save_suite(out: str | Path, suite: dict[int, list[Question]]) -> None:
+    """`out`/questions.json (fields left None are not written: older suites' files stay the same)."""
+    write_atomic(Path(out) / "questions.json", json.dumps(
+        {str(k): [{f: v for f, v in asdict(q).items() if v is not None} for q in qs] for k, qs in suite.items()},
+        indent=1))
 
 
 def load_suite(out: str | Path) -> dict[int, list[Question]]:
@@ -430,7 +444,15 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
     from .ruler import query_settings, sessions
 
     by_store = sessions(session, wrapped, methods)
-    ids_of = {key: chunk_ids_by_doc(s.store) for key, s in by_store.items() if s is not None}
+    ids_of: dict = {}
+
+    def chunk_ids(key, q: Question) -> tuple[list[str], list[str]]:
+        """The question's context and needed chunk ids in the store `key`."""
+        if q.chunks is not None:
+            return q.chunks, q.needed
+        if key not in ids_of:
+            ids_of[key] = chunk_ids_by_doc(by_store[key].store)
+        return [ids_of[key][d] for d in q.chunk_docs], [ids_of[key][d] for d in q.docs]
 
     rows = json.loads(results.read_text())["rows"] if results is not None and results.exists() else []
     if any(r["label"] == "full" and "confident" not in r for r in rows):
@@ -441,12 +463,12 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
     for k, questions in suite.items():
         for label, cfg in {"full": {"method": "full"}, **methods}.items():
             query = query_settings(cfg)
-            ask, ids = by_store[cfg.get("store")], ids_of[cfg.get("store")]
+            ask = by_store[cfg.get("store")]
             for q in questions:
                 if (k, label, q.id) in done:
                     continue
-                needed = [ids[d] for d in q.docs]
-                chunks = [ids[d] for d in q.chunk_docs if cfg.get("context") != "gold" or d in q.docs]
+                context, needed = chunk_ids(cfg.get("store"), q)
+                chunks = [c for c in context if cfg.get("context") != "gold" or c in needed]
                 ref = refs.get((k, q.id))
                 a = ask.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens, logprobs=True,
                               reference=None if ref is None else ref["tokens"], **query)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..codec.dictionary import Dictionary
 from ..durable import write_atomic
 from ..errors import ConfigError
-from .fidelity import ENTITIES, FILLER_SENTENCES
+from .cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
+from .fidelity import ENTITIES, FILLER_SENTENCES, FORMATS
 from .machine import cpu_model
 
 
@@ -47,7 +48,8 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
 
 def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,
                    model_path: str = "default", dictionary: str | None = None, split: str | None = None,
-                   wrapper: str | None = None, filler: int = FILLER_SENTENCES, entities: int = ENTITIES) -> dict:
+                   wrapper: str | None = None, filler: int = FILLER_SENTENCES, entities: int = ENTITIES,
+                   format: str = "entities", corpus: str = CLOZE_CORPUS, chunk_tokens: int = CLOZE_CHUNK_TOKENS) -> dict:
     """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
     of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
     documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
@@ -58,29 +60,60 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     directory or 'shipped') the suite is also encoded with it (store-wrapped), which methods
     ending in `@wrapped` answer from. `filler` sentences per document set the context's length:
     fewer, shorter contexts (#69: measure where full prefill is reliable for the model); more
-    `entities` hold more questions."""
+    `entities` hold more questions. `format` "cloze" asks instead for spans blanked out of the
+    sentences of `corpus` (`cloze.py`), encoded in chunks of `chunk_tokens`, with retrieval's
+    chunks as each question's context."""
     import json
     from pathlib import Path
 
     from .fidelity import by_context_length, check_suite, load_suite, make_suite, run_fidelity, table
     from .ruler import check_wrapped, parse_methods
 
-    check_suite(ks, questions, entities)
+    if format not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "entities":
+        check_suite(ks, questions, entities)
     check_wrapped(methods or {}, wrapper, refuse_unused=True)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions, **({"split": split} if split else {}),
                 **({"filler": filler} if filler != FILLER_SENTENCES else {}),
                 **({"entities": entities} if entities != ENTITIES else {}), **_model_settings(model_path, dictionary)}
+    if format == "cloze":
+        settings = {**settings, "format": "cloze", "corpus": corpus, "chunk_tokens": chunk_tokens}
+    elif format == "records":
+        settings = {**settings, "format": "records"}
     made = work / "suite.json"
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
         if (saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ()))
-                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary", "split", "filler", "entities"))):
+                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary", "split", "filler", "entities", "format", "corpus",
+                                                             "chunk_tokens"))):
             settings = saved
-    session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, entities, filler, split=split),
-                             device)
+    if format == "cloze":
+        from ..store import StoreConfig
+        from .cloze import make_cloze
+        from .fidelity import save_suite
+
+        session = _suite_session(work, settings, lambda model: None, device, corpus=[corpus],
+                                 config=StoreConfig(chunk_tokens=chunk_tokens))
+        if not (work / "questions.json").exists():  # asked by retrieval over the store, so made after it
+            save_suite(work, make_cloze(session, ks, questions, split or "dev"))
+    elif format == "records":
+        from .fidelity import save_suite
+        from .records import make_records, records_suite
+
+        def make(model):
+            write_atomic(work / "facts.json", json.dumps(make_records(work, questions, entities, split or "dev")))
+
+        session = _suite_session(work, settings, make, device)
+        if not (work / "questions.json").exists():  # asked by retrieval over the store, so made after it
+            save_suite(work, records_suite(session, json.loads((work / "facts.json").read_text()), ks))
+    else:
+        session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, entities, filler,
+                                                                          split=split), device)
     suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
-    wrapped = wrapped_session(work, session, wrapper, device) if wrapper else None
+    wrapped = wrapped_session(work, session, wrapper, device, corpus=[corpus] if format == "cloze" else None) \
+        if wrapper else None
     rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json",
                         wrapped=wrapped)
     asked = [r for r in rows if (r["k"], r["question"]) in {(k, q.id) for k, qs in suite.items() for q in qs}]
@@ -96,7 +129,7 @@ def _model_settings(model_path: str, dictionary: str | None) -> dict:
             **({"dictionary": str(dictionary)} if dictionary else {})}
 
 
-def _suite_session(work, settings: dict, make, device):
+def _suite_session(work, settings: dict, make, device, corpus=None, config=None):
     """A Session over a generated suite's store in `work`: the suite made once (`make(model)`
     writes its corpus.jsonl), refused if `work` holds one made with other settings; the store
     encoded incrementally, so a killed encode resumes. The model and dictionary are the
@@ -117,12 +150,12 @@ def _suite_session(work, settings: dict, make, device):
     if not made.exists():
         make(model)
         write_atomic(made, json.dumps(settings))
-    encode_with([str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
-                  StoreConfig(), device=device)
+    encode_with(corpus or [str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
+                config or StoreConfig(), device=device)
     return Session(work / "store", model, device)
 
 
-def wrapped_session(work, session, wrapper: str, device, embedder=None):
+def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=None):
     """A Session over the suite in `work` encoded with the learned wrapper `wrapper` (a directory
     or 'shipped') into work/store-wrapped, beside `session`'s plain store, with its model,
     dictionary and settings; incremental like the plain store (another wrapper there is refused)."""
@@ -133,7 +166,7 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None):
     from ..wrapper import load_wrapper
 
     w = load_wrapper(wrapper, session.model.fingerprint())
-    encode_with([str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,
+    encode_with(corpus or [str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,
                   replace(session.store.config, wrapper=w.digest()), embedder=embedder, device=device, wrapper=w,
                   progress=False)
     return Session(work / "store-wrapped", session.model, device)

@@ -3,7 +3,8 @@
 import click
 
 from sparsecache.bench.config import FrontierConfig
-from sparsecache.bench.fidelity import ENTITIES, FILLER_SENTENCES, SPLIT, SPLITS
+from sparsecache.bench.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
+from sparsecache.bench.fidelity import ENTITIES, FILLER_SENTENCES, FORMATS, SPLIT, SPLITS
 from sparsecache.bench.scale import ScaleConfig
 from sparsecache.index_config import INDEX_KINDS
 
@@ -202,8 +203,17 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
               "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2), "
               "and @wrapped to answer from the --wrapper store. "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
+@click.option("--format", "format", type=click.Choice(FORMATS), default="entities", show_default=True,
+              help="entities: questions about generated documents (the answer's chunks at random ranks among others); "
+                   "records: timetables of look-alike services (--entities families; held out: never used to learn or "
+                   "choose anything); cloze: spans (RFCs, versions, identifiers, numbers) blanked out of the sentences "
+                   "of --corpus. records and cloze take their context from retrieval over the suite's store.")
+@click.option("--corpus", default=CLOZE_CORPUS, show_default=True, help="cloze: the corpus whose sentences are asked.")
+@click.option("--chunk-tokens", type=click.IntRange(min=16), default=CLOZE_CHUNK_TOKENS, show_default=True,
+              help="cloze: tokens per chunk of --corpus's store.")
 @click.option("--entities", type=click.IntRange(min=10), default=ENTITIES, show_default=True,
-              help="Entities the documents describe (each also has a person's document): more hold more questions.")
+              help="Entities the documents describe (each also has a person's document), or with --format records "
+                   "service families (3 look-alike services each): more hold more questions.")
 @click.option("--filler", type=click.IntRange(0, 20), default=FILLER_SENTENCES, show_default=True,
               help="Sentences of filler per document: its length (14: ~300 tokens; 4: ~120), so full prefill can be "
                    "measured at context lengths where it is reliable for the model.")
@@ -213,8 +223,7 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, questions, split, limit, methods, entities, filler, wrapper, model_path, dictionary,
-                 device, as_json):
+def fidelity_cmd(workdir, ks, methods, wrapper, model_path, dictionary, device, as_json, **suite):
     """Does the compressed path give full prefill's answers? Documents about fictional entities,
     one fact per question (some need two chunks), k chunks with the answer's at a random rank.
     The reference is full prefill of the same chunks. Per method, each with a 95% interval:
@@ -228,9 +237,9 @@ def fidelity_cmd(workdir, ks, questions, split, limit, methods, entities, filler
     from sparsecache.bench.fidelity import line, parse_configs
     from sparsecache.bench.suite import bench_fidelity
 
-    r = bench_fidelity(workdir, ks, questions,
-                       parse_configs(methods) if methods else None, resolve_device(device), limit,
-                       model_path, dictionary, split, wrapper, filler, entities)
+    # the suite's options (questions, split, limit, format, corpus, chunk_tokens, entities, filler) by name
+    r = bench_fidelity(workdir, ks, methods=parse_configs(methods) if methods else None, device=resolve_device(device),
+                       model_path=model_path, dictionary=dictionary, wrapper=wrapper, **suite)
     emit(r, as_json, [line(x["k"], x["label"], x) for x in r["rows"]]
          + [f"k={b['k']} full prefill at {b['tokens'][0]}-{b['tokens'][1]} context tokens: correct {b['correct']:.2f}, "
             f"confident {b['confident']:.2f} ({b['questions']} questions)" for b in r["full_by_context_length"]])

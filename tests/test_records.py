@@ -1,0 +1,57 @@
+"""The timetable records generator (#69's format b, held out): look-alike services, disjoint
+splits, facts in the documents they name, contexts from the store's retrieval."""
+
+import json
+import re
+
+import pytest
+
+from sparsecache.bench.records import ASK, KINDS, make_records, records_suite
+from sparsecache.errors import ConfigError
+
+
+def _docs(out):
+    return {d["id"]: d["text"] for d in map(json.loads, (out / "corpus.jsonl").read_text().splitlines())}
+
+
+def test_every_fact_is_in_the_documents_it_names_and_services_have_look_alikes(tmp_path):
+    facts = make_records(tmp_path, questions=100, families=10, split="dev")
+    docs = _docs(tmp_path)
+    assert len(facts) == 100 and sum(f["hops"] == 2 for f in facts) == 20
+    for f in facts:
+        assert f["truth"] in docs[f["docs"][-1]]
+        if f["hops"] == 2:
+            assert f["docs"][0].startswith("service-") and f["docs"][1].startswith("operator-")
+            assert docs[f["docs"][1]].split("\n")[0].lstrip("# ") in docs[f["docs"][0]]  # the service names its operator
+    family = [t for d, t in docs.items() if d.startswith("service-000-")]
+    names = {t.split("\n")[0].removeprefix("# ").removesuffix(" timetable") for t in family}
+    assert len(names) == len(KINDS) and len({n.split()[0] for n in names}) == 1  # one name, three services
+    assert make_records(tmp_path / "again", questions=100, families=10, split="dev") == facts  # seeded
+
+
+def test_dev_and_test_share_no_names_or_phrasings(tmp_path):
+    made = {s: make_records(tmp_path / s, questions=100, families=10, split=s) for s in ("dev", "test")}
+    words = {s: set(re.findall(r"[A-Z][a-z]+", (tmp_path / s / "corpus.jsonl").read_text())) for s in made}
+    fixed = {"Stop", "Departs", "Platform", "Operated", "It", "Rail", "Lines", "Transit", "Coaches", "Square",
+             "Bridge", "Halt", "Cross", "Gate", "Express", "Local", "Night"}
+    assert not (words["dev"] & words["test"]) - fixed - {"A"}
+    for fact, by_split in ASK.items():
+        assert not set(by_split["dev"]) & set(by_split["test"])
+    with pytest.raises(ConfigError, match="ask for fewer"):
+        make_records(tmp_path / "x", questions=1000, families=5)
+
+
+def test_a_records_questions_context_is_what_retrieval_returns(tmp_path, tiny_model, tiny_dictionary, embedder):
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
+
+    facts = make_records(tmp_path, questions=10, families=4, split="test")
+    encode_with([str(tmp_path / "corpus.jsonl")], tmp_path / "store", tiny_dictionary, tiny_model,
+                StoreConfig(chunk_tokens=512), embedder=embedder, progress=False)
+    session = Session(tmp_path / "store", tiny_model)
+    suite = records_suite(session, facts, ks=(4,))
+    chunk_doc = {c.id: c.doc_id for c in session.store.chunks()}
+    for q, f in zip(suite[4], facts):
+        assert q.chunks == [h["id"] for h in session.retrieve(f["question"], 4)]
+        assert [chunk_doc[c] for c in q.needed] == f["docs"]
