@@ -10,7 +10,7 @@ import json
 
 import click
 
-from sparsecache.session import STEPS
+from sparsecache.query.session import STEPS
 
 PHASES = tuple(s for s in STEPS if s != "retrieve")  # `bench ttft` bypasses retrieval (timed once, apart)
 

@@ -1,4 +1,4 @@
-"""Ingest: a corpus becomes a store's chunks (the package was `sparsecache.build` before 0.2).
+"""Ingest: a corpus becomes a store's chunks (the package was `sparsecache.build` until 2026-11-29).
 
 - `config`: `EncodeOptions`, how an encode runs and what a new store is built with (light: no torch);
 - `encoder`: `encode_corpus(corpus, store, options)`, which resolves the dictionary, wrapper and
