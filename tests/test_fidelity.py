@@ -392,3 +392,17 @@ def test_value_tokens_are_the_answers_tokens_over_the_true_value_and_their_kl_is
     other[:, :] = lp.roll(1, dims=-1)  # every top-1 moved to the next id
     worse = value_figures(ref, other)
     assert worse["value_agreement"] == 0.0 and worse["value_kl"] > 1.0
+
+
+def test_confident_only_runs_the_methods_only_where_full_prefill_is_confident(session, suite, tmp_path):
+    _, made, _ = suite
+    few = {4: made[4][:3]}
+    results = tmp_path / "results.json"
+    rows = run_fidelity(session, few, parse_methods("none"), results, max_new_tokens=4)
+    full = [r for r in rows if r["label"] == "full"]
+    data = json.loads(results.read_text())
+    data["rows"] = [{**r, "confident": r["question"] == full[0]["question"]} if r["label"] == "full" else r
+                    for r in full]  # as if full prefill were confident on the first question only
+    results.write_text(json.dumps(data))
+    again = run_fidelity(session, few, parse_methods("none"), results, max_new_tokens=4, confident_only=True)
+    assert [r["question"] for r in again if r["label"] == "none"] == [full[0]["question"]]

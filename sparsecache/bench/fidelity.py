@@ -432,8 +432,11 @@ def parse_configs(spec: str) -> dict[str, dict]:
 
 
 def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, dict], results: Path | None = None,
-                 max_new_tokens: int = 24, wrapped=None) -> list[dict]:
-    """Every method on every question of every k, after full prefill's answer to it.
+                 max_new_tokens: int = 24, wrapped=None, confident_only: bool = False) -> list[dict]:
+    """Every method on every question of every k, after full prefill's answer to it (with
+    `confident_only`, only on the questions full prefill answers with confidence: what `kept`
+    and the value-token figures read, at a fraction of the cost; the other figures then describe
+    those questions only).
 
     One row per (k, method, question); with `results`, every row is saved as it is made and a
     rerun skips rows already there, so an interrupted run resumes where it stopped. A row says
@@ -466,6 +469,8 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
             ask = by_store[cfg.get("store")]
             for q in questions:
                 if (k, label, q.id) in done:
+                    continue
+                if confident_only and label != "full" and not refs[(k, q.id)]["confident"]:
                     continue
                 context, needed = chunk_ids(cfg.get("store"), q)
                 chunks = [c for c in context if cfg.get("context") != "gold" or c in needed]

@@ -49,7 +49,8 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
 def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, device="cpu", limit: int | None = None,
                    model_path: str = "default", dictionary: str | None = None, split: str | None = None,
                    wrapper: str | None = None, filler: int = FILLER_SENTENCES, entities: int = ENTITIES,
-                   format: str = "entities", corpus: str = CLOZE_CORPUS, chunk_tokens: int = CLOZE_CHUNK_TOKENS) -> dict:
+                   format: str = "entities", corpus: str = CLOZE_CORPUS, chunk_tokens: int = CLOZE_CHUNK_TOKENS,
+                   confident_only: bool = False) -> dict:
     """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
     of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
     documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
@@ -115,7 +116,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     wrapped = wrapped_session(work, session, wrapper, device, corpus=[corpus] if format == "cloze" else None) \
         if wrapper else None
     rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json",
-                        wrapped=wrapped)
+                        wrapped=wrapped, confident_only=confident_only)
     asked = [r for r in rows if (r["k"], r["question"]) in {(k, q.id) for k, qs in suite.items() for q in qs}]
     return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
             "split": split, **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
