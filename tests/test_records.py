@@ -55,3 +55,31 @@ def test_a_records_questions_context_is_what_retrieval_returns(tmp_path, tiny_mo
     for q, f in zip(suite[4], facts):
         assert q.chunks == [h["id"] for h in session.retrieve(f["question"], 4)]
         assert [chunk_doc[c] for c in q.needed] == f["docs"]
+
+
+def test_bench_fidelity_asks_records_questions_after_their_store_exists(tmp_path, tiny_model, tiny_dictionary,
+                                                                       embedder, monkeypatch):
+    """`bench fidelity --format records`: the corpus is generated, encoded, then each question's
+    context comes from that store's retrieval; a rerun reuses the questions."""
+    import sparsecache.bench.suite as bench
+    from sparsecache.bench.fidelity import load_suite, parse_configs
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
+
+    def suite_session(work, settings, make, device, corpus=None, config=None):
+        if not (work / "suite.json").exists():
+            make(tiny_model)
+            (work / "suite.json").write_text(json.dumps(settings))
+        encode_with([str(work / "corpus.jsonl")], work / "store", tiny_dictionary, tiny_model, StoreConfig(),
+                    embedder=embedder, progress=False)
+        return Session(work / "store", tiny_model)
+
+    monkeypatch.setattr(bench, "_suite_session", suite_session)
+    args = dict(ks=(4,), questions=5, methods=parse_configs("none"), limit=2, format="records", entities=4)
+    r = bench.bench_fidelity(tmp_path, **args)
+    made = load_suite(tmp_path)[4]
+    assert len(made) == 5 and all(len(q.chunks) == 4 for q in made)
+    assert [(x["label"], x["questions"]) for x in r["rows"]] == [("full", 2), ("none", 2)]
+    bench.bench_fidelity(tmp_path, **args)
+    assert load_suite(tmp_path)[4] == made

@@ -87,31 +87,31 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
         if (saved.get("questions") == questions and set(ks) <= set(saved.get("ks", ()))
-                and all(saved.get(key) == settings.get(key) for key in ("model", "dictionary", "split", "filler", "entities", "format", "corpus",
-                                                             "chunk_tokens"))):
+                and all(saved.get(key) == settings.get(key) for key in (set(saved) | set(settings)) - {"ks", "questions"})):
             settings = saved
-    if format == "cloze":
-        from ..store import StoreConfig
-        from .cloze import make_cloze
-        from .fidelity import save_suite
-
-        session = _suite_session(work, settings, lambda model: None, device, corpus=[corpus],
-                                 config=StoreConfig(chunk_tokens=chunk_tokens))
-        if not (work / "questions.json").exists():  # asked by retrieval over the store, so made after it
-            save_suite(work, make_cloze(session, ks, questions, split or "dev"))
-    elif format == "records":
-        from .fidelity import save_suite
-        from .records import make_records, records_suite
-
-        def make(model):
-            write_atomic(work / "facts.json", json.dumps(make_records(work, questions, entities, split or "dev")))
-
-        session = _suite_session(work, settings, make, device)
-        if not (work / "questions.json").exists():  # asked by retrieval over the store, so made after it
-            save_suite(work, records_suite(session, json.loads((work / "facts.json").read_text()), ks))
-    else:
+    if format == "entities":
         session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, entities, filler,
                                                                           split=split), device)
+    else:  # asked by retrieval over the suite's store, so the questions are made after it
+        from .fidelity import save_suite
+
+        if format == "cloze":
+            from ..store import StoreConfig
+            from .cloze import make_cloze
+
+            session = _suite_session(work, settings, lambda model: None, device, corpus=[corpus],
+                                     config=StoreConfig(chunk_tokens=chunk_tokens))
+            ask = lambda: make_cloze(session, ks, questions, split or "dev")  # noqa: E731
+        else:
+            from .records import make_records, records_suite
+
+            def make(model):
+                write_atomic(work / "facts.json", json.dumps(make_records(work, questions, entities, split or "dev")))
+
+            session = _suite_session(work, settings, make, device)
+            ask = lambda: records_suite(session, json.loads((work / "facts.json").read_text()), ks)  # noqa: E731
+        if not (work / "questions.json").exists():
+            save_suite(work, ask())
     suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
     wrapped = wrapped_session(work, session, wrapper, device, corpus=[corpus] if format == "cloze" else None) \
         if wrapper else None

@@ -77,5 +77,9 @@ def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, r
     """How many of `reference`'s tokens greedy decoding would pick, teacher-forced along it
     (`forced_logprobs`): top-1 agreement along another method's answer, which does not stop
     counting at the first difference."""
-    lp = forced_logprobs(logits, cache, position, reference, model)
-    return int((lp.argmax(-1).cpu() == torch.tensor(reference)).sum()) if len(reference) else 0
+    return top1_agreement(forced_logprobs(logits, cache, position, reference, model), reference)
+
+
+def top1_agreement(logprobs: torch.Tensor, reference: list[int]) -> int:
+    """How many steps of `logprobs` [len(reference), vocab] pick `reference`'s token as their top-1."""
+    return int((logprobs.argmax(-1).cpu() == torch.tensor(reference)).sum()) if reference else 0

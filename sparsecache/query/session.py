@@ -25,7 +25,7 @@ from . import methods
 from .blend import question_ids, truncate
 from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .context import QueryContext
-from .generate import forced_logprobs, greedy_continue
+from .generate import forced_logprobs, greedy_continue, top1_agreement
 from .methods.cacheclip import Selectors
 from .overlap import Rates
 from .raw import RawKV
@@ -175,8 +175,7 @@ class Session:
         with watch.step("generate"):
             if reference is not None:
                 forced = forced_logprobs(p.logits, p.cache, position, reference, self.model)
-                agreement = int((forced.argmax(-1).cpu() == torch.tensor(reference)).sum()) / len(reference) \
-                    if reference else 0.0
+                agreement = top1_agreement(forced, reference) / len(reference) if reference else 0.0
                 truncate(p.cache, position)
             tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens, steps=steps)
         timings["generate"] = round(watch["generate"], 3)
@@ -226,7 +225,7 @@ def _hit(c, score: float | None) -> dict:
 
 
 def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None = None, *, model: str = "default",
-    device: str = "cpu", dtype: str = DTYPE, compare: bool = False, **query_args) -> tuple[Answer, dict | None]:
+        device: str = "cpu", dtype: str = DTYPE, compare: bool = False, **query_args) -> tuple[Answer, dict | None]:
     """One question, as `sparsecache query` asks it: a Session over `store`, its answer under
     `config` (`Session.query`'s keyword arguments in `query_args`), and with `compare` how it
     compares with full prefill of the same chunks (`Session.compare`; None without)."""
