@@ -150,16 +150,21 @@ def test_bench_fidelity_answers_the_first_questions_of_some_of_a_workdirs_ks(ses
     work = tmp_path / "w"
     work.mkdir()
     shutil.copy(out / "questions.json", work)
-    (work / "suite.json").write_text(json.dumps({"ks": [4, 8], "questions": 50}))
+    (work / "suite.json").write_text(json.dumps({"ks": [4, 8], "questions": 50, "contexts": "retrieval"}))
     seen = []
     monkeypatch.setattr(bench, "_suite_session", lambda w, settings, make, device: seen.append(settings) or session)
     r = bench.bench_fidelity(work, ks=(8,), questions=50, methods=parse_methods("none"), limit=2)
-    assert seen == [{"ks": [4, 8], "questions": 50}]  # the workdir's suite, not a new one
+    assert seen == [{"ks": [4, 8], "questions": 50, "contexts": "retrieval"}]  # the workdir's suite, not a new one
+    # the generated contexts were replaced by what the store's retrieval returns for each question (#69)
+    asked = load_suite(work)
+    for q, m in zip(asked[8][:5], made[8]):
+        assert q.id == m.id and q.chunks == [h["id"] for h in session.retrieve(q.question, 8)]
+        assert [session.store.chunk(c).doc_id for c in q.needed] == m.docs
     assert [(x["k"], x["label"], x["questions"]) for x in r["rows"]] == [(8, "full", 2), (8, "none", 2)]
     saved = json.loads((work / "results.json").read_text())["rows"]
     assert {x["question"] for x in saved} == {q.id for q in made[8][:2]}
     bench.bench_fidelity(work, ks=(8,), questions=50, methods=parse_methods("none"), limit=2, model_path="other")
-    assert seen[-1] == {"ks": [8], "questions": 50, "model": "other"}  # not the default model's suite
+    assert seen[-1] == {"ks": [8], "questions": 50, "contexts": "retrieval", "model": "other"}  # not the default's
 
 
 def test_the_rule_picks_the_best_agreement_within_half_of_full_prefills_ttft():

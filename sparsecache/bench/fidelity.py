@@ -340,6 +340,20 @@ def save_suite(out: str | Path, suite: dict[int, list[Question]]) -> None:
         indent=1))
 
 
+def retrieved(session, suite: dict[int, list[Question]]) -> dict[int, list[Question]]:
+    """The suite with each question's context replaced by the k chunks `session`'s retrieval
+    returns for it, best first (#69: distractors chosen by the store's own retrieval from the
+    whole pool, look-alikes included), and its documents' chunks as the ones it needs. A
+    question whose document retrieval misses is one full prefill cannot answer either."""
+    from dataclasses import replace
+
+    from .passkey import chunk_ids_by_doc
+
+    ids = chunk_ids_by_doc(session.store)
+    return {k: [replace(q, chunk_docs=[], chunks=[h["id"] for h in session.retrieve(q.question, k)],
+                        needed=[ids[d] for d in q.docs]) for q in qs] for k, qs in suite.items()}
+
+
 def load_suite(out: str | Path) -> dict[int, list[Question]]:
     path = Path(out) / "questions.json"
     if not path.exists():

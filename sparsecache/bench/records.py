@@ -109,14 +109,7 @@ def make_records(out: str | Path, questions: int = 100, families: int = 30, spli
 def records_suite(session, facts: list[dict], ks=(8,)) -> dict[int, list[Question]]:
     """The facts as questions per k, each with the k chunks `session`'s retrieval returns for it
     (best first) as its context and its documents' chunks as the ones it needs."""
-    from .passkey import chunk_ids_by_doc
+    from .fidelity import retrieved
 
-    ids = chunk_ids_by_doc(session.store)
-    suite = {}
-    for k in ks:
-        suite[k] = []
-        for i, f in enumerate(facts):
-            hits = [h["id"] for h in session.retrieve(f["question"], k)]
-            suite[k].append(Question(f"k{k}-records-{i:03d}", f["question"], f["truth"], f["docs"], [], f["hops"],
-                                     chunks=hits, needed=[ids[d] for d in f["docs"]]))
-    return suite
+    return retrieved(session, {k: [Question(f"k{k}-records-{i:03d}", f["question"], f["truth"], f["docs"], [],
+                                            f["hops"]) for i, f in enumerate(facts)] for k in ks})

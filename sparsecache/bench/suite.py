@@ -67,7 +67,8 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     import json
     from pathlib import Path
 
-    from .fidelity import by_context_length, check_suite, load_suite, make_suite, run_fidelity, table
+    from .fidelity import (by_context_length, check_suite, load_suite, make_suite, retrieved, run_fidelity,
+                           save_suite, table)
     from .ruler import check_wrapped, parse_methods
 
     if format not in FORMATS:
@@ -83,6 +84,8 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
         settings = {**settings, "format": "cloze", "corpus": corpus, "chunk_tokens": chunk_tokens}
     elif format == "records":
         settings = {**settings, "format": "records"}
+    else:  # #69: the distractors are what retrieval over the whole pool returns (look-alikes included)
+        settings = {**settings, "contexts": "retrieval"}
     made = work / "suite.json"
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
@@ -92,9 +95,10 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     if format == "entities":
         session = _suite_session(work, settings, lambda model: make_suite(work, ks, questions, entities, filler,
                                                                           split=split), device)
+        made = load_suite(work)
+        if any(q.chunks is None for qs in made.values() for q in qs):  # contexts drawn at random until retrieved
+            save_suite(work, retrieved(session, made))
     else:  # asked by retrieval over the suite's store, so the questions are made after it
-        from .fidelity import save_suite
-
         if format == "cloze":
             from ..store import StoreConfig
             from .cloze import make_cloze
