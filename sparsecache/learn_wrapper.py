@@ -8,8 +8,10 @@ KL divergence from teacher to student on the answer's tokens. A share of the pro
 running text instead (k consecutive pieces of calibration text and the text that follows them),
 so wrapped chunks also continue text as the concatenation would.
 
-Questions come from the fidelity suite's generator with the `train` split's own pools (no name
-or phrasing of the dev or test split); the learning curve is measured on the dev split's first
+Questions come from sources no evaluation draws from (`wrapper_data.py`, #69): specimen logs
+from a generator used nowhere else and cloze over the calibration text's train part (or, with
+`questions="fidelity-train"`, the fidelity suite's generator with the `train` split's own
+pools, how the wrapper shipped on 2026-11-28 was learned); the learning curve is measured on the dev split's first
 questions (`none` with the wrapper against full prefill, as `bench fidelity` scores them).
 Everything lives under the output directory: prompts, teacher targets, `checkpoint.pt`
 (every `eval_every` steps; `resume` continues from it), `curve.json`/`curve.png`, the wrapper.
@@ -40,6 +42,10 @@ DEV_QUESTIONS = 200  # the learning curve reads the first questions of `bench fi
 
 
 # ---------------------------------------------------------------- prompts
+
+QUESTIONS_FROM = {"fidelity-train": "fidelity suite, train split",
+                  "specimens+cloze": "specimen logs (a generator no evaluation uses) and cloze over the built-in "
+                                     "calibration text (train part)"}
 
 
 def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split: str, first: int | None = None,
@@ -99,8 +105,18 @@ def training_prompts(model: KVModel, out: Path, cfg: WrapperConfig) -> list[dict
         return json.loads(path.read_text())
     n_text = round(cfg.prompts * cfg.text_share)
     n_questions = cfg.prompts - n_text
-    prompts = _suite_prompts(model, out / "train-suite", n_questions, cfg, "train", seed=cfg.seed) if n_questions else []
-    prompts += _text_prompts(model, n_text, cfg)
+    if cfg.questions == "fidelity-train":
+        prompts = _suite_prompts(model, out / "train-suite", n_questions, cfg, "train", seed=cfg.seed) \
+            if n_questions else []
+        prompts += _text_prompts(model, n_text, cfg)
+    else:  # sources no evaluation draws from (#69): specimen logs, cloze over the calibration text's train part
+        from .wrapper_data import cloze_prompts, specimen_prompts
+
+        windows = _text_prompts(model, 10 ** 6, cfg)  # every window of the train part
+        cloze = cloze_prompts(lambda ids: model.tokenizer.decode(ids), windows, n_questions // 2, cfg.seed)
+        tokenize = lambda text: model.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        made = cloze + specimen_prompts(tokenize, n_questions - len(cloze), cfg.k, cfg.seed)
+        prompts = [{**q, "question": question_ids(model, q["question"])} for q in made] + windows[:n_text]
     random.Random(cfg.seed).shuffle(prompts)
     write_atomic(path, json.dumps(prompts))
     return prompts
@@ -334,7 +350,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
     checkpoint()
     result = Wrapper(header.detach().clone(), trailer.detach().clone(), model.fingerprint(), {
         "recipe": {**cfg.__dict__, "teacher": "full prefill of prefix + k chunks + question (greedy answer)",
-                   "questions": "fidelity suite, train split", "text": "built-in calibration text (train part)"},
+                   "questions": QUESTIONS_FROM[cfg.questions], "text": "built-in calibration text (train part)"},
         "eval": {"plain": plain, "final": state["curve"][-1], "split": "dev"}})
     result.save(out)
     plot_curve(out)

@@ -13,6 +13,9 @@ DEFAULT_WRAPPERS: tuple[str, ...] = ("smollm2-135m-wrapper-h16-t0",)
 DEFAULT_WRAPPER_HELP = ", ".join(DEFAULT_WRAPPERS) or "none ships as a default yet"
 
 
+QUESTION_SOURCES = ("specimens+cloze", "fidelity-train")
+
+
 @dataclass(frozen=True)
 class WrapperConfig:
     """The wrapper's lengths and its self-distillation recipe (`learn_wrapper.learn_wrapper`)."""
@@ -24,6 +27,10 @@ class WrapperConfig:
     k: int = 8  # chunks per training prompt
     prompts: int = 400  # distinct training prompts, cycled
     text_share: float = 0.25  # prompts that are running text (continue k chunks of calibration text), not questions
+    # where the question prompts come from (#69): "specimens+cloze" (half synthetic specimen logs, a generator
+    # no evaluation uses, half cloze over the calibration text's train part: `wrapper_data.py`) or
+    # "fidelity-train" (the entity suite's train split, how the wrapper shipped on 2026-11-28 was learned)
+    questions: str = "specimens+cloze"
     answer_tokens: int = 24  # teacher's greedy answer: the tokens the loss is taken on
     text_tokens: int = 32  # continuation tokens of a running-text prompt
     top: int = 256  # teacher log-probabilities kept per token (the KL is taken over them, renormalised)
@@ -36,6 +43,8 @@ class WrapperConfig:
             raise ConfigError(f"a wrapper needs a header or a trailer (got {self.header} + {self.trailer} tokens)")
         if self.k < 2:
             raise ConfigError(f"--k must be >= 2 (chunks per training prompt), got {self.k}")
+        if self.questions not in QUESTION_SOURCES:
+            raise ConfigError(f"--questions must be one of {', '.join(QUESTION_SOURCES)}, got {self.questions!r}")
         if not 0.0 <= self.text_share <= 1.0:
             raise ConfigError(f"--text-share must be in [0, 1], got {self.text_share}")
         for name in ("steps", "prompts", "answer_tokens", "text_tokens", "top", "eval_every"):

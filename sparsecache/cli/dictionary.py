@@ -7,7 +7,7 @@ import click
 from sparsecache.bench.config import EvalConfig
 from sparsecache.codec.codes import COEF_DTYPE_NAMES
 from sparsecache.codec.config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
-from sparsecache.wrapper_config import WrapperConfig
+from sparsecache.wrapper_config import QUESTION_SOURCES, WrapperConfig
 
 from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
                          resolve_device, screening)
@@ -158,6 +158,10 @@ W = WrapperConfig()
 @click.option("--prompts", default=W.prompts, show_default=True, help="Distinct training prompts, cycled.")
 @click.option("--text-share", default=W.text_share, show_default=True,
               help="Share of prompts that continue calibration text rather than answer a question.")
+@click.option("--questions", type=click.Choice(QUESTION_SOURCES), default=W.questions, show_default=True,
+              help="Where question prompts come from: specimens+cloze (synthetic specimen logs from a generator no "
+                   "evaluation uses, and cloze over the calibration text's train part: nothing a benchmark reads) "
+                   "or fidelity-train (the fidelity suite's train split, how the 2026-11-28 wrapper was learned).")
 @click.option("--eval-every", default=W.eval_every, show_default=True,
               help="Steps between learning-curve points and checkpoints.")
 @click.option("--eval-questions", default=W.eval_questions, show_default=True,
@@ -173,8 +177,8 @@ def learn_wrapper_cmd(model_path, out, resume, device, **settings):
     vectors are learned by self-distillation (KV Packet): the model reading k independently
     encoded wrapped chunks, nothing recomputed, is fitted (KL divergence on the answer's
     tokens) to the same model's full prefill of the k chunks and the question. Training
-    prompts come from the fidelity suite's generator with names and phrasings of neither its
-    dev nor its test split, and from the built-in calibration text; the learning curve (dev
+    prompts come from sources no benchmark reads (--questions) and from the built-in
+    calibration text's continuations; the learning curve (dev
     split, `none` with the wrapper against full prefill) goes to OUT/curve.json and curve.png.
     Checkpoints every --eval-every steps; --resume continues.
     """
