@@ -71,6 +71,17 @@ def layer_windows(config) -> list[int | None]:
     return [window] * config.num_hidden_layers
 
 
+def compute_parameters(config) -> int:
+    """The weights a token's forward pass multiplies, from a decoder's config: attention (q, k, v,
+    o) and a gated MLP per layer, plus the norms; not the input embeddings (a lookup). Exact for
+    SmolLM2 (106,203,456), what the cheap-context rule scales by (`query.cheap`)."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    head = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size + 2 * h
+    return layers * per_layer + h
+
+
 @dataclass
 class KVModel:
     """A loaded causal LM with the facts sparsecache needs about its KV cache."""
@@ -93,6 +104,10 @@ class KVModel:
     @property
     def dtype(self) -> torch.dtype:
         return self.hf.dtype
+
+    @property
+    def compute_parameters(self) -> int:
+        return compute_parameters(self.config)
 
     @property
     def n_layers(self) -> int:

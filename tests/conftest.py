@@ -61,6 +61,25 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+TOY_PARAMETERS = 10_000_000  # below this a model is one of these tests' random 2-layer toys
+
+
+@pytest.fixture(autouse=True)
+def _no_cheap_rule_for_toy_models(monkeypatch):
+    """The cheap-context rule (`query.cheap`) scales with the model: a toy's prefill costs
+    nothing, so it would prefill every context, and a test of what a method does with a toy
+    model's store would test full prefill instead. Toys get the rule off; the real models (the
+    default SmolLM2, Gemma) keep it as users get it, and tests/test_cheap.py tests it."""
+    from sparsecache.query import cheap
+
+    real = cheap.prefill_under
+
+    def rule(parameters, device_type, given=None):
+        return real(parameters, device_type, given) if given is not None or parameters >= TOY_PARAMETERS else 0
+
+    monkeypatch.setattr(cheap, "prefill_under", rule)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 4-layer Llama (2 KV heads × 16 dims, m = 32) with the default model's tokenizer."""
@@ -667,7 +686,7 @@ result = {"one_chunk": {"same_tokens": tokens == full_tokens,
 req = rag.request(question, chunks=ids)
 for source, method in (("raw", "raw"), ("codes", "none")):
     tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=8)
-    ours = session.query(question, chunks=ids, method=method, max_new_tokens=8)
+    ours = session.query(question, chunks=ids, method=method, max_new_tokens=8, prefill_under=0)
     logprobs = torch.log_softmax(ours.logits, -1)
     result[source] = {"context_tokens": req.context_tokens, "delta": delta,
                       "same_answer": session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer,
@@ -677,7 +696,7 @@ full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
 result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
 tokens, first, delta = generate(llm, req, with_source(req, "codes", method=SERVE_METHOD), max_tokens=8)
-ours = session.query(question, chunks=ids, method=SERVE_METHOD, max_new_tokens=8)  # what serve does by default
+ours = session.query(question, chunks=ids, method=SERVE_METHOD, max_new_tokens=8, prefill_under=0)  # what serve does by default
 logprobs = torch.log_softmax(ours.logits, -1)
 result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
                    "same_positions": chosen["vllm"][-1] == chosen["query"][-1],
@@ -700,7 +719,8 @@ def engine_agreement(model: str, store_root, question: str, timeout: int = 900) 
 
 def with_source(req, source: str, **more) -> dict:
     """The request's kv_transfer_params with `source` and any other per-request options;
-    method `none` (the KV as stored, no blending) unless `more` names one."""
+    method `none` (the KV as stored, no blending) unless `more` names one, and the cheap-context
+    rule off (these requests' few short chunks are under its threshold: they test the load path)."""
     p = json.loads(json.dumps(req.kv_transfer_params))
-    p["sparsecache"].update(source=source, **{"method": "none", **more})
+    p["sparsecache"].update(source=source, **{"method": "none", "prefill_under": 0, **more})
     return p

@@ -93,7 +93,10 @@ def server(tmp_path_factory):
     log = root / "serve.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "sparsecache.cli.main", "serve", str(root / "store"), "--port", str(port),
-                                 "--top-k", "2", "--api-key", KEY, "--", "--max-model-len", "4096"],
+                                 # two short chunks are under the cheap-context threshold, where vLLM would
+                                 # prefill them: these tests are of the store path (test_cheap_contexts_... below)
+                                 "--top-k", "2", "--api-key", KEY, "--prefill-under", "0", "--",
+                                 "--max-model-len", "4096"],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -203,6 +206,19 @@ def test_metrics_count_requests_retrieval_and_injection(server):
     assert value(after, "vllm:sparsecache_recomputed_total") > value(before, "vllm:sparsecache_recomputed_total")
 
 
+def test_a_request_under_the_cheap_context_threshold_is_left_to_vllms_prefill(server):
+    before = server.metrics()
+    cheap = server.chat(QUESTIONS[0], max_tokens=24, prefill_under=100_000)
+    after = server.metrics()
+    assert value(after, "vllm:sparsecache_prefilled_cheap_total") == \
+        value(before, "vllm:sparsecache_prefilled_cheap_total") + 1
+    assert value(after, "vllm:sparsecache_requests_total") == value(before, "vllm:sparsecache_requests_total")
+    assert cheap.choices[0].message.content and len(cheap.model_extra["sparsecache"]["chunks"]) == 2  # vLLM's own prefill
+    status, reply = server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                         "sparsecache": {"prefill_under": -1}})
+    assert status == 400 and "prefill-under must be a number of tokens >= 0" in reply["error"]["message"]
+
+
 def test_the_compiled_server_answers_as_sparsecaches_own_loop(server):
     """The server runs vLLM's compiled forward (its default) while the connector blends with
     vLLM's layers in eager Python: each answer is `sparsecache query`'s over the same chunks."""
@@ -213,7 +229,8 @@ def test_the_compiled_server_answers_as_sparsecaches_own_loop(server):
         ids = [c["id"] for c in server.chat(q, max_tokens=1).model_extra["sparsecache"]["chunks"]]
         for method in ("none", "infoflow"):
             served = server.chat(q, chunks=ids, method=method, max_tokens=12).choices[0].message.content
-            assert served == ours.query(q, chunks=ids, method=method, max_new_tokens=12).answer, (q, method)
+            mine = ours.query(q, chunks=ids, method=method, max_new_tokens=12, prefill_under=0)
+            assert served == mine.answer, (q, method)
 
 
 def test_the_prefix_cache_shares_blocks_only_where_the_kv_is_the_same(server):

@@ -74,7 +74,7 @@ def test_one_chunk_of_exact_kv_equals_vllm_full_prefill(llm, store, rag):
 def test_several_chunks_match_sparsecaches_own_loop(llm, store, rag, source, method):
     ids = [c.id for c in store.store.chunks()]
     for q in QUESTIONS:
-        ours = store.query(q, chunks=ids, method=method, max_new_tokens=12)
+        ours = store.query(q, chunks=ids, method=method, max_new_tokens=12, prefill_under=0)
         req = rag.request(q, chunks=ids)
         tokens, first, delta = generate(llm, req, with_source(req, source), max_tokens=12)
         assert delta["chunks"] == len(ids) and delta["fallbacks"] == 0
@@ -158,7 +158,7 @@ def test_each_method_selects_what_query_selects(llm, store, rag, chosen, method)
     select the same tokens for the same chunks and question, and answer alike."""
     ids = [c.id for c in store.store.chunks()]
     for q in QUESTIONS:
-        ours = store.query(q, chunks=ids, method=method, recompute_ratio=0.15, max_new_tokens=12)
+        ours = store.query(q, chunks=ids, method=method, recompute_ratio=0.15, max_new_tokens=12, prefill_under=0)
         req = rag.request(q, chunks=ids)
         tokens, first, delta = generate(llm, req, with_source(req, "codes", method=method, recompute_ratio=0.15),
                                         max_tokens=12)
@@ -204,6 +204,19 @@ def test_concurrent_requests_in_one_step_each_get_their_own_blend(llm, store, ra
         got = out.outputs[0]
         assert list(got.token_ids) == tokens
         assert all(abs(got.logprobs[0][t].logprob - first[t]) < 1e-4 for t in first if t in got.logprobs[0])
+
+
+def test_a_context_under_the_cheap_threshold_is_left_to_vllms_prefill(llm, store, rag):
+    """On defaults (no prefill_under anywhere) two short chunks cost less to prefill than to load
+    on a CPU (`query.cheap`): the connector claims nothing and counts it, and vLLM's answer is
+    its own full prefill's."""
+    from sparsecache.query import cheap
+
+    req = rag.request(QUESTIONS[0], chunks=[c.id for c in store.store.chunks()][:2])
+    assert req.context_tokens - len(store.store.prefix()[0]) < cheap.CPU_TOKENS
+    full, _, _ = generate(llm, req, None)
+    tokens, _, delta = generate(llm, req, req.kv_transfer_params)
+    assert delta["prefilled_cheap"] == 1 and delta["tokens"] == 0 and delta["fallbacks"] == 0 and tokens == full
 
 
 def test_blending_options_are_checked_per_request(llm, store, rag):
@@ -290,7 +303,8 @@ def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
     assert r.exit_code == 0, r.output
     fresh_rag = RagPrompts(store.store.root)
     assert fresh_rag.store.version > store.store.version
-    pinned = generate(llm, stale, stale.kv_transfer_params)[2]
+    no_cheap = {PARAMS: {**stale.kv_transfer_params[PARAMS], "prefill_under": 0}}  # two short chunks: the load path
+    pinned = generate(llm, stale, no_cheap)[2]
     assert pinned["tokens"] == stale.context_tokens and not pinned.get("fallbacks")
     unpinned = {PARAMS: {k: v for k, v in stale.kv_transfer_params[PARAMS].items() if k != "version"}}
     tokens, _, delta = generate(llm, stale, unpinned)
@@ -298,4 +312,5 @@ def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
     gone = {PARAMS: {**stale.kv_transfer_params[PARAMS], "version": 10 ** 6}}
     assert generate(llm, stale, gone)[2]["fallbacks"] == 1
     fresh = fresh_rag.request(QUESTIONS[0], chunks=[c.id for c in fresh_rag.store.chunks()][:2])
-    assert generate(llm, fresh, fresh.kv_transfer_params)[2]["tokens"] == fresh.context_tokens
+    fresh_params = {PARAMS: {**fresh.kv_transfer_params[PARAMS], "prefill_under": 0}}
+    assert generate(llm, fresh, fresh_params)[2]["tokens"] == fresh.context_tokens

@@ -91,7 +91,7 @@ def test_wrapped_chunks_served_from_the_store_are_vllms_prefill_of_the_wrapped_t
 def test_decoded_wrapped_chunks_answer_as_sparsecaches_own_loop(llm, wrapped, rag):
     session, _ = wrapped
     ids = [c.id for c in session.store.chunks()]
-    ours = session.query(QUESTION, chunks=ids, method="none", max_new_tokens=12)
+    ours = session.query(QUESTION, chunks=ids, method="none", max_new_tokens=12, prefill_under=0)
     req = rag.request(QUESTION, chunks=ids)
     tokens, first, delta = generate(llm, req, with_source(req, "codes"), max_tokens=12)
     assert delta["chunks"] == len(ids) and delta["fallbacks"] == 0

@@ -52,7 +52,7 @@ def k1(session: Session, questions, ids: dict[str, str]) -> dict:
         full = session.query(q.question, chunks=[chunk], method="full", max_new_tokens=1).logits
         out = {}
         for method in ("raw", "none"):
-            got = session.query(q.question, chunks=[chunk], method=method, max_new_tokens=1).logits
+            got = session.query(q.question, chunks=[chunk], method=method, max_new_tokens=1, prefill_under=0).logits
             out[method] = {"kl": _kl(full, got), "top1": int(full.argmax()) == int(got.argmax())}
         rows.append(out)
     return {m: {"kl_mean": sum(r[m]["kl"] for r in rows) / len(rows),

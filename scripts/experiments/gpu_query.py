@@ -41,7 +41,7 @@ def profile(args) -> None:
         for k in args.k:
             ids = [c.id for c in chunks[:k]]
             run = lambda: s.query(QUESTION, chunks=ids, method="infoflow", recompute_ratio=0.15,  # noqa: E731
-                                  max_new_tokens=1)
+                                  max_new_tokens=1, prefill_under=0)
             for _ in range(2):
                 run()  # warm-up: kernels compiled and chosen, caches allocated
             answers = [run() for _ in range(3)]

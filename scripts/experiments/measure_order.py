@@ -45,7 +45,7 @@ def main() -> None:
                 ranked = [needle] + [d for d in t.chunk_docs if d != needle]  # retrieval's rank 1 first
                 layout = {"order": "given", "reorder": "attention"} if order == "attention" else {"order": order}
                 a = s.query(t.question, chunks=[ids[d] for d in ranked], method=method, recompute_ratio=ratio,
-                            max_new_tokens=12, answer_prefix=ANSWER_PREFIX.format(key=t.key), **layout)
+                            prefill_under=0, max_new_tokens=12, answer_prefix=ANSWER_PREFIX.format(key=t.key), **layout)
                 correct += t.value in a.answer
                 ttft.append(a.timings_ms["ttft"])
             row = {"method": method, "ratio": ratio, "order": order, "accuracy": correct / len(trials),

@@ -107,7 +107,7 @@ def run_trials(session, trials: list[Trial], method: str, ratio: float, max_new_
     correct, ttft, answers = 0, [], []
     for t in trials:
         a = session.query(t.question, chunks=[ids[d] for d in t.chunk_docs], method=method, recompute_ratio=ratio,
-                          max_new_tokens=max_new_tokens, answer_prefix=ANSWER_PREFIX.format(key=t.key), **kw)
+                          prefill_under=0, max_new_tokens=max_new_tokens, answer_prefix=ANSWER_PREFIX.format(key=t.key), **kw)
         correct += t.value in a.answer
         ttft.append(a.timings_ms["ttft"])
         answers.append(a.answer)

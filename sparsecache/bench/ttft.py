@@ -51,9 +51,10 @@ def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: in
         for method, ratio in TTFT_METHODS:
             runs = 1 if (method == "full" and k == max(ks)) else repeats
             if method != "full":
-                session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1)
+                session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1,
+                              prefill_under=0)
             answers = [session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio,
-                                     max_new_tokens=1) for _ in range(runs)]
+                                     max_new_tokens=1, prefill_under=0) for _ in range(runs)]
             rows.append(_ttft_row(answers, k, method, ratio, "warm", STEPS))
             print(f"k={k:<3} {method:>10} ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
         if cold and k == max(ks):
@@ -64,7 +65,7 @@ def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: in
                 for _ in range(repeats):
                     evict()
                     answers.append(session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio,
-                                                 max_new_tokens=1))
+                                                 max_new_tokens=1, prefill_under=0))
                 rows.append(_ttft_row(answers, k, method, ratio, "cold", STEPS))
                 print(f"k={k:<3} {method:>10} cold ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
     q = session.embedder.embed([TTFT_QUESTION])[0]

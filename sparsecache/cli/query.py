@@ -6,7 +6,7 @@ import click
 
 from .options import (config_from, device_option, dtype_option, emit, json_option, library_errors, model_option,
                       resolve_device)
-from sparsecache.query import methods
+from sparsecache.query import cheap, methods
 from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
 
@@ -44,6 +44,9 @@ from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
               help="superposition: chunks kept, those whose own path makes the question likeliest (default "
                    f"{methods.get('superposition').paths}; with 1 and --recompute-ratio 0 the answer continues that "
                    "path's cache).")
+@click.option("--prefill-under", type=click.IntRange(min=0), default=None,
+              help="Prefill contexts of fewer retrieved tokens instead of reading them from the store, where that is "
+                   "cheaper (whatever --method says). " + cheap.rule_text())
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option
@@ -71,6 +74,9 @@ def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model
                   f"{a.recomputed_tokens} recomputed, {a.bytes_read:,} bytes read):",
               "  " + "  ".join(f"{k} {t[k]:.1f}" for k in t if k not in ("ttft", "generate")),
               f"  then {t['generate']:.1f} ms to generate the rest"]
+    if a.prefilled_under:
+        lines += [f"  (prefilled: the retrieved chunks hold fewer than {a.prefilled_under} tokens, where prefilling "
+                  "costs less than the store path; --prefill-under 0 reads the store)"]
     result = a.to_dict()
     if ref is not None:
         result["full_prefill"] = {k: v for k, v in ref.items() if k != "tokens"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import library_errors, model_option
-from sparsecache.query import methods
+from sparsecache.query import cheap, methods
 from sparsecache.query.config import SERVE_METHOD
 from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
@@ -26,6 +26,9 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
 @click.option("--recompute-ratio", default=None, type=click.FloatRange(0, 1),
               help="Fraction of chunk tokens to recompute (default: the method's own, "
                    + methods.ratios(methods.names(connector=True)) + ").")
+@click.option("--prefill-under", type=click.IntRange(min=0), default=ServeConfig.prefill_under,
+              help="Let vLLM prefill requests whose chunks hold fewer tokens, where that is cheaper than loading "
+                   "them. " + cheap.rule_text())
 @click.option("--api-key", default=None, envvar="SPARSECACHE_API_KEY", show_envvar=True,
               help="Require this bearer token on /v1 requests (401 without it).")
 @click.option("--dtype", default=ServeConfig.dtype, show_default=True,

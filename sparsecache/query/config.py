@@ -39,7 +39,8 @@ class QueryConfig:
     - order: `given` (best chunk first) or `reverse` (best chunk next to the question);
     - reorder: `attention` lays the chunks out by the question's attention instead, the most
       important next to the question (InfoFlow's reordering; decoded codes only);
-    - paths: superposition's chunks kept (None: the method's own default).
+    - paths: superposition's chunks kept (None: the method's own default);
+    - prefill_under: contexts of fewer tokens are prefilled instead (`cheap.py`; None: its rule).
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
@@ -59,6 +60,9 @@ class QueryConfig:
     selector_layers: int | None = None  # ...truncated to its first N layers (None: a quarter of them)
     # superposition: the chunks kept, those whose own path makes the question likeliest (None: the method's default)
     paths: int | None = None
+    # cheap contexts (#69, `cheap.py`): retrieved contexts under this many tokens are prefilled
+    # (method full) instead of read from the store; None: the rule by model and device, 0: never
+    prefill_under: int | None = None
 
     def __post_init__(self):
         if self.method not in methods.REGISTRY:
@@ -81,6 +85,8 @@ class QueryConfig:
             raise ConfigError("--cake-split is a number of chunks >= 0")
         if self.selector_layers is not None and self.selector_layers < 1:
             raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
+        if self.prefill_under is not None and (isinstance(self.prefill_under, bool) or self.prefill_under < 0):
+            raise ConfigError(f"--prefill-under must be a number of tokens >= 0, got {self.prefill_under}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if self.reorder != "none" and not spec.reorders:
@@ -106,7 +112,8 @@ class QueryConfig:
 # The QueryConfig fields a served request (the server's `sparsecache` option, the vLLM
 # connector's kv_transfer_params and extra config) may set, with the types each takes.
 SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),
-                 "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None))}
+                 "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None)),
+                 "prefill_under": (int, type(None))}
 
 
 def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:

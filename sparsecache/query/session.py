@@ -21,7 +21,7 @@ from ..kvstore import KVStore
 from ..model import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
-from . import methods
+from . import cheap, methods
 from .blend import question_ids, truncate
 from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
 from .context import QueryContext
@@ -50,11 +50,14 @@ class Answer:
     # (`logprobs`) and, with `reference=`, of each step along the reference, teacher-forced
     logprobs: torch.Tensor | None = field(default=None, repr=False)
     reference_logprobs: torch.Tensor | None = field(default=None, repr=False)
+    # the cheap-context threshold (tokens) when the context was under it and so prefilled (`cheap.py`)
+    prefilled_under: int | None = None
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
                 "timings_ms": self.timings_ms, "recomputed_tokens": self.recomputed_tokens,
-                "bytes_read": self.bytes_read, "context_tokens": self.context_tokens, "method": self.method}
+                "bytes_read": self.bytes_read, "context_tokens": self.context_tokens, "method": self.method,
+                **({"prefilled_under": self.prefilled_under} if self.prefilled_under else {})}
 
 
 def _at_a_live_version(method):
@@ -107,6 +110,7 @@ class Session:
         self._embedder = None
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
+        self._parameters: int | None = None  # the model's compute parameters, for the cheap-context rule
 
     @property
     def embedder(self):
@@ -164,6 +168,10 @@ class Session:
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
         self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
+        under = self.prefill_under(cfg)
+        cheap = cfg.method != "full" and under > 0 and self.context_length(ids) < under
+        if cheap:  # prefilling these few tokens costs less than the store path (`cheap.py`)
+            cfg = QueryConfig(method="full", order=cfg.order, prefill_under=cfg.prefill_under)
         p = methods.get(cfg.method).prefilled(self.context(), ids, q_ids, cfg, watch)
         with watch.step("first_token"):
             first = int(p.logits.argmax())
@@ -182,12 +190,27 @@ class Session:
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         own = torch.stack(steps[: len(tokens)]).log_softmax(-1).cpu() if logprobs and tokens else None
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
-                      p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None)
+                      p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None,
+                      under if cheap else None)
+
+    def prefill_under(self, config: QueryConfig | None = None) -> int:
+        """The context tokens under which `config`'s queries prefill instead of reading the store
+        (`cheap.prefill_under`: its own setting, else the rule for this model and device)."""
+        given = (config or QueryConfig()).prefill_under
+        if given is not None:
+            return given
+        if self._parameters is None:
+            self._parameters = self.model.compute_parameters
+        return cheap.prefill_under(self._parameters, self.device.type)
+
+    def context_length(self, ids: list[str]) -> int:
+        """The tokens the chunks `ids` take in a context (each with the store's header, if any)."""
+        header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # before every chunk
+        return sum(self.store.chunk(c).token_length + header for c in ids)
 
     def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # before every chunk
-        total = len(self.store.prefix()[0]) + sum(self.store.chunk(c).token_length + header for c in ids) + extra
+        total = len(self.store.prefix()[0]) + self.context_length(ids) + extra
         if limit and total > limit:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)

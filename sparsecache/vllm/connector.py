@@ -80,8 +80,9 @@ from vllm.model_executor.models.utils import extract_layer_index
 from ..codec import numba_pool
 from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
 from ..kvstore import KVStore
-from ..model import Rope, config_fingerprint
+from ..model import Rope, compute_parameters, config_fingerprint
 from ..query.blend import decode_chunks, recompute_many
+from ..query import cheap
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
 from ..query.raw import RawKV, read_raw
@@ -101,7 +102,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
-COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "load_errors")
+COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "prefilled_cheap", "load_errors")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
 
 
@@ -162,6 +163,7 @@ class SparsecachePromMetrics(KVConnectorPromMetrics):
                           ("tokens", "prompt tokens whose KV was injected"),
                           ("recomputed", "injected tokens recomputed by blending"),
                           ("fallbacks", "requests naming chunks that were prefilled instead"),
+                          ("prefilled_cheap", "requests whose few chunk tokens cost less to prefill than to load"),
                           ("load_errors", "blocks whose load failed and were recomputed"),
                           ("decode_ms", "milliseconds spent reading, decoding, blending and writing KV"),
                           ("blend_ms", "milliseconds of those spent scoring and recomputing")):
@@ -194,6 +196,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.dtype = vllm_config.model_config.dtype
         self.placeholder = placeholder_id(vllm_config.model_config.hf_config)  # for a wrapper's soft tokens
+        # the cheap-context rule's inputs: the model's compute parameters and the engine's device
+        self._parameters = compute_parameters(vllm_config.model_config.hf_config)
+        self._device_type = vllm_config.device_config.device_type or "cpu"
         self._stores: dict[int, KVStore] = {}
         # a nightly re-index is followed within version_check_s seconds of publishing
         every = extra.get("version_check_s", 1.0)
@@ -244,6 +249,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
             logger.warning("sparsecache: request %s is prefilled instead (%s)", request.request_id, reason)
             self._stats.data["fallbacks"] += 1
             return 0, False
+        if self._cheap(spec):  # a few chunk tokens: vLLM prefills them (`query.cheap`)
+            self._stats.data["prefilled_cheap"] += 1
+            return 0, False
         spec.start = num_computed_tokens
         self._plans[request.request_id] = spec
         return max(0, spec.end - num_computed_tokens), False
@@ -271,6 +279,12 @@ class SparsecacheConnector(KVConnectorBase_V1):
         # the whole context is claimed, blended or as stored; vLLM prefills the question
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
                         prompt[len(expected):] if blend.recomputes else [])
+
+    def _cheap(self, spec: LoadSpec) -> bool:
+        """Whether the request's chunk tokens (after the store's prefix) are fewer than the
+        cheap-context rule's threshold for this model and device, or the request's own."""
+        under = cheap.prefill_under(self._parameters, self._device_type, spec.blend.prefill_under)
+        return under > 0 and spec.end - len(self._store(spec.version).prefix()[0]) < under
 
     def _raw(self, store: KVStore) -> RawKV:
         return RawKV(store, self.raw_dir)

@@ -17,7 +17,8 @@ handler renders our token ids instead of templating the messages.
 
 Per-request options go in the body's `sparsecache` object (OpenAI clients: `extra_body`):
 `top_k`, `chunks` (ids instead of retrieval), `documents` (retrieve only among these document
-ids), `method`, `recompute_ratio`. They are namespaced because the body's own `top_k` is
+ids), `method`, `recompute_ratio`, `prefill_under` (the cheap-context threshold, `query.cheap`).
+They are namespaced because the body's own `top_k` is
 vLLM's sampling parameter.
 
 Versions: a nightly `encode-corpus` publishes a new version; the next request retrieves from
@@ -66,6 +67,7 @@ class ServeConfig:
     top_k: int = 8  # as `sparsecache query`
     method: str = SERVE_METHOD
     recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
+    prefill_under: int | None = None  # cheap contexts: None the rule by model and device (`query.cheap`), 0 never
     api_key: str | None = None
     dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
     max_model_len: int | None = None
@@ -76,14 +78,14 @@ class ServeConfig:
 
     def __post_init__(self):
         # method and ratio parsed once, into the typed value every request starts from
-        blend = served_config({"method": self.method, "recompute_ratio": self.recompute_ratio},
-                              where="--method/--recompute-ratio")
+        blend = served_config({"method": self.method, "recompute_ratio": self.recompute_ratio,
+                               "prefill_under": self.prefill_under}, where="--method/--recompute-ratio/--prefill-under")
         object.__setattr__(self, "blend", blend)
 
     blend: QueryConfig = field(init=False, repr=False, compare=False)  # method and ratio, typed
 
 
-OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio")
+OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under")
 _PROMPT: contextvars.ContextVar[RagRequest | None] = contextvars.ContextVar("sparsecache_prompt", default=None)
 
 
@@ -129,8 +131,8 @@ class Rag:
             if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
                 raise BadRequest(f"{key} must be a non-empty list of strings")
         try:  # the request's method and ratio, parsed once: `request` passes on the typed value
-            blend = served_config({k: body[k] for k in ("method", "recompute_ratio") if k in body}, self.cfg.blend,
-                                  "sparsecache")
+            blend = served_config({k: body[k] for k in ("method", "recompute_ratio", "prefill_under") if k in body},
+                                  self.cfg.blend, "sparsecache")
         except ConfigError as e:
             raise BadRequest(str(e)) from None
         return {"top_k": top_k, "chunks": body.get("chunks"), "documents": body.get("documents"), "blend": blend}
@@ -147,6 +149,8 @@ class Rag:
         self.chunks.observe(len(req.chunks))
         blend = opts.get("blend", self.cfg.blend)
         req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
+        if blend.prefill_under is not None:
+            req.params["prefill_under"] = blend.prefill_under
         return req
 
     def sources(self, req: RagRequest) -> dict:
@@ -267,7 +271,8 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
     connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
                  "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.follow_s,
-                                               "method": cfg.method, "recompute_ratio": cfg.recompute_ratio}}
+                                               "method": cfg.method, "recompute_ratio": cfg.recompute_ratio,
+                                               "prefill_under": cfg.prefill_under}}
     on_gpu = torch.cuda.is_available()
     dtype = cfg.dtype
     if dtype == "auto" and not on_gpu:
