@@ -214,6 +214,31 @@ def test_the_default_rule_is_kepts_lower_bound_then_value_tokens_then_ttft_with_
     assert {x["label"]: (x["within"], x["keeps_chunks"]) for x in r["rows"]}["drops"] == (False, False)
 
 
+def test_the_frontier_plot_and_table_read_the_rules_rows(tmp_path):
+    """docs/tables/fidelity_table.py --rule kept: the table of every configuration and the frontier plot."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def row(label, correct, ttft, confident=True):
+        return {"k": 8, "label": label, "question": "q0", "hops": 1, "correct": correct, "ttft_ms": ttft,
+                "full_correct": True, "full_confident": confident, "same_answer": correct, "token_agreement": 0.9,
+                "value_top1": [1, 1], "value_kl": 0.1, "holds_answer": True}
+
+    rows = [{"k": 8, "label": "full", "question": "q0", "hops": 1, "correct": True, "ttft_ms": 1000.0,
+             "confident": True}, row("none", False, 200.0), row("infoflow:1.0", True, 1100.0)]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": rows}))
+    script = Path(__file__).parent.parent / "docs" / "tables" / "fidelity_table.py"
+    out = subprocess.run([sys.executable, str(script), str(results), str(results), "--plot", str(tmp_path / "f.png")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "chosen by the rule (kept): none" in out.stdout  # the only one within half of full prefill's TTFT
+    lines = [x for x in out.stdout.splitlines() if x.startswith("| none") or x.startswith("| infoflow")]
+    assert len(lines) == 2 and lines[0].startswith("| infoflow:1.0 | 1 | 1.00") and lines[1].endswith("| 0.20 | yes |")
+    assert (tmp_path / "f.png").stat().st_size > 1000
+
+
 def test_summaries_score_against_full_prefill_with_intervals():
     from sparsecache.bench.fidelity import summarise
 

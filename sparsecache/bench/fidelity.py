@@ -658,3 +658,36 @@ def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: fl
     chosen = max(eligible, key=lambda r: tuple(-r[key[1:]] if key.startswith("-") else r.get(key, 0.0)
                                                for key in keys))["label"] if eligible else None
     return {"k": k, "budget": budget, "rule": rule, "full_ttft_ms": times["full"], "chosen": chosen, "rows": rows}
+
+
+def plot_frontier(picked: dict, out, title: str = "") -> None:
+    """#69's frontier: each configuration's kept (95% interval) against its TTFT as a fraction of
+    full prefill's, full prefill at (1, 1), the TTFT budget as a line and the chosen one circled
+    (`picked`: `pick_default`'s result; hollow markers: not eligible, e.g. dropping needed chunks)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    ax.axvline(picked["budget"], color="grey", ls="--", lw=1, label=f"TTFT budget ({picked['budget']:g}x)")
+    ax.plot([1.0], [1.0], "ks", label="full prefill")
+    for i, r in enumerate(sorted(picked["rows"], key=lambda r: r["ttft_vs_full"])):
+        if "kept" not in r:
+            continue
+        lo, hi = r["kept_ci95"]
+        colour = f"C{i % 10}"
+        ax.errorbar(r["ttft_vs_full"], r["kept"], yerr=[[r["kept"] - lo], [hi - r["kept"]]], fmt="o", capsize=3,
+                    color=colour, mfc=colour if r["within"] else "none", label=r["label"])
+        if r["label"] == picked["chosen"]:
+            ax.plot(r["ttft_vs_full"], r["kept"], "o", ms=16, mfc="none", mec="black")
+    ax.set_xlabel("mean TTFT / full prefill's")
+    ax.set_ylabel("kept: full prefill's confident right answers kept")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_title(title or f"k = {picked['k']}: kept against TTFT (rule {picked['rule']}, chosen: {picked['chosen']})",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
