@@ -123,7 +123,8 @@ def test_bench_fidelity_refuses_bad_settings_before_loading_the_model(tmp_path, 
     for args, code, msg in ((["--k", "4,x"], 2, "not a comma-separated list"), (["--k", "1"], 1, "k must be >= 2"),
                             (["--questions", "0"], 1, "at least 1"), (["--questions", "400"], 1, "ask for fewer"),
                             (["--methods", "none@wrapped"], 1, "need a wrapped store (--wrapper)"),
-                            (["--wrapper", "shipped"], 1, "no method given does")):
+                            (["--wrapper", "shipped"], 1, "no method given does"),
+                            (["--entities", "400"], 1, "too few for 4 unique names per entity; use at most 323")):
         r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(tmp_path / "w"), *args])
         assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "w").exists()

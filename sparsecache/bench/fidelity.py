@@ -259,12 +259,21 @@ def _document(rng: random.Random, sentences: list[str], n: str, filler: int, poo
 ENTITIES = 40  # documents about entities (and as many about their people): ~250 questions at most
 
 
-def check_suite(ks, questions: int, entities: int = ENTITIES) -> None:
+NAMES_PER_ENTITY = 4  # an entity's name and region, its person's surname and region (`make_suite`)
+
+
+def check_suite(ks, questions: int, entities: int = ENTITIES, split: str | None = None) -> None:
     """Refuses settings the suite cannot be made with (before any model loads)."""
     if not ks or min(ks) < 2:
         raise ConfigError("k must be >= 2: a context holds the answer's chunk and others")
     if entities < max(ks) + 2:
         raise ConfigError(f"--entities must be at least max(k) + 2 = {max(ks) + 2}")
+    n = len(Pools.of(split).syllables)
+    names = n * (n - 1) + n * (n - 1) * (n - 2)  # two or three distinct syllables
+    if split is not None and NAMES_PER_ENTITY * entities + 12 > 0.9 * names:  # a split's names are unique
+        raise ConfigError(f"--entities {entities}: the {split} split's {n} syllables make {names} names, too few for "
+                          f"{NAMES_PER_ENTITY} unique names per entity; use at most "
+                          f"{int((0.9 * names - 12) // NAMES_PER_ENTITY)}")
     kinds = list(KINDS)
     one = sum(len(KINDS[kinds[e % len(kinds)]]["facts"]) for e in range(entities))
     two = entities * len(PERSON_FACTS)
@@ -283,7 +292,7 @@ def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int =
     """Write `out`/corpus.jsonl (one document per entity and per person) and
     `out`/questions.json; returns `questions` questions for each k, a fifth of them two-hop,
     drawn from `split`'s pools (`Pools.of`)."""
-    check_suite(ks, questions, entities)
+    check_suite(ks, questions, entities, split)
     pools = Pools.of(split)
     rng = random.Random(seed if split is None else f"{seed}-{split}")
     places = [pools.name(rng) for _ in range(12)]

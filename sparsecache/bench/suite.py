@@ -74,7 +74,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     if format == "entities":
-        check_suite(ks, questions, entities)
+        check_suite(ks, questions, entities, split)
     check_wrapped(methods or {}, wrapper, refuse_unused=True)
     work = Path(workdir)
     settings = {"ks": list(ks), "questions": questions, **({"split": split} if split else {}),
