@@ -47,6 +47,13 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     assert "same answer as full prefill: yes" in r.output or "same answer as full prefill: no" in r.output
     assert "next tokens agree" in r.output
 
+    # a context under --prefill-under is prefilled, and the output says so (the rule: tests/test_cheap.py)
+    r = run(cli, base + ["--chunks", ids, "--method", "none", "--prefill-under", "100000"])
+    assert r.exit_code == 0 and "(full," in r.output and "prefilled: the retrieved chunks hold fewer than 100000" \
+        in r.output, r.output
+    r = run(cli, base + ["--chunks", ids, "--method", "none", "--prefill-under", "100000", "--json"])
+    assert json.loads(r.stdout)["method"] == "full" and json.loads(r.stdout)["prefilled_under"] == 100000
+
     # the levers' options reach the method they belong to
     r = run(cli, base + ["--chunks", ids, "--method", "superposition", "--paths", "1", "--recompute-ratio", "0",
                          "--json"])
