@@ -206,13 +206,19 @@ def test_the_default_rule_is_kepts_lower_bound_then_value_tokens_then_ttft_with_
     def row(label, low, value, ttft, **holds):
         return {"k": 8, "label": label, "kept_ci95": (low, 1.0), "value_agreement": value, "ttft_ms": ttft, **holds}
 
+    drops = dict(drops_chunks=True, holds_hops1_n=50, holds_hops2_n=10)
     agreement = [row("a", 0.80, 0.90, 0), row("b", 0.85, 0.90, 0), row("c", 0.85, 0.95, 0), row("d", 0.85, 0.95, 0),
-                 row("drops", 0.99, 1.0, 0, holds_hops1=1.0, holds_hops2=0.2), row("slow", 0.99, 1.0, 0)]
+                 row("drops", 0.99, 1.0, 0, holds_hops1=1.0, holds_hops2=0.2, **drops), row("slow", 0.99, 1.0, 0),
+                 row("unseen", 0.99, 1.0, 0, holds_hops1=1.0, **{**drops, "holds_hops2_n": 0}),
+                 row("keeps", 0.86, 0.5, 0, holds_hops1=0.99, holds_hops2=0.95, **drops)]
     ttft = [row("full", 0, 0, 1000), row("a", 0, 0, 100), row("b", 0, 0, 200), row("c", 0, 0, 400), row("d", 0, 0, 300),
-            row("drops", 0, 0, 100), row("slow", 0, 0, 600)]
+            row("drops", 0, 0, 100), row("slow", 0, 0, 600), row("unseen", 0, 0, 100), row("keeps", 0, 0, 450)]
     r = pick_default(agreement, ttft)
-    assert r["rule"] == "kept" and r["chosen"] == "d"  # c and d tie on both keys: the faster one
-    assert {x["label"]: (x["within"], x["keeps_chunks"]) for x in r["rows"]}["drops"] == (False, False)
+    assert r["rule"] == "kept" and r["chosen"] == "keeps"  # it drops chunks, but never the needed ones
+    eligible = {x["label"]: (x["within"], x["keeps_chunks"]) for x in r["rows"]}
+    assert eligible["drops"] == (False, False)
+    assert eligible["unseen"] == (False, False)  # never seen on a question needing two chunks: not eligible
+    assert pick_default([x for x in agreement if x["label"] != "keeps"], ttft)["chosen"] == "d"  # ties: the faster
 
 
 def test_the_frontier_plot_and_table_read_the_rules_rows(tmp_path):
@@ -325,6 +331,12 @@ def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):
     assert {r["question"]: r["hops"] for r in gold} == want
     sup = [r for r in rows if r["label"] == "superposition:0+paths=1"]
     assert not all(r["holds_answer"] for r in sup if r["hops"] == 2)  # one path cannot hold two documents
+    assert all(r["dropped"] == 3 and r["retrieved_answer"] for r in sup)
+    from sparsecache.bench.fidelity import summarise
+
+    s = summarise(sup, {r["question"]: r for r in rows if r["label"] == "full"})
+    assert s["drops_chunks"] and s["holds_hops2_n"] == 2 and s["holds_hops2"] < 1
+    assert "drops_chunks" not in summarise([r for r in rows if r["label"] == "full"])
     with pytest.raises(ConfigError, match="paths"):
         parse_configs("superposition:0+paths=0")
 

@@ -39,7 +39,8 @@ def main(agreement, ttft, k, rule, out, plot):
               "(1 / 2 chunks) | TTFT (CPU) | × full | eligible |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for x in sorted(r["rows"], key=lambda x: (-x.get("kept_low", 0), x["ttft_vs_full"])):
-            holds = f"{x.get('holds_hops1', 1):.2f} / {x.get('holds_hops2', 1):.2f}"
+            holds = "all kept" if not x.get("drops_chunks") else " / ".join(
+                f"{x[f'holds_hops{h}']:.2f}" if x.get(f"holds_hops{h}_n", 1) else "unmeasured" for h in (1, 2))
             print(f"| {x['label']} | {x.get('confident', 0)} | {x.get('kept', 0):.2f} {_ci(x, 'kept')} | "
                   f"{x.get('value_agreement', 0):.3f} | {x.get('value_kl', 0):.3f} | {x.get('disagreement', 0):.2f} | "
                   f"{holds} | {x['ttft_ms'] / 1000:.2f} s | {x['ttft_vs_full']:.2f} | {'yes' if x['within'] else 'no'} |")
