@@ -75,10 +75,13 @@ def compute_parameters(config) -> int:
     """The weights a token's forward pass multiplies, from a decoder's config: attention (q, k, v,
     o) and a gated MLP per layer, plus the norms; not the input embeddings (a lookup). Exact for
     SmolLM2 (106,203,456), what the cheap-context rule scales by (`query.cheap`)."""
+    config = getattr(config, "text_config", None) or config  # a multimodal config's language model
     h, layers = config.hidden_size, config.num_hidden_layers
     head = getattr(config, "head_dim", None) or h // config.num_attention_heads
-    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size + 2 * h
+    heads = config.num_attention_heads
+    q, kv = heads * head, (getattr(config, "num_key_value_heads", None) or heads) * head
+    mlp = getattr(config, "intermediate_size", None) or 4 * h
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * mlp + 2 * h
     return layers * per_layer + h
 
 
