@@ -260,6 +260,7 @@ ENTITIES = 40  # documents about entities (and as many about their people): ~250
 
 
 NAMES_PER_ENTITY = 4  # an entity's name and region, its person's surname and region (`make_suite`)
+PLACES = 12  # place names a suite draws before its entities'
 
 
 def check_suite(ks, questions: int, entities: int = ENTITIES, split: str | None = None) -> None:
@@ -270,10 +271,10 @@ def check_suite(ks, questions: int, entities: int = ENTITIES, split: str | None 
         raise ConfigError(f"--entities must be at least max(k) + 2 = {max(ks) + 2}")
     n = len(Pools.of(split).syllables)
     names = n * (n - 1) + n * (n - 1) * (n - 2)  # two or three distinct syllables
-    if split is not None and NAMES_PER_ENTITY * entities + 12 > 0.9 * names:  # a split's names are unique
+    if split is not None and NAMES_PER_ENTITY * entities + PLACES > 0.9 * names:  # a split's names are unique
         raise ConfigError(f"--entities {entities}: the {split} split's {n} syllables make {names} names, too few for "
                           f"{NAMES_PER_ENTITY} unique names per entity; use at most "
-                          f"{int((0.9 * names - 12) // NAMES_PER_ENTITY)}")
+                          f"{int((0.9 * names - PLACES) // NAMES_PER_ENTITY)}")
     kinds = list(KINDS)
     one = sum(len(KINDS[kinds[e % len(kinds)]]["facts"]) for e in range(entities))
     two = entities * len(PERSON_FACTS)
@@ -295,7 +296,7 @@ def make_suite(out: str | Path, ks=(4, 8), questions: int = 100, entities: int =
     check_suite(ks, questions, entities, split)
     pools = Pools.of(split)
     rng = random.Random(seed if split is None else f"{seed}-{split}")
-    places = [pools.name(rng) for _ in range(12)]
+    places = [pools.name(rng) for _ in range(PLACES)]
     docs, facts = {}, []  # facts: (doc ids needed, question, truth, hops)
     kinds = list(KINDS)
     for e in range(entities):

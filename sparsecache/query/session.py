@@ -110,7 +110,6 @@ class Session:
         self._embedder = None
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
-        self._parameters: int | None = None  # the model's compute parameters, for the cheap-context rule
 
     @property
     def embedder(self):
@@ -167,10 +166,11 @@ class Session:
         if cfg.order == "reverse":
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
-        self._warn_if_too_long(ids, len(q_ids) + max_new_tokens)
+        length = self.context_length(ids)
+        self._warn_if_too_long(length, len(q_ids) + max_new_tokens)
         under = self.prefill_under(cfg)
-        cheap = cfg.method != "full" and under > 0 and self.context_length(ids) < under
-        if cheap:  # prefilling these few tokens costs less than the store path (`cheap.py`)
+        prefilled = cfg.method != "full" and under > 0 and length < under
+        if prefilled:  # prefilling these few tokens costs less than the store path (`cheap.py`)
             cfg = QueryConfig(method="full", order=cfg.order, prefill_under=cfg.prefill_under)
         p = methods.get(cfg.method).prefilled(self.context(), ids, q_ids, cfg, watch)
         with watch.step("first_token"):
@@ -191,26 +191,22 @@ class Session:
         own = torch.stack(steps[: len(tokens)]).log_softmax(-1).cpu() if logprobs and tokens else None
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
                       p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None,
-                      under if cheap else None)
+                      under if prefilled else None)
 
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store
         (`cheap.prefill_under`: its own setting, else the rule for this model and device)."""
         given = (config or QueryConfig()).prefill_under
-        if given is not None:
-            return given
-        if self._parameters is None:
-            self._parameters = self.model.compute_parameters
-        return cheap.prefill_under(self._parameters, self.device.type)
+        return given if given is not None else cheap.prefill_under(self.model.compute_parameters, self.device.type)
 
     def context_length(self, ids: list[str]) -> int:
         """The tokens the chunks `ids` take in a context (each with the store's header, if any)."""
         header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # before every chunk
         return sum(self.store.chunk(c).token_length + header for c in ids)
 
-    def _warn_if_too_long(self, ids: list[str], extra: int) -> None:
+    def _warn_if_too_long(self, context_length: int, extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        total = len(self.store.prefix()[0]) + self.context_length(ids) + extra
+        total = len(self.store.prefix()[0]) + context_length + extra
         if limit and total > limit:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)
