@@ -29,7 +29,7 @@ from .wrapper_config import DEFAULT_WRAPPERS
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/; a wheel holds the default
 # model's alone, as it does its dictionary), found by the model's fingerprint (`--wrapper shipped`); a new
 # store gets its model's by default (DEFAULT_WRAPPERS)
-SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0", "gemma-3-270m-wrapper-h16-t0")
+SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0-neutral", "gemma-3-270m-wrapper-h16-t0")
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1

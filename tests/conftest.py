@@ -656,7 +656,7 @@ os.environ.update(ENGINE_ENV)
 import torch
 from sparsecache.gguf import model_dir
 from sparsecache.serving import RagPrompts
-from sparsecache.query.config import SERVE_METHOD
+from sparsecache.query.config import DEFAULT_METHOD
 from sparsecache.query.session import Session
 
 import sparsecache.query.methods.base as methods_base
@@ -695,8 +695,8 @@ tokens, first, delta = generate(llm, req, with_source(req, "codes", method="info
 full_tokens, full_first, _ = generate(llm, req, None, max_tokens=8)
 result["blend-all"] = {"delta": delta, "same_tokens": tokens == full_tokens,
                        "max_logprob_diff": max(abs(first[t] - full_first[t]) for t in full_first)}
-tokens, first, delta = generate(llm, req, with_source(req, "codes", method=SERVE_METHOD), max_tokens=8)
-ours = session.query(question, chunks=ids, method=SERVE_METHOD, max_new_tokens=8, prefill_under=0)  # what serve does by default
+tokens, first, delta = generate(llm, req, with_source(req, "codes", method=DEFAULT_METHOD), max_tokens=8)
+ours = session.query(question, chunks=ids, method=DEFAULT_METHOD, max_new_tokens=8, prefill_under=0)  # what serve does by default
 logprobs = torch.log_softmax(ours.logits, -1)
 result["blend"] = {"delta": delta, "ours_recomputed": ours.recomputed_tokens,
                    "same_positions": chosen["vllm"][-1] == chosen["query"][-1],

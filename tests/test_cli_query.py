@@ -26,12 +26,17 @@ def test_query_json_and_text(corpus_dir, tmp_path, tiny_model_dir, tiny_dictiona
     steps = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
     assert abs(t["ttft"] - sum(t[s] for s in steps)) < 0.01 and out["recomputed_tokens"] > 0
     assert out["bytes_read"] > 0
-    # the default (superposition, 2 paths) drops a chunk: --compare reads all three, and the text says which
-    assert out["method"] == "superposition" and len(out["context_ids"]) == 2
+    # the default (infoflow) keeps every retrieved chunk: --compare prefills the same context
+    assert out["method"] == "infoflow" and len(out["context_ids"]) == 3
     r = run(cli, base + ["--top-k", "3", "--compare", "--json"])
     ref = json.loads(r.stdout)["full_prefill"]
-    assert ref["context_tokens"] > out["context_tokens"]
-    r = run(cli, base + ["--top-k", "3"])
+    assert ref["context_tokens"] == out["context_tokens"]
+    # superposition (2 paths) drops a chunk: --compare reads all three, and the text says which
+    r = run(cli, base + ["--top-k", "3", "--method", "superposition", "--compare", "--json"])
+    sup = json.loads(r.stdout)
+    assert sup["method"] == "superposition" and len(sup["context_ids"]) == 2
+    assert sup["full_prefill"]["context_tokens"] > sup["context_tokens"]
+    r = run(cli, base + ["--top-k", "3", "--method", "superposition"])
     assert r.output.count("(not used: its path scored lower)") == 1, r.output
 
     ids = ",".join(c["id"] for c in out["chunks"][:2])

@@ -342,29 +342,31 @@ def test_gold_answers_from_the_answers_own_chunks(session, suite, tmp_path):
 
 
 def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
-    """#51's rule over the dev split's answers and the CPU's TTFT run in docs/benchmarks chooses
-    the configuration `QueryConfig()` is: the default follows the measurement (until #69's rule,
-    `kept`, has its own dev measurements to choose from)."""
+    """#69's rule (`kept`) over the dev split's answers and the quiet CPU's TTFT run committed in
+    docs/benchmarks chooses the configuration `QueryConfig()` is, on the store a new default-model
+    store is (wrapped with the default wrapper): the default follows the measurement."""
     import importlib.util
     from pathlib import Path
 
     from click.testing import CliRunner
 
-    from sparsecache.query import methods
     from sparsecache.query.config import QueryConfig
+    from sparsecache.wrapper_config import DEFAULT_WRAPPERS
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("fidelity_table", root / "docs/tables/fidelity_table.py")
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    bench = root / "docs/benchmarks"
-    answers, ttft = bench / "fidelity-dev-200-2026-11-27.json", bench / "fidelity-dev-ttft10-2026-11-27.json"
-    r = CliRunner().invoke(table.main, [str(answers), str(ttft), "--rule", "correct_vs_full",
-                                        "--out", str(tmp_path / "d.json")])
+    bench = root / "docs/benchmarks/fidelity69-2026-11-29"
+    answers, ttft = bench / "dev-entities/results.json", bench / "ttft/results.json"
+    r = CliRunner().invoke(table.main, [str(answers), str(ttft), "--rule", "kept", "--out", str(tmp_path / "d.json")])
     assert r.exit_code == 0, r.output
     chosen = json.loads((tmp_path / "d.json").read_text())["chosen"]
     cfg = QueryConfig()
-    assert chosen == f"{cfg.method}:{cfg.ratio:g}+paths={methods.get(cfg.method).paths}", r.output
+    assert chosen == f"{cfg.method}:{cfg.ratio:g}@wrapped" and DEFAULT_WRAPPERS, r.output
+    # the wrapper those answers were measured with is the one new stores get
+    meta = json.loads((root / "dictionaries" / DEFAULT_WRAPPERS[0] / "wrapper.json").read_text())
+    assert "specimen" in meta["recipe"]["questions"]
 
 
 def test_wrapped_methods_answer_from_the_wrapped_store_beside_the_plain_one(session, suite, tmp_path, embedder):

@@ -39,33 +39,36 @@ def test_the_benchmarks_tables_and_the_cli_read_the_registry():
     out = CliRunner().invoke(cli, ["query", "--help"], terminal_width=200).output
     for m in methods.REGISTRY.values():
         assert m.name in out
-    assert "superposition prompting; the default" in " ".join(out.split())
+    assert "InfoFlow; the default" in " ".join(out.split())
 
 
 def test_the_default_is_the_rules_choice_and_a_method_named_alone_keeps_its_own_ratio():
-    """#51's rule chose superposition with 2 paths at r = 0.5 for `query`; `serve` and the
-    connector keep the best they can serve. A method named without a ratio gets its own ratio,
+    """#69's rule chose infoflow at r = 0.1 for `query`, `Session`, `serve` and the connector
+    alike. A method named without a ratio gets its own ratio,
     also where the default config is changed into it (Session.query's dataclasses.replace)."""
     import dataclasses
 
     from click.testing import CliRunner
 
     from sparsecache.cli.main import cli
-    from sparsecache.query.config import SERVE_METHOD
+    from sparsecache.query.config import DEFAULT_METHOD, served_config
     from sparsecache.vllm.server import ServeConfig
 
     cfg = QueryConfig()
-    assert (cfg.method, cfg.recompute_ratio, cfg.ratio, cfg.paths) == ("superposition", None, 0.5, None)
-    assert methods.get(cfg.method).paths == 2 and cfg.recomputes
-    assert dataclasses.replace(cfg, method="infoflow").ratio == 0.25
+    # #69's rule chose infoflow at r = 0.1 on a wrapped store; every chunk kept, so serve and the connector share it
+    assert (cfg.method, cfg.recompute_ratio, cfg.ratio, cfg.paths) == ("infoflow", None, 0.1, None)
+    assert methods.get("superposition").paths == 2 and cfg.recomputes
+    assert dataclasses.replace(cfg, method="superposition").ratio == 0.5
+    assert dataclasses.replace(cfg, method="cacheblend").ratio == 0.25
     assert QueryConfig("a3").ratio == 0.25 and QueryConfig("a3", 0.1).ratio == 0.1
     assert not QueryConfig("infoflow", 0.0).recomputes and not QueryConfig("none").recomputes
-    assert SERVE_METHOD == ServeConfig.method == "infoflow" and SERVE_METHOD in methods.names(connector=True)
+    assert DEFAULT_METHOD == ServeConfig.method == "infoflow" and DEFAULT_METHOD in methods.names(connector=True)
     query = " ".join(CliRunner().invoke(cli, ["query", "--help"], terminal_width=200).output.split())
-    assert "[default: superposition]" in query and "superposition 0.5" in query and "infoflow 0.25" in query
+    assert "[default: infoflow]" in query and "superposition 0.5" in query and "infoflow 0.1" in query
     assert "(default 2;" in query
     serve = " ".join(CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).output.split())
-    assert "[default: infoflow]" in serve and "infoflow 0.25" in serve and "superposition 0.5" not in serve
+    assert "[default: infoflow]" in serve and "infoflow 0.1" in serve and "superposition 0.5" not in serve
+    assert served_config({}) == cfg  # a request that names nothing gets query's default
 
 
 def test_importing_the_registry_loads_no_torch():

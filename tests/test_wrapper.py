@@ -310,6 +310,7 @@ def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, 
     w = Wrapper.load(shipped_wrapper(default_model.fingerprint()))
     w.check_model(default_model)
     assert w.lengths == (16, 0) and w.meta["store_eval"]["split"] == "dev"
+    assert "specimen" in w.meta["recipe"]["questions"]  # #69: learned from data no evaluation format is drawn from
     assert default_wrapper(default_model.fingerprint()) == shipped_wrapper(default_model.fingerprint())
     assert default_wrapper(tiny_model.fingerprint()) is None  # a model with no wrapper: plain stores, as before
     with pytest.raises(ConfigError, match="no wrapper ships"):

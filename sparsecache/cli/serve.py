@@ -6,7 +6,7 @@ import click
 
 from .options import library_errors, model_option
 from sparsecache.query import cheap, methods
-from sparsecache.query.config import SERVE_METHOD
+from sparsecache.query.config import DEFAULT_METHOD
 from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
 
@@ -19,9 +19,9 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
 @click.option("--top-k", default=ServeConfig.top_k, show_default=True, type=click.IntRange(1, MAX_TOP_K),
               help="Chunks retrieved per request (a request may set its own).")
 @click.option("--method", type=click.Choice(methods.names(connector=True)),
-              default=SERVE_METHOD, show_default=True,
-              help="What the connector does with the chunks' KV (as `sparsecache query`; query's default, "
-                   "superposition, drops chunks from the prompt vLLM is given, which a connector cannot): "
+              default=DEFAULT_METHOD, show_default=True,
+              help="What the connector does with the chunks' KV (as `sparsecache query`, whose default this is; "
+                   "methods that drop or reorder chunks are query's alone): "
                    + methods.summaries(methods.names(connector=True)))
 @click.option("--recompute-ratio", default=None, type=click.FloatRange(0, 1),
               help="Fraction of chunk tokens to recompute (default: the method's own, "

@@ -17,9 +17,12 @@ SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
-# What `serve` and the vLLM connector do by default: #51's rule among the methods the connector can
-# serve (vLLM is handed the prompt's chunks, so methods that drop or reorder chunks are not among them)
-SERVE_METHOD = "infoflow"
+# #69's rule (BENCHMARKS.md, "Fidelity to full prefill"): among the configurations at <= half of full prefill's
+# TTFT at k = 8 on a 2-core CPU, the highest lower bound of *kept* (the share of the questions full prefill
+# answers right with confidence that the configuration answers right too) on the dev splits; a method that
+# drops chunks was eligible only if it kept the needed ones. One default for `query`, `Session`, `serve` and
+# the vLLM connector: it keeps every retrieved chunk, so the connector serves it too.
+DEFAULT_METHOD = "infoflow"
 MAX_NEW_TOKENS = 64  # tokens a query generates
 
 
@@ -44,10 +47,8 @@ class QueryConfig:
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
-    # #51's rule: the most correct answers relative to full prefill's on the fidelity suite's dev
-    # split (k = 8) among configurations at <= half its TTFT on a 2-core CPU (BENCHMARKS.md, "Fidelity")
-    method: str = "superposition"
-    recompute_ratio: float | None = None  # None: the method's own (`Method.ratio`: superposition 0.5, others 0.25)
+    method: str = DEFAULT_METHOD  # #69's rule (above), at the method's own ratio (infoflow: 0.1)
+    recompute_ratio: float | None = None  # None: the method's own (`Method.ratio`: infoflow 0.1, superposition 0.5, others 0.25)
     group_window: int = 8
     group_min: int = 0
     score_layer: int | None = None
@@ -117,11 +118,11 @@ SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), 
 
 
 def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:
-    """The typed QueryConfig of a served request: `base` (default: `SERVE_METHOD`'s) with the
+    """The typed QueryConfig of a served request: `base` (default: QueryConfig's defaults) with the
     fields of SERVED_FIELDS that `given` (parsed JSON) sets. Only a method the vLLM connector
     can serve is accepted (`full`, `raw`, `cake`, superposition and reordering are `sparsecache
     query`'s); anything else is a ConfigError naming `where`."""
-    base = base if base is not None else QueryConfig(method=SERVE_METHOD)
+    base = base if base is not None else QueryConfig()
     fields = {k: given[k] for k in SERVED_FIELDS if k in given}
     for k, v in fields.items():
         if isinstance(v, bool) or not isinstance(v, SERVED_FIELDS[k]):

@@ -46,7 +46,7 @@ never used.
 device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
-    recompute_ratio  fraction of chunk tokens recomputed (default: the method's own, 0.25)
+    recompute_ratio  fraction of chunk tokens recomputed (default: the method's own: infoflow 0.1, others 0.25)
     group_window, group_min, score_layer, selector_layers
                      as `sparsecache query`'s options of those names (QueryConfig's defaults;
                      cacheclip's selector is vLLM's model truncated to selector_layers)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError
-from ..query.config import SERVE_METHOD, QueryConfig, served_config
+from ..query.config import DEFAULT_METHOD, QueryConfig, served_config
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
     from ..serving import RagRequest
@@ -65,7 +65,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     top_k: int = 8  # as `sparsecache query`
-    method: str = SERVE_METHOD
+    method: str = DEFAULT_METHOD
     recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
     prefill_under: int | None = None  # cheap contexts: None the rule by model and device (`query.cheap`), 0 never
     api_key: str | None = None

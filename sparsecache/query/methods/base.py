@@ -58,7 +58,7 @@ class Method:
     baseline: bool = False  # a reference the benchmarks compare the store's methods with
     options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
     in_ttft_bench: bool = True  # `bench ttft` times it at every k
-    ratio: float = 0.25  # the recompute ratio a query that names none gets (#34's rule picked 0.25 for infoflow)
+    ratio: float = 0.25  # the recompute ratio a query that names none gets (a method may set its own: infoflow 0.1)
 
     def layer(self, n_layers: int) -> int:
         """The layer a scorer reads by default."""

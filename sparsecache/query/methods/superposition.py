@@ -25,12 +25,12 @@ from .base import AttentionScorer, Prefilled, fuse, infoflow_layer
 class Superposition(AttentionScorer):
     name = "superposition"
     summary = ("keep the --paths chunks (2) whose own path makes the question likeliest, recompute --recompute-ratio "
-               "(0.5) of them, answer (superposition prompting; the default)")
+               "(0.5) of them, answer (superposition prompting; drops chunks, so it is an option, not the default)")
     options = ("paths",)
     connector = False
     reorders = False
     in_ttft_bench = False
-    paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (BENCHMARKS.md, "Fidelity")
+    paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (its default until #69; docs/benchmarks-history.md)
     ratio = 0.5
 
     def layer(self, n_layers: int) -> int:
