@@ -13,12 +13,12 @@ from test_blend import QUESTION, chunk_ids, session  # noqa: F401  (fixtures)
 
 def test_the_rule_is_by_tokens_model_and_device_and_a_given_threshold_overrides_it():
     ref = cheap.REFERENCE_PARAMS
-    assert cheap.prefill_under(ref, "cpu") == cheap.CPU_TOKENS == 768
+    assert cheap.prefill_under(ref, "cpu") == cheap.CPU_TOKENS == 96
     assert cheap.prefill_under(ref, "cuda") == cheap.GPU_TOKENS
     assert cheap.prefill_under(2 * ref, "cpu") == cheap.CPU_TOKENS // 2  # prefill costs twice as much per token
     assert cheap.prefill_under(80 * ref, "cuda") == cheap.GPU_TOKENS // 80
     assert cheap.prefill_under(ref, "cpu", given=0) == 0 and cheap.prefill_under(ref, "cuda", given=100) == 100
-    assert "768 tokens on a CPU" in cheap.rule_text() and "0 never" in cheap.rule_text()
+    assert "96 tokens on a CPU" in cheap.rule_text() and "0 never" in cheap.rule_text()
 
 
 def test_compute_parameters_count_what_a_forward_pass_multiplies(tiny_model):
@@ -69,9 +69,9 @@ def test_a_bad_threshold_is_refused_in_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["query", str(tmp_path), "q", "--prefill-under", "-5"])
     assert r.exit_code == 2 and "-5 is not in the range x>=0" in r.output
     text = " ".join(CliRunner().invoke(cli, ["query", "--help"]).output.split())
-    assert "prefill contexts under 768 tokens on a CPU" in text
+    assert "prefill contexts under 96 tokens on a CPU" in text
     text = " ".join(CliRunner().invoke(cli, ["serve", "--help"]).output.split())
-    assert "--prefill-under" in text and "768 tokens on a CPU" in text
+    assert "--prefill-under" in text and "96 tokens on a CPU" in text
 
 
 def test_benchmarks_measure_the_method_they_name():

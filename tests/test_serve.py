@@ -93,9 +93,9 @@ def server(tmp_path_factory):
     log = root / "serve.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "sparsecache.cli.main", "serve", str(root / "store"), "--port", str(port),
-                                 # two short chunks are under the cheap-context threshold, where vLLM would
-                                 # prefill them: these tests are of the store path (test_cheap_contexts_... below)
-                                 "--top-k", "2", "--api-key", KEY, "--prefill-under", "0", "--",
+                                 # the defaults: two chunks (~400 tokens) are over the CPU's cheap-context
+                                 # threshold, so these requests take the store path (cheap contexts: below)
+                                 "--top-k", "2", "--api-key", KEY, "--",
                                  "--max-model-len", "4096"],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"

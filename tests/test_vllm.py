@@ -7,6 +7,8 @@ the store or fell back to prefill, so an equality can never pass by a silent fal
 """
 
 
+import json
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -207,15 +209,21 @@ def test_concurrent_requests_in_one_step_each_get_their_own_blend(llm, store, ra
 
 
 def test_a_context_under_the_cheap_threshold_is_left_to_vllms_prefill(llm, store, rag):
-    """On defaults (no prefill_under anywhere) two short chunks cost less to prefill than to load
-    on a CPU (`query.cheap`): the connector claims nothing and counts it, and vLLM's answer is
-    its own full prefill's."""
+    """On defaults (no prefill_under anywhere) two chunks (~400 tokens) are over the CPU's cheap
+    threshold for the default method (`query.cheap`): the connector loads them. A request whose
+    prefill_under is above its context is left to vLLM's prefill, counted, and its answer is
+    vLLM's own full prefill's."""
     from sparsecache.query import cheap
 
     req = rag.request(QUESTIONS[0], chunks=[c.id for c in store.store.chunks()][:2])
-    assert req.context_tokens - len(store.store.prefix()[0]) < cheap.CPU_TOKENS
+    context = req.context_tokens - len(store.store.prefix()[0])
+    assert context >= cheap.CPU_TOKENS
     full, _, _ = generate(llm, req, None)
-    tokens, _, delta = generate(llm, req, req.kv_transfer_params)
+    _, _, delta = generate(llm, req, req.kv_transfer_params)
+    assert delta["prefilled_cheap"] == 0 and delta["tokens"] > 0 and delta["fallbacks"] == 0
+    p = json.loads(json.dumps(req.kv_transfer_params))
+    p["sparsecache"]["prefill_under"] = context + 1
+    tokens, _, delta = generate(llm, req, p)
     assert delta["prefilled_cheap"] == 1 and delta["tokens"] == 0 and delta["fallbacks"] == 0 and tokens == full
 
 

@@ -25,9 +25,11 @@ from __future__ import annotations
 # SmolLM2-135M, the default model, where the figures below were measured: its parameters outside the
 # input embeddings (a lookup, not compute; `KVModel.compute_parameters`)
 REFERENCE_PARAMS = 106_203_456
-# CPU: the store path's default and full prefill meet at ~700-800 context tokens on a 2-vCPU AMD EPYC
-# (#69: ~400 tokens 645 against 470 ms, ~1,000 tokens 0.70x full prefill's TTFT)
-CPU_TOKENS = 768
+# CPU: the store path's default (infoflow r = 0.1, wrapped) and full prefill meet near 90 context tokens on a
+# 2-vCPU AMD EPYC with the CPU to itself (#69, BENCHMARKS.md "Fidelity to full prefill": 10 questions each,
+# full prefill 598 / 1,068 / 2,095 ms at ~300 / 590 / 1,130 tokens, the default 350 / 483 / 810 ms; the fitted
+# lines cross at ~90). Superposition, the default before, cost more: there the crossover was ~700-800 tokens.
+CPU_TOKENS = 96
 # GPU: the default model prefills 16K tokens as fast as the store path delivers them (H200, 2026-11-27)
 GPU_TOKENS = 16_384
 
