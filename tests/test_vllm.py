@@ -7,8 +7,6 @@ the store or fell back to prefill, so an equality can never pass by a silent fal
 """
 
 
-import json
-
 import pytest
 import torch
 from click.testing import CliRunner
@@ -214,6 +212,7 @@ def test_a_context_under_the_cheap_threshold_is_left_to_vllms_prefill(llm, store
     prefill_under is above its context is left to vLLM's prefill, counted, and its answer is
     vLLM's own full prefill's."""
     from sparsecache.query import cheap
+    from sparsecache.query.config import DEFAULT_METHOD
 
     req = rag.request(QUESTIONS[0], chunks=[c.id for c in store.store.chunks()][:2])
     context = req.context_tokens - len(store.store.prefix()[0])
@@ -221,9 +220,7 @@ def test_a_context_under_the_cheap_threshold_is_left_to_vllms_prefill(llm, store
     full, _, _ = generate(llm, req, None)
     _, _, delta = generate(llm, req, req.kv_transfer_params)
     assert delta["prefilled_cheap"] == 0 and delta["tokens"] > 0 and delta["fallbacks"] == 0
-    p = json.loads(json.dumps(req.kv_transfer_params))
-    p["sparsecache"]["prefill_under"] = context + 1
-    tokens, _, delta = generate(llm, req, p)
+    tokens, _, delta = generate(llm, req, with_source(req, "codes", method=DEFAULT_METHOD, prefill_under=context + 1))
     assert delta["prefilled_cheap"] == 1 and delta["tokens"] == 0 and delta["fallbacks"] == 0 and tokens == full
 
 
