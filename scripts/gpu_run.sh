@@ -9,7 +9,7 @@
 # with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
 # out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|calibrate [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]
 # `default` is the one to run first on a lent GPU: the current default measured end to end in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +85,14 @@ ruler)  # the RULER-style suite, decode on the GPU; what finished comes back if 
   stage
   stamp ruler; timeout "${2:-520}" $SC bench ruler --workdir /tmp/ruler --device cuda --json > "$OUT/ruler-h100.json" 2> "$OUT/ruler-h100.err"
   cp /tmp/ruler/results.json "$OUT/ruler-h100-results.json"; grep -a -E "accuracy" "$OUT/ruler-h100.err" | tail -50
+  ;;
+calibrate)  # #70: `sparsecache calibrate` on the GPU, the GPU's frontier: the demo store (made on a CPU,
+  # staged as demo.store/) measured with --device cuda and recorded as its cuda choice, beside any CPU one
+  stage
+  rm -rf /tmp/demo.store && cp -r /tmp/stage/demo.store /tmp/demo.store || exit 1
+  stamp calibrate; timeout "${2:-520}" $SC calibrate /tmp/demo.store --device cuda --json > "$OUT/calibrate-cuda.json" \
+    2> "$OUT/calibrate-cuda.err"
+  $SC info /tmp/demo.store | grep "query configuration"; tail -c 2000 "$OUT/calibrate-cuda.err"
   ;;
 fidelity)  # bench fidelity's rows on the GPU: full prefill first, then the configurations in parallel
   # processes (each is launch-bound, so they share the GPU well). The staged fid/ holds the suite and

@@ -62,12 +62,14 @@ def test_the_default_is_the_rules_choice_and_a_method_named_alone_keeps_its_own_
     assert dataclasses.replace(cfg, method="cacheblend").ratio == 0.25
     assert QueryConfig("a3").ratio == 0.25 and QueryConfig("a3", 0.1).ratio == 0.1
     assert not QueryConfig("infoflow", 0.0).recomputes and not QueryConfig("none").recomputes
-    assert DEFAULT_METHOD == ServeConfig.method == "infoflow" and DEFAULT_METHOD in methods.names(connector=True)
+    # where a store holds no calibration (`sparsecache calibrate`): serve's method None falls back to it
+    assert DEFAULT_METHOD == ServeConfig(store="x").blend.method == "infoflow" and ServeConfig.method is None
+    assert DEFAULT_METHOD in methods.names(connector=True)
     query = " ".join(CliRunner().invoke(cli, ["query", "--help"], terminal_width=200).output.split())
-    assert "[default: infoflow]" in query and "superposition 0.5" in query and "infoflow 0.1" in query
-    assert "(default 2;" in query
+    assert "calibrate` measured one (`info` shows it), else infoflow]" in query and "superposition 0.5" in query
+    assert "infoflow 0.1" in query and "(default 2;" in query
     serve = " ".join(CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).output.split())
-    assert "[default: infoflow]" in serve and "infoflow 0.1" in serve and "superposition 0.5" not in serve
+    assert "else infoflow]" in serve and "infoflow 0.1" in serve and "superposition 0.5" not in serve
     assert served_config({}) == cfg  # a request that names nothing gets query's default
 
 

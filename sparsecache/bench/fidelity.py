@@ -198,6 +198,7 @@ class Question:
     # needs, given directly (None: one chunk per document, found by document id)
     chunks: list[str] | None = None
     needed: list[str] | None = None
+    answer_prefix: str | None = None  # the start of the answer, given (a `continue` cloze question: `cloze`)
 
 
 @dataclass(frozen=True)
@@ -500,6 +501,7 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                 chunks = [c for c in context if cfg.get("context") != "gold" or c in needed]
                 ref = refs.get((k, q.id))
                 a = ask.query(q.question, chunks=chunks, max_new_tokens=max_new_tokens, logprobs=True,
+                              answer_prefix=q.answer_prefix or "",
                               reference=None if ref is None else ref["tokens"], **query)
                 row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
@@ -566,11 +568,7 @@ def summarise(rows: list[dict], full: dict[str, dict] | None = None) -> dict:
         kept = sum(c for c, s in zip(correct, sure) if s)
         out |= {"confident": sum(sure), "kept": round(kept / sum(sure), 4), "kept_ci95": wilson(kept, sum(sure))}
     out["disagreement"] = round(sum(c != f for c, f in zip(correct, ref)) / n, 4)
-    valued = [r for r, s in zip(rows, sure) if s and "value_agreement" in r]
-    if valued:
-        agree = [r["value_agreement"] for r in valued]
-        out |= {"value_agreement": round(_mean(agree), 4), "value_agreement_ci95": _bootstrap(agree, _mean),
-                "value_kl": round(_mean([r["value_kl"] for r in valued]), 4)}
+    out |= summarise_values([r for r, s in zip(rows, sure) if s])
     same = sum(r["same_answer"] for r in rows)
     agreement = [r["token_agreement"] for r in rows]
     out |= {"same_answer": same / n, "same_answer_ci95": wilson(same, n),
@@ -595,6 +593,17 @@ def summarise(rows: list[dict], full: dict[str, dict] | None = None) -> dict:
         if part:
             out[f"same_answer_hops{hops}"] = round(sum(r["same_answer"] for r in part) / len(part), 4)
     return out
+
+
+def summarise_values(rows: list[dict]) -> dict:
+    """The value tokens' agreement with full prefill (mean, bootstrap 95% interval) and mean KL
+    over the rows that have them ({} where none does)."""
+    valued = [r for r in rows if "value_agreement" in r]
+    if not valued:
+        return {}
+    agree = [r["value_agreement"] for r in valued]
+    return {"value_agreement": round(_mean(agree), 4), "value_agreement_ci95": _bootstrap(agree, _mean),
+            "value_kl": round(_mean([r["value_kl"] for r in valued]), 4)}
 
 
 def _mean(xs) -> float:

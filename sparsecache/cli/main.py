@@ -15,8 +15,8 @@ def cli():
 
     Learn global K/V dictionaries for a model (learn-dict) and measure them (eval-dict,
     bench omp); learn chunk wrappers (learn-wrapper); encode a corpus into a versioned store (encode-corpus), inspect it
-    (info, verify, search, compact), answer questions from it (query) and serve it over an
-    OpenAI-compatible HTTP API (serve).
+    (info, verify, search, compact), measure the configuration its corpus needs (calibrate), answer
+    questions from it (query) and serve it over an OpenAI-compatible HTTP API (serve).
     """
     warnings.showwarning = _warning_line
 
@@ -32,7 +32,7 @@ cli.add_command(dictionary.eval_dict_cmd)
 cli.add_command(dictionary.learn_wrapper_cmd)
 cli.add_command(bench.bench)
 for command in (store.encode_corpus_cmd, store.info_cmd, store.verify_cmd, store.compact_cmd, store.search_cmd,
-                query.query_cmd, serve.serve_cmd):
+                query.query_cmd, query.calibrate_cmd, serve.serve_cmd):
     cli.add_command(command)
 
 

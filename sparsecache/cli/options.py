@@ -89,12 +89,12 @@ def _object_store_errors() -> tuple:
     return (BaseError,)
 
 
-def config_from(cls, options: dict):
-    """`cls(**…)` from the click `options` named like its fields, which are taken out of
-    `options`: a command maps its options onto a config dataclass by name, never by position."""
+def fields_of(cls, options: dict) -> dict:
+    """The click `options` named like the config dataclass `cls`'s fields, taken out of
+    `options`: a command maps its options onto a config by name, never by position."""
     import dataclasses
 
-    return cls(**{f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.init and f.name in options})
+    return {f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.init and f.name in options}
 
 
 def emit(result: dict, as_json: bool, lines: list[str]) -> None:

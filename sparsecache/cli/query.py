@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .options import (config_from, device_option, dtype_option, emit, json_option, library_errors, model_option,
+from .options import (device_option, fields_of, dtype_option, emit, json_option, library_errors, model_option,
                       resolve_device)
+from sparsecache.calibrate import CalibrateConfig
 from sparsecache.query import cheap, methods
 from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
@@ -14,8 +15,9 @@ from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, 
 @click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 @click.argument("question")
 @click.option("--top-k", default=TOP_K, show_default=True, help="Chunks to retrieve.")
-@click.option("--method", type=click.Choice(METHODS), default=QueryConfig.method, show_default=True,
-              help=methods.summaries())
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help=methods.summaries() + f"  [default: the store's choice for this device where `sparsecache calibrate` "
+              f"measured one (`info` shows it), else {QueryConfig.method}]")
 @click.option("--recompute-ratio", type=float, default=None,
               help="Fraction of chunk tokens to recompute (default: the method's own, " + methods.ratios() + ").")
 @click.option("--group-window", default=QueryConfig.group_window, show_default=True, help="CacheClip grouping window (1 = off).")
@@ -62,7 +64,8 @@ def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model
     """
     from sparsecache.query.session import ask
 
-    cfg = config_from(QueryConfig, blend)  # the method and its options, by name
+    # the method and its options, by name; no --method: the store's calibrated choice (`Session.configured`)
+    cfg = fields_of(QueryConfig, blend)
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a, ref = ask(store, question, cfg, model=model_path, device=resolve_device(device), dtype=dtype, top_k=top_k,
                  chunks=chunks, max_new_tokens=max_new_tokens, compare=compare)
@@ -96,3 +99,92 @@ def ttft_ratio(ours_ms: float, full_ms: float) -> str:
     if ours_ms <= full_ms:
         return f"TTFT {full_ms / ours_ms:.1f}x lower than full prefill"
     return f"TTFT {ours_ms / full_ms:.1f}x higher than full prefill (slower)"
+
+
+def calibrate_options(f):
+    """`calibrate`'s measuring options (CalibrateConfig's defaults)."""
+    for option in reversed((
+        click.option("--target", type=float, default=CalibrateConfig.target, show_default=True,
+                     help="The lower bound (95% Wilson interval) of kept a choice must reach: the share of the answers "
+                          "full prefill gives with confidence that the configuration gives too. In (0, 1]; 1 chooses an "
+                          "exact configuration."),
+        click.option("--ttft-budget", type=float, default=CalibrateConfig.ttft_budget, show_default=True,
+                     help="The most TTFT a choice may take, as a fraction of full prefill's on this device (full "
+                          "prefill itself is 1; recomputing everything costs more)."),
+        click.option("--questions", type=click.IntRange(min=1), default=CalibrateConfig.questions, show_default=True,
+                     help="Cloze questions drawn from the store's documents. Reaching a target t takes at least "
+                          "3.84 t / (1 - t) confident ones, all kept (73 for 0.95)."),
+        click.option("--candidates", default=None,
+                     help="Configurations to measure, as `bench fidelity --methods` names them (e.g. "
+                          "'none,infoflow:0.1,cacheblend:0.15'); full prefill is always one.  [default: full; none; a3, "
+                          "cacheblend and cacheclip at their own ratio (0.25); infoflow at 0.05, 0.1, 0.15, 0.25, "
+                          "0.5, and 1.0 on a store without a wrapper]"),
+        click.option("--timing-questions", type=click.IntRange(min=1), default=CalibrateConfig.timing_questions,
+                     show_default=True, help="Questions every candidate's TTFT is measured on, after one warm-up."),
+        click.option("--accept-best", is_flag=True,
+                     help="Where no candidate reaches --target, record the best one anyway (default: record nothing)."),
+    )):
+        f = option(f)
+    return f
+
+
+def calibrate_config(options: dict, top_k: int | None = None):
+    """CalibrateConfig from `calibrate_options` (taken out of `options`)."""
+    return CalibrateConfig(**fields_of(CalibrateConfig, options), **({"top_k": top_k} if top_k else {}))
+
+
+def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progress: bool) -> tuple[dict, list[str]]:
+    """Measure and, where a candidate meets the target (or --accept-best), record; the result
+    and the lines that print it (the table and the outcome)."""
+    from sparsecache.calibrate import calibrate, calibration_line, record, record_of, summary_line, table_lines
+    from sparsecache.kvstore import KVStore
+    from sparsecache.query.session import Session
+
+    kv = KVStore.open(store)
+    if kv.manifest.live_chunks == 0:  # before the model loads
+        from sparsecache.errors import StoreError
+
+        raise StoreError(f"{kv.backend}: the store holds no documents; encode a corpus into it first")
+    session = Session(kv, model_path, resolve_device(device), dtype=dtype)
+    result = calibrate(session, cfg, progress=progress)
+    label = result["chosen"] or (result["best"] if cfg.accept_best else None)
+    secs = result["seconds"]
+    lines = table_lines(result) + ["", summary_line(result),
+                                   f"measured in {sum(secs.values()) / 60:.1f} min (full prefill's answers "
+                                   f"{secs['reference']:.0f} s, TTFT {secs['ttft']:.0f} s, fidelity {secs['fidelity']:.0f} s)"]
+    if label is not None:
+        result["recorded_version"] = record(store, result, label)
+        result["recorded"] = record_of(result, label)
+        lines.append(f"recorded as version {result['recorded_version']} for {result['device']}: "
+                     + calibration_line(result["recorded"]))
+    else:
+        lines.append("nothing recorded (--accept-best records the best candidate anyway)")
+    return result, lines
+
+
+@click.command("calibrate")
+@click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
+@calibrate_options
+@click.option("--top-k", default=TOP_K, show_default=True, help="Chunks each question retrieves, as `query --top-k`.")
+@model_option
+@device_option
+@dtype_option
+@json_option
+@library_errors
+def calibrate_cmd(store, model_path, device, dtype, as_json, top_k, **options):
+    """Measure how well each query configuration keeps full prefill's answers on STORE's own
+    text, and record the cheapest that meets --target as the store's choice for this device.
+
+    Cloze questions are drawn from the store's documents (a sentence with a distinctive span,
+    the answer begun with the sentence up to it) and asked with retrieval. Full prefill answers
+    each; every candidate's TTFT is measured on this device against full prefill's, and each one
+    within --ttft-budget is run on the questions full prefill answers with confidence. The choice
+    is the lowest-TTFT candidate whose 95% lower bound of kept reaches --target; it is published
+    as a new version's calibration, which `query`, `Session` and `serve` then use whenever no
+    method is named (`info` shows it). A choice is kept per kind of device: one measured on a CPU
+    is not used on a GPU.
+
+    TIME_NOTE
+    """
+    result, lines = run_calibration(store, calibrate_config(options, top_k), model_path, device, dtype, not as_json)
+    emit(result, as_json, lines)

@@ -18,11 +18,11 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
 @click.option("--port", default=ServeConfig.port, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--top-k", default=ServeConfig.top_k, show_default=True, type=click.IntRange(1, MAX_TOP_K),
               help="Chunks retrieved per request (a request may set its own).")
-@click.option("--method", type=click.Choice(methods.names(connector=True)),
-              default=DEFAULT_METHOD, show_default=True,
-              help="What the connector does with the chunks' KV (as `sparsecache query`, whose default this is; "
-                   "methods that drop or reorder chunks are query's alone): "
-                   + methods.summaries(methods.names(connector=True)))
+@click.option("--method", type=click.Choice(methods.names(connector=True)), default=None,
+              help="What the connector does with the chunks' KV (as `sparsecache query`; methods that drop or "
+                   "reorder chunks are query's alone): " + methods.summaries(methods.names(connector=True))
+                   + f"  [default: the served version's choice for this device where `sparsecache calibrate` "
+                   f"measured one (full prefill: vLLM prefills every request), else {DEFAULT_METHOD}]")
 @click.option("--recompute-ratio", default=None, type=click.FloatRange(0, 1),
               help="Fraction of chunk tokens to recompute (default: the method's own, "
                    + methods.ratios(methods.names(connector=True)) + ").")

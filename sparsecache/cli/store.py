@@ -66,11 +66,15 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--ray-address", default=None,
               help="Encode on an existing Ray cluster ('auto' inside `ray job submit`); --workers actors "
               "(default: one per GPU with --device cuda, else 2).")
+@click.option("--calibrate", "recalibrate", is_flag=True,
+              help="After a publish, measure the store's query configuration again (`sparsecache calibrate`, with "
+                   "the target and TTFT budget of its last calibration on this device, else calibrate's defaults) "
+                   "and record it where one meets the target: the nightly job's check.")
 @exact_omp_option
 @device_option
 @json_option
 @library_errors
-def encode_corpus_cmd(corpus, store, model_path, as_json, **options):
+def encode_corpus_cmd(corpus, store, model_path, as_json, recalibrate, **options):
     """Encode CORPUS (directories, .txt/.md/.rst/.html files, JSONL, or 'builtin') into a store.
 
     Only new or changed documents are encoded; an unchanged corpus does nothing. Safe to
@@ -89,8 +93,30 @@ def encode_corpus_cmd(corpus, store, model_path, as_json, **options):
     # the options map onto EncodeOptions by name
     r = encode_corpus(corpus, store, EncodeOptions(model=model_path, progress=not as_json, **options))
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in r.seconds.items())
-    emit(r.to_dict(), as_json, [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, "
-                                              f"{r.tokens_per_s:.0f} tokens/s ({secs})"] if r.tokens else []))
+    result = r.to_dict()
+    lines = [r.message] + ([f"{r.chunks} chunks, {r.tokens} tokens, {r.tokens_per_s:.0f} tokens/s ({secs})"]
+                           if r.tokens else [])
+    if recalibrate and r.published:
+        result["calibration"], more = recalibrate_after_publish(store, model_path, options["device"], not as_json)
+        lines += ["", *more]
+    elif recalibrate:
+        lines.append("nothing published, so nothing to calibrate again: the store's calibration stands")
+    emit(result, as_json, lines)
+
+
+def recalibrate_after_publish(store, model_path: str, device: str, progress: bool) -> tuple[dict, list[str]]:
+    """`encode-corpus --calibrate`: calibrate again with the last calibration's target, budget,
+    questions and k for this device (calibrate's defaults where there is none)."""
+    from sparsecache.calibrate import CalibrateConfig
+    from sparsecache.query.config import DTYPE
+    from sparsecache.store import Store
+
+    from .query import run_calibration
+
+    device = resolve_device(device)
+    last = Store.open(store).calibration().get(device.split(":")[0], {})
+    cfg = CalibrateConfig(**{k: last[k] for k in ("target", "ttft_budget", "questions", "top_k") if k in last})
+    return run_calibration(store, cfg, model_path, device, DTYPE, progress)
 
 
 @click.command("info")
@@ -100,6 +126,7 @@ def encode_corpus_cmd(corpus, store, model_path, as_json, **options):
 @library_errors
 def info_cmd(store, version, as_json):
     """Versions, sizes and compression of a store."""
+    from sparsecache.query.config import calibration_line
     from sparsecache.store import Store
 
     r = Store.open(store, version).info()
@@ -118,6 +145,10 @@ def info_cmd(store, version, as_json):
         "as the corpus grows)",
         "bytes on disk: " + ", ".join(f"{k} {v:,}" for k, v in disk.items()),
     ]
+    for device, record in sorted(r.get("calibration", {}).items()):
+        lines.append(f"query configuration for {device} (calibrate): " + calibration_line(record))
+    if not r.get("calibration"):
+        lines.append("query configuration: the default (not calibrated: `sparsecache calibrate` measures this store's)")
     if "wrapper" in r:
         w = r["wrapper"]
         lines.insert(3, f"wrapper {w['digest']}: {w['header']} + {w['trailer']} soft tokens per chunk; the trailers' "

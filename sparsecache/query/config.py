@@ -110,6 +110,28 @@ class QueryConfig:
         return methods.get(self.method).layer(n_layers)
 
 
+def calibrated(records: Mapping, device: str) -> QueryConfig | None:
+    """The query configuration `sparsecache calibrate` chose for this kind of device (`cpu`,
+    `cuda`) and stored with the version (`Store.calibration()`: {device kind: record}), or None
+    where it measured none for it (a choice measured on another device is not used) or named a
+    method this sparsecache does not have."""
+    record = records.get(device.split(":")[0])
+    if not record or record.get("method") not in methods.REGISTRY:
+        return None
+    return QueryConfig(method=record["method"], recompute_ratio=record.get("recompute_ratio"))
+
+
+def calibration_line(record: Mapping) -> str:
+    """One line on a stored choice: what, how well, how fast, where and when it was measured."""
+    lo, hi = record.get("kept_ci95") or (None, None)
+    kept = "exact (full prefill's own computation)" if record.get("exact") else \
+        f"kept {record['kept']:.2f} [{lo:.2f}, {hi:.2f}] of {record['confident']} confident answers"
+    return (f"{record['label']}: {kept}, TTFT {record['ttft_vs_full']:.2f}x full prefill's; target {record['target']:g} "
+            f"within {record['ttft_budget']:g}x, {record['questions']} cloze questions at k = {record['top_k']}; "
+            f"measured on {record['machine']} ({record['device']}), {record['measured'][:10]}, version "
+            f"{record['measured_at']}")
+
+
 # The QueryConfig fields a served request (the server's `sparsecache` option, the vLLM
 # connector's kv_transfer_params and extra config) may set, with the types each takes.
 SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),

@@ -7,9 +7,11 @@ greedy generation. The same object answers many queries, so latency is steady-st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +25,8 @@ from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap, methods
 from .blend import question_ids, truncate
-from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig
-from .context import QueryContext
+from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig, calibrated
+from .context import QueryContext, Reuse
 from .generate import forced_logprobs, greedy_continue, top1_agreement
 from .methods.cacheclip import Selectors
 from .overlap import Rates
@@ -131,7 +133,7 @@ class Session:
         (agreement that survives one different word). A method that kept every chunk is compared
         in its own order; one that dropped chunks (superposition) with full prefill of every
         retrieved chunk in the query's order, what answering without sparsecache would read."""
-        cfg = config or QueryConfig()
+        cfg = config or self.default_config()
         retrieved = [c["id"] for c in answer.chunks]
         kept_all = sorted(answer.context_ids) == sorted(retrieved)
         ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
@@ -151,7 +153,9 @@ class Session:
         reference's tokens this context would predict, teacher-forced (then the answer is
         generated from the same cache, the reference's tokens dropped from it again). With
         `logprobs`, the answer carries the distributions behind its tokens (and the reference's)."""
-        cfg = dataclasses.replace(config or QueryConfig(), **changes)
+        if config is None:  # the store's measured choice, unless these changes name a method
+            config = QueryConfig() if "method" in changes else self.default_config()
+        cfg = dataclasses.replace(config, **changes)
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
         watch = Stopwatch(self.device)
@@ -193,6 +197,34 @@ class Session:
                       p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None,
                       under if prefilled else None)
 
+    def default_config(self) -> QueryConfig:
+        """What a query does when it names no method: the configuration `sparsecache calibrate`
+        measured for this store version on this kind of device (`config.calibrated`), else
+        QueryConfig's defaults. A choice measured only on another kind of device is not used (a
+        warning says so, once per version)."""
+        records = self.store.calibration()
+        chosen = calibrated(records, self.device.type)
+        if chosen is None and records and self._warned_at != self.store.version:
+            self._warned_at = self.store.version
+            warnings.warn(f"{self.store.backend}: calibrated on {', '.join(sorted(records))}, not on "
+                          f"{self.device.type}; using the default ({QueryConfig().method}). Run `sparsecache calibrate "
+                          f"--device {self.device.type}` to measure this device's choice.", stacklevel=3)
+        return chosen or QueryConfig()
+
+    _warned_at: int | None = None
+
+    def configured(self, fields: Mapping) -> QueryConfig:
+        """A QueryConfig from `fields` (its field names, as the CLI's options give them); where
+        they name no method (absent or None), `default_config`'s method and, unless they set one,
+        its ratio."""
+        fields = dict(fields)
+        if fields.get("method") is None:
+            base = self.default_config()
+            fields["method"] = base.method
+            if fields.get("recompute_ratio") is None:
+                fields["recompute_ratio"] = base.recompute_ratio
+        return QueryConfig(**fields)
+
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store
         (`cheap.prefill_under`: its own setting, else the rule for this model and device)."""
@@ -223,7 +255,20 @@ class Session:
     def context(self) -> QueryContext:
         """What a query method is handed: this session's model, device, store version, rates,
         selector models and raw-KV files."""
-        return QueryContext(self.model, self.device, self.store, self.rates, self.selectors, self.raw)
+        return QueryContext(self.model, self.device, self.store, self.rates, self.selectors, self.raw, self._reuse)
+
+    _reuse: Reuse | None = None
+
+    @contextlib.contextmanager
+    def reusing(self):
+        """Inside the block, queries over the same chunks share the decoded chunks, and those of
+        the same question the scorers' scores (`context.Reuse`): many configurations of one
+        context cost one decode. Their timings are then not TTFTs."""
+        self._reuse = Reuse()
+        try:
+            yield self
+        finally:
+            self._reuse = None
 
 
 def retrieve(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
@@ -243,12 +288,17 @@ def _hit(c, score: float | None) -> dict:
     return {"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": score}
 
 
-def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None = None, *, model: str = "default",
-        device: str = "cpu", dtype: str = DTYPE, compare: bool = False, **query_args) -> tuple[Answer, dict | None]:
+def ask(store: str | Path | KVStore, question: str, config: QueryConfig | Mapping | None = None, *,
+        model: str = "default", device: str = "cpu", dtype: str = DTYPE, compare: bool = False,
+        **query_args) -> tuple[Answer, dict | None]:
     """One question, as `sparsecache query` asks it: a Session over `store`, its answer under
-    `config` (`Session.query`'s keyword arguments in `query_args`), and with `compare` how it
-    compares with full prefill of the same chunks (`Session.compare`; None without)."""
+    `config` (a QueryConfig, or its fields as options give them: `Session.configured`; None:
+    the store's choice, `Session.default_config`; `Session.query`'s keyword arguments in
+    `query_args`), and with `compare` how it compares with full prefill of the same chunks
+    (`Session.compare`; None without)."""
     session = Session(store, model, device, dtype=dtype)
+    if isinstance(config, Mapping):
+        config = session.configured(config)
     answer = session.query(question, config, **query_args)
     if not compare:
         return answer, None

@@ -21,6 +21,8 @@ Layout (any Zarr v3 implementation reads the arrays; only core data types are us
                                the documents that changed and merges pieces log-structured (`doctable`)
     meta/live/<digest>/        bits uint8 [C / 8]: which chunk rows a version's documents own
     index/vNNNNNN.faiss        the FAISS index of that version (ids are chunk rows)
+    calibration/vNNNNNN.json   that version's measured query configuration per kind of device
+                               (`sparsecache calibrate`; beside the manifest, so older readers ignore it)
     pending.json               a writer's progress since the last version (resume after a crash)
     .lock / lease.json         the one writer: an flock locally, a lease object on object storage
     .sparsecache-store         written first when a store is created: a writer only ever deletes
@@ -37,7 +39,7 @@ created, every file written since the last such point and its directory are fsyn
 object store a PUT is durable once acknowledged.
 
 Modules: `backend` (local directory, object store), `layout` (config, arrays, text columns),
-`versions` (manifests, publishing, lock and lease), `doctable` (the document table's pieces),
+`versions` (manifests, publishing, lock and lease), `calibration` (a version's measured query configuration), `doctable` (the document table's pieces),
 `writer`, `reader`, `verify`, `compact`.
 """
 

@@ -17,6 +17,7 @@ from ..codec.codes import Codes
 from ..errors import StoreCorrupt, StoreError, VersionGone
 from ..fingerprint import check_same_model
 from .backend import Backend, open_backend
+from .calibration import read_calibration
 from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_rows, read_strings, root_attrs,
                      store_config, text_arrays, zarr_points)
 from .versions import READ_ATTEMPTS, Manifest, manifest_key, read_manifest, versions
@@ -259,6 +260,15 @@ class Store:
         return new
 
     _carried = ("_prefix",)
+
+    def calibration(self) -> dict:
+        """This version's measured query configuration, {device kind: record} ({} where none:
+        `sparsecache calibrate`, `store.calibration`); read once per version."""
+        if self._calibration is None:
+            self._calibration = read_calibration(self.backend, self.version)
+        return self._calibration
+
+    _calibration: dict | None = None
 
     @property
     def root(self):
@@ -551,6 +561,7 @@ class Store:
             "config": self.attrs["config"],
             "created": self.attrs.get("created"),
             "format": self.attrs["format"],
+            **({"calibration": self.calibration()} if self.calibration() else {}),
         }
 
 

@@ -23,6 +23,7 @@ from ..errors import ConfigError, DictionaryMismatch, StoreError
 from ..failpoints import failpoint
 from ..fingerprint import check_same_model
 from .backend import Backend, open_backend
+from .calibration import FOLDER as CALIBRATION, read_calibration, write_calibration
 from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, DictionaryCopy, Indexer,
                      StoreConfig, compressors, create_generation, legacy_strings, now, open_group, put, root_attrs, store_config,
                      write_strings)
@@ -130,7 +131,7 @@ class Writer:
         shared prefix's (keys, values) [n_layers, P, m]; with a wrapper, `prefix_ids` ends with
         the header's soft token ids (< 0) and `soft` holds the soft tokens [H + T, hidden]."""
         b = self.backend
-        for sub in ("data", "prefix", "dictionary", "manifests", "meta", "index"):
+        for sub in ("data", "prefix", "dictionary", "manifests", "meta", "index", CALIBRATION):
             b.delete_tree(sub)
         b.delete(PENDING)
         failpoint("create")
@@ -345,13 +346,40 @@ class Writer:
         m.n_documents, m.live_chunks, m.live_tokens = n_documents, int(live.sum()), int(tokens)
         m._rows = np.flatnonzero(live).astype(np.int64)
 
-    def publish_manifest(self, m: Manifest) -> None:
-        """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending."""
+    def publish_manifest(self, m: Manifest, calibration: dict | None = None) -> None:
+        """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending.
+        Its calibration (`calibration`) is `calibration` where given, else the base version's
+        carried forward (or none), written before the manifest."""
+        self.lock.check()
+        write_calibration(self.backend, m.version,
+                          calibration if calibration is not None else read_calibration(self.backend, self.base.version))
         self.sync()
         self.lock.check()
         publish(self.backend, m)
         failpoint("publish")
         self.backend.delete(PENDING)
+
+    def publish_calibration(self, devices: dict, note: str) -> Manifest:
+        """Publish the latest version again as a new one with `devices` as its calibration
+        ({device kind: record}): the same documents, chunks and index, a new manifest. A crashed
+        encode's progress (`pending.json`) stays resumable: it moves onto the new version, whose
+        extents are the ones it was recorded on."""
+        import dataclasses
+
+        base = read_manifest(self.backend)
+        self.base = base
+        m = dataclasses.replace(base, version=base.version + 1, created=now(), note=note)
+        pending = self.pending()
+        self.lock.check()
+        write_calibration(self.backend, m.version, devices)
+        failpoint("calibrate")
+        self.sync()
+        self.lock.check()
+        publish(self.backend, m)
+        failpoint("publish")
+        if pending and pending.get("base") == base.version and pending.get("generation") == base.generation:
+            self.backend.put(PENDING, json.dumps({**pending, "base": m.version}).encode())
+        return m
 
     def write_index(self, m: Manifest, group, indexer: Indexer, base: Manifest | None) -> None:
         """Index `m`'s live rows as segments. On top of `base` (same generation, segmented): one
@@ -415,6 +443,7 @@ class Writer:
         for v in drop:
             self.backend.delete(manifest_key(v))
             failpoint("prune")
+            write_calibration(self.backend, v, {})  # after its manifest: a reader never sees a version without it
         used_gen = {m.generation for m in kept}
         used_idx = {r["key"] for m in kept for r in m.index_pieces()}
         used_meta = {r["key"] for m in kept for r in m.segments} | {m.live for m in kept if m.live}

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError
-from ..query.config import DEFAULT_METHOD, QueryConfig, served_config
+from ..query.config import DEFAULT_METHOD, QueryConfig, calibrated, served_config
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
     from ..serving import RagRequest
@@ -65,7 +65,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     top_k: int = 8  # as `sparsecache query`
-    method: str = DEFAULT_METHOD
+    method: str | None = None  # None: the store version's calibrated choice for this device (`calibrate`), else DEFAULT_METHOD
     recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
     prefill_under: int | None = None  # cheap contexts: None the rule by model and device (`query.cheap`), 0 never
     api_key: str | None = None
@@ -78,8 +78,9 @@ class ServeConfig:
 
     def __post_init__(self):
         # method and ratio parsed once, into the typed value every request starts from
-        blend = served_config({"method": self.method, "recompute_ratio": self.recompute_ratio,
-                               "prefill_under": self.prefill_under}, where="--method/--recompute-ratio/--prefill-under")
+        given = {"method": self.method or DEFAULT_METHOD, "recompute_ratio": self.recompute_ratio,
+                 "prefill_under": self.prefill_under}
+        blend = served_config(given, where="--method/--recompute-ratio/--prefill-under")
         object.__setattr__(self, "blend", blend)
 
     blend: QueryConfig = field(init=False, repr=False, compare=False)  # method and ratio, typed
@@ -102,7 +103,11 @@ class Rag:
 
         from ..serving import RagPrompts
 
+        import torch
+
         self.cfg = cfg
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM runs: whose calibration applies
+        self._calibrated: dict[int, QueryConfig | None] = {}
         self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.follow_s)
         self.prompts.store.warm()  # the index files into the page cache (a thread) while vLLM starts
         self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
@@ -131,11 +136,23 @@ class Rag:
             if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
                 raise BadRequest(f"{key} must be a non-empty list of strings")
         try:  # the request's method and ratio, parsed once: `request` passes on the typed value
-            blend = served_config({k: body[k] for k in ("method", "recompute_ratio", "prefill_under") if k in body},
-                                  self.cfg.blend, "sparsecache")
+            given = {k: body[k] for k in ("method", "recompute_ratio", "prefill_under") if k in body}
+            base = self.cfg.blend if "method" in given else self.base()
+            blend = served_config(given, base, "sparsecache")
         except ConfigError as e:
             raise BadRequest(str(e)) from None
         return {"top_k": top_k, "chunks": body.get("chunks"), "documents": body.get("documents"), "blend": blend}
+
+    def base(self) -> QueryConfig:
+        """What a request that names no method does: the server's --method where given, else the
+        calibrated choice of the store version being served for this kind of device
+        (`calibrate`, `served_calibration`), else the default."""
+        if self.cfg.method is not None:
+            return self.cfg.blend
+        store = self.prompts.store
+        if store.version not in self._calibrated:
+            self._calibrated = {store.version: served_calibration(store.calibration(), self.device, self.cfg)}
+        return self._calibrated[store.version] or self.cfg.blend
 
     def request(self, question: str, opts: dict) -> RagRequest:
         t = time.perf_counter()
@@ -147,7 +164,7 @@ class Rag:
                 raise BadRequest(str(e)) from None
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
-        blend = opts.get("blend", self.cfg.blend)
+        blend = opts.get("blend") or self.base()
         req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
         if blend.prefill_under is not None:
             req.params["prefill_under"] = blend.prefill_under
@@ -158,6 +175,25 @@ class Rag:
         hits = req.chunks[::-1] if QueryConfig.order == "reverse" else req.chunks
         return {"chunks": [{"id": h["id"], "doc_id": h["doc_id"], "score": h["score"]} for h in hits],
                 "version": req.params["version"]}
+
+
+PREFILL_ALL = 1 << 30  # a cheap-context threshold no context reaches: vLLM prefills every request
+
+
+def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | None:
+    """A calibrated choice (`config.calibrated`) as the server can serve it: `full` as vLLM's
+    own prefill of every request (the cheap-context path), a method the connector serves as it
+    is; None where there is no choice for this device, or it is a method only `query` has."""
+    chosen = calibrated(records, device)
+    if chosen is None:
+        return None
+    if chosen.method == "full":
+        return served_config({"prefill_under": PREFILL_ALL}, cfg.blend, "the store's calibration")
+    try:
+        return served_config({"method": chosen.method, "recompute_ratio": chosen.recompute_ratio}, cfg.blend,
+                             "the store's calibration")
+    except ConfigError:  # e.g. superposition, measured with `calibrate --candidates`: query's alone
+        return None
 
 
 def question_of(messages: list) -> str:
@@ -271,7 +307,7 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
     connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
                  "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.follow_s,
-                                               "method": cfg.method, "recompute_ratio": cfg.recompute_ratio,
+                                               "method": cfg.blend.method, "recompute_ratio": cfg.recompute_ratio,
                                                "prefill_under": cfg.prefill_under}}
     on_gpu = torch.cuda.is_available()
     dtype = cfg.dtype

@@ -85,7 +85,11 @@ class Decoded(Method):
         decoded on `qc.device`, reordered by the question's attention if `cfg` says so."""
         from ..blend import attention_order, decode_chunks
 
-        chunks = decode_chunks(qc.store, ids, qc.device, watch)
+        if qc.reuse is None:
+            chunks = decode_chunks(qc.store, ids, qc.device, watch)
+        else:  # one question under many configurations (`Session.reusing`)
+            qc.reuse.start((qc.store.version, tuple(ids)))
+            chunks = qc.reuse.get("decoded", lambda: decode_chunks(qc.store, ids, qc.device, watch))
         if cfg.reorder == "attention":
             with watch.step("select"):
                 layer = infoflow_layer(qc.model.n_layers)
@@ -99,7 +103,7 @@ class Decoded(Method):
 
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
         ctx, nbytes, ids = self.context(qc, ids, q_ids, cfg, watch)
-        logits, positions = fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model))
+        logits, positions = fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model), qc.reuse)
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids))
 
 
@@ -135,16 +139,24 @@ class AttentionScorer(Scorer):
 # ---------------------------------------------------------------- fusion
 
 
-def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector=None) -> "torch.Tensor":
+def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector=None, reuse=None) -> "torch.Tensor":
     """Sorted int64 positions `cfg`'s scorer selects among the chunk tokens for the question
     `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the
-    model itself) over its first `cfg.selector_layers` layers (default: a quarter of them)."""
+    model itself) over its first `cfg.selector_layers` layers (default: a quarter of them).
+    With `reuse` (`context.Reuse`), a scorer's scores of this question are computed once."""
     from ..blend import select
     from ..stack import as_stack
     from . import get
 
-    scores = get(cfg.method).scores(ctx, q_ids, cfg, as_stack(model), selector)
-    return select(scores, ctx, cfg.ratio, cfg.group_window, cfg.group_min)
+    stack = as_stack(model)
+
+    def scores():
+        return get(cfg.method).scores(ctx, q_ids, cfg, stack, selector)
+
+    key = ("scores", tuple(q_ids), cfg.method, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
+           cfg.selector_layers)
+    return select(scores() if reuse is None else reuse.get(key, scores), ctx, cfg.ratio, cfg.group_window,
+                  cfg.group_min)
 
 
 def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["QueryConfig"], model) -> list:
@@ -170,10 +182,11 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
 
 
 def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "Stopwatch | None" = None,
-         selector=None):
+         selector=None, reuse=None):
     """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
     pass: (next-token logits, recomputed positions). A method that recomputes nothing only
-    prefills the question. `cacheclip` scores with `selector` (default: `model`)."""
+    prefills the question. `cacheclip` scores with `selector` (default: `model`); `reuse`:
+    `choose`'s."""
     import torch
 
     from ...stopwatch import Stopwatch
@@ -184,7 +197,7 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     positions = torch.zeros(0, dtype=torch.long)
     if cfg.recomputes:
         with watch.step("select"):
-            positions = choose(ctx, q_ids, cfg, model, selector)
+            positions = choose(ctx, q_ids, cfg, model, selector, reuse)
         with watch.step("recompute"):  # the question's prefill rides in the same pass
             return recompute(ctx, positions, model, q_ids=q_ids), positions
     with watch.step("prefill"):

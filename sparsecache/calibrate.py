@@ -1,0 +1,409 @@
+"""`sparsecache calibrate STORE`: fidelity to full prefill measured on the store's own text, and
+the cheapest query configuration that meets a stated target, kept with the store.
+
+How much recomputation a corpus needs to give full prefill's answers depends on the model, the
+corpus and the device, so it is measured here rather than fixed once:
+
+1. **Questions** (`bench.cloze`, style `continue`): sentences of the store's own chunks that
+   hold a distinctive span (an RFC, a version, an identifier, a number); the answer is begun
+   with the sentence up to the span and the model continues it. Each is asked with retrieval
+   over the store (`top_k` chunks), as a user's question is. No labels are needed.
+2. **The reference**: full prefill of the retrieved chunks answers every question. It is
+   *confident* of an answer holding the span when, at every token of the span, its chosen token
+   is at least 4x as likely as the runner-up (`fidelity.CONFIDENT_MARGIN`, #69's rule).
+3. **TTFT**: every candidate and full prefill on the first `timing_questions` questions,
+   interleaved (one warm-up first), on this device; a candidate slower than `ttft_budget` x full
+   prefill's cannot be chosen and is not measured further.
+4. **Fidelity**: each candidate within the budget, on every question full prefill is confident
+   of, teacher-forced along full prefill's answer: it *keeps* the answer when its top-1 token
+   equals full prefill's at every position up to the span's end (then its greedy answer is full
+   prefill's up to there, span included; an answer that gets there by other words is not
+   counted, so this is a lower bound on `bench fidelity`'s kept). `kept` is the share kept with
+   its 95% Wilson interval; the value tokens' agreement and KL as `bench fidelity` has them.
+5. **The choice**: the lowest-TTFT candidate whose lower bound of kept reaches `target`. Full
+   prefill, and recomputing every token (r = 1.0) of a store without a wrapper, are exact: they
+   meet every target, where the TTFT budget admits them.
+
+The choice, with its figures and the machine, is published as a new version of the store whose
+calibration (`store.calibration`) holds it under this kind of device; `query`, `Session` and
+`serve` use it unless a method is named. On a GPU the GPU's choice is measured and kept beside
+the CPU's.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from .errors import ConfigError, StoreError
+from .query import methods
+from .query.config import TOP_K, QueryConfig, calibration_line
+
+RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the recompute ratios a scorer is a candidate at
+EXACT_RATIO = 1.0  # recomputing every token: full prefill's computation, on a store without a wrapper
+SECONDS_PER_100 = 15 * 60  # `calibrate --questions 100` on the demo store, 2-core CPU: the bound --help states
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """What `sparsecache calibrate` measures (the CLI's defaults come from here)."""
+
+    target: float = 0.95  # the lower bound of kept a choice must reach
+    ttft_budget: float = 0.5  # the most TTFT a choice may take, as a fraction of full prefill's
+    questions: int = 100  # cloze questions from the store's documents
+    top_k: int = TOP_K  # chunks each is asked with (as `query` retrieves)
+    candidates: str | None = None  # `bench fidelity --methods` syntax; None: `grid()`
+    timing_questions: int = 3  # questions every candidate is timed on (after one warm-up)
+    per_document: int = 6  # questions from one document at most: spread over the corpus
+    max_new_tokens: int = 4  # full prefill's answer: the span's tokens and this many more
+    seed: int = 0
+    accept_best: bool = False  # record the best candidate when none meets the target
+
+    def __post_init__(self):
+        if isinstance(self.target, bool) or not 0 < self.target <= 1:
+            raise ConfigError(f"--target must be in (0, 1], got {self.target}")
+        if not self.ttft_budget > 0:
+            raise ConfigError(f"--ttft-budget must be > 0, got {self.ttft_budget}")
+        if self.questions < 1 or self.timing_questions < 1 or self.per_document < 1:
+            raise ConfigError("--questions, --timing-questions and --per-document must be at least 1")
+        if self.timing_questions > self.questions:
+            raise ConfigError(f"--timing-questions ({self.timing_questions}) is more than --questions "
+                              f"({self.questions})")
+        if self.top_k < 1:
+            raise ConfigError("--top-k must be at least 1")
+
+
+@dataclass
+class Candidate:
+    label: str
+    settings: dict  # Session.query's settings (method, recompute_ratio, …)
+    exact: bool = False  # full prefill's computation: meets every target
+    ttft_ms: list = field(default_factory=list)  # timed, by timing question
+    rows: list = field(default_factory=list)  # fidelity, one per confident question
+
+    def config(self) -> QueryConfig:
+        return QueryConfig(**self.settings)
+
+
+def grid(wrapped: bool) -> list[Candidate]:
+    """The default candidates: full prefill; `none`; every method the vLLM connector can serve
+    that recomputes, at its own ratio; the default method (infoflow) also at each of RATIOS; on
+    a store without a wrapper, infoflow recomputing every token (exact). Methods `serve` cannot
+    use (superposition, cake) are left out, so a choice serves everywhere; `--candidates` names
+    any others."""
+    out = [Candidate("full", {"method": "full"}, exact=True)]
+    for name in methods.names(connector=True):
+        m = methods.get(name)
+        ratios = sorted({m.ratio, *RATIOS}) if name == QueryConfig.method else [m.ratio] if m.recomputes else [None]
+        out += [Candidate(name if r is None else f"{name}:{r:g}",
+                          {"method": name, **({} if r is None else {"recompute_ratio": r})}) for r in ratios]
+    if not wrapped:
+        out.append(Candidate(f"infoflow:{EXACT_RATIO:g}", {"method": "infoflow", "recompute_ratio": EXACT_RATIO},
+                             exact=True))
+    return out
+
+
+def parse_candidates(spec: str, wrapped: bool) -> list[Candidate]:
+    """`--candidates` (`bench fidelity --methods` syntax, no `@wrapped`: the store is what it is);
+    full prefill is always one."""
+    from .bench.ruler import parse_methods
+
+    if "@" in spec:
+        raise ConfigError("--candidates: calibrate measures the store as it is encoded; no @wrapped")
+    out = [Candidate("full", {"method": "full"}, exact=True)]
+    for label, cfg in parse_methods(spec).items():
+        if cfg.get("method") == "full":
+            continue
+        cfg = {k: v for k, v in cfg.items() if k not in ("store", "context")}
+        if cfg.get("method") == "raw":
+            raise ConfigError("--candidates: raw reads exact KV files, not the store; it cannot be calibrated")
+        exact = not wrapped and methods.get(cfg["method"]).recomputes and cfg.get("recompute_ratio") == 1.0
+        out.append(Candidate(label, cfg, exact=exact))
+    return out
+
+
+def _machine(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from .bench.machine import cpu_model
+
+    return f"{cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool = True, log=None) -> dict:
+    """Measure `cfg`'s candidates on `session`'s store (the module's steps 1-5) and return
+    {questions, confident, full_ttft_ms, rows: one per candidate, chosen, best, met, device, …}.
+    Records nothing (`record` does)."""
+    from tqdm import tqdm
+
+    from .bench.fidelity import CONFIDENT_MARGIN, contains, value_positions, value_reference
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    store = session.store
+    if store.manifest.live_chunks == 0:
+        raise StoreError(f"{store.backend}: the store holds no documents; encode a corpus into it first")
+    wrapped = store.header() is not None
+    candidates = parse_candidates(cfg.candidates, wrapped) if cfg.candidates else grid(wrapped)
+    measure = {"prefill_under": 0}  # the method itself, not the cheap-context rule
+    tokenizer = session.model.tokenizer
+    bar = tqdm(total=cfg.questions, desc="calibrate (questions)", unit="q", disable=not progress, file=sys.stderr)
+
+    # 1. questions, 2. the reference: one full prefill per context, every question of it after it
+    seconds, t0 = {}, time.perf_counter()
+    suite = questions(session, cfg)
+    refs: list = [None] * len(suite)
+    for ids, members in _by_context(suite):
+        for i, ref in zip(members, full_answers(session, ids, [suite[i] for i in members], cfg.max_new_tokens)):
+            refs[i] = ref
+            bar.update()
+    for q, ref in zip(suite, refs):
+        correct = contains(ref["answer"], q.truth)
+        positions = value_positions(tokenizer, ref["tokens"], q.truth) if correct else []
+        ref |= {"correct": correct, **value_reference(ref.pop("logprobs"), ref["tokens"], positions)}
+        ref["confident"] = bool(correct and ref["margin"] is not None and ref["margin"] >= CONFIDENT_MARGIN)
+    confident = [i for i, r in enumerate(refs) if r["confident"]]
+    seconds["reference"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
+
+    # 3. TTFT, every candidate interleaved with full prefill on the same questions
+    timed = (confident + [i for i in range(len(suite)) if i not in confident])[: cfg.timing_questions]
+    bar.set_description("calibrate (TTFT)")
+    bar.total += (len(timed) + 1) * len(candidates)
+    bar.refresh()
+    for n, i in enumerate([timed[0]] + timed):  # the first round warms every candidate up, untimed
+        q = suite[i]
+        for c in candidates:
+            a = session.query(q.question, chunks=q.chunks, answer_prefix=q.answer_prefix or "", max_new_tokens=1,
+                              **{**measure, **c.settings})
+            if n:
+                c.ttft_ms.append(a.timings_ms["ttft"])
+            bar.update()
+    seconds["ttft"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
+    full = candidates[0]
+    full_ms = sum(full.ttft_ms) / len(full.ttft_ms)
+    for c in candidates:
+        c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
+
+    # 4. fidelity of each candidate within the budget (and cheaper than an exact one that is), on the
+    # confident questions; a question's candidates share its decoded chunks and scores (`Session.reusing`)
+    exact = min((c.ratio for c in candidates if c.exact and c.ratio <= cfg.ttft_budget), default=math.inf)
+    measured = [c for c in candidates if not c.exact and c.ratio <= min(cfg.ttft_budget, exact)]
+    bar.set_description("calibrate (fidelity)")
+    bar.total += len(measured) * len(confident)
+    bar.refresh()
+    with session.reusing():
+        for i in sorted(confident, key=lambda i: suite[i].chunks):  # a context's questions together: one decode
+            q, ref = suite[i], refs[i]
+            last = max(ref["value_positions"])
+            for c in measured:
+                a = session.query(q.question, chunks=q.chunks, answer_prefix=q.answer_prefix or "", max_new_tokens=1,
+                                  reference=ref["tokens"], logprobs=True, **{**measure, **c.settings})
+                top1 = a.reference_logprobs.argmax(-1).tolist()
+                c.rows.append({"kept": top1[: last + 1] == ref["tokens"][: last + 1],
+                               **_value_figures(ref, a.reference_logprobs)})
+                bar.update()
+    bar.close()
+    seconds["fidelity"] = round(time.perf_counter() - t0, 1)
+
+    # 5. the choice
+    rows = [_row(c, cfg) for c in candidates]
+    chosen, best = choose(rows)
+    return {"questions": len(suite), "confident": len(confident), "full_correct": sum(r["correct"] for r in refs),
+            "timing_questions": len(timed), "full_ttft_ms": round(full_ms, 1), "target": cfg.target,
+            "ttft_budget": cfg.ttft_budget, "top_k": cfg.top_k, "wrapped": wrapped, "chosen": chosen, "best": best,
+            "met": chosen is not None, "device": session.device.type, "machine": _machine(session.device),
+            "version": store.version, "seconds": seconds, "rows": rows}
+
+
+def choose(rows: list[dict]) -> tuple[str | None, str | None]:
+    """(chosen, best) labels of the table `rows`: the chosen one is the lowest-TTFT row within
+    the budget that meets the target (an exact one always does; None where none is); the best
+    is the chosen one, else the measured row within the budget with the highest lower bound of
+    kept (then kept, then the lower TTFT; None where none was measured). Marks the chosen row."""
+    eligible = [r for r in rows if r["within_budget"] and r["meets_target"]]
+    chosen = min(eligible, key=lambda r: r["ttft_vs_full"]) if eligible else None
+    scored = [r for r in rows if r["within_budget"] and not r["exact"] and "kept_ci95" in r]
+    best = chosen or (max(scored, key=lambda r: (r["kept_ci95"][0], r["kept"], -r["ttft_vs_full"])) if scored else None)
+    for r in rows:
+        r["chosen"] = chosen is not None and r["label"] == chosen["label"]
+    return (chosen and chosen["label"]), (best and best["label"])
+
+
+def questions(session, cfg: CalibrateConfig) -> list:
+    """`cfg.questions` cloze questions (`cloze`, style `continue`) over the store's documents, at
+    most `cfg.per_document` from one, the distinctive spans first, each with a retrieved context:
+    the `top_k` chunks retrieval returns for a question about the same chunk asked before it
+    (so one full prefill answers several), else for itself. A question whose chunk its own
+    retrieval misses is left out (full prefill could not answer it either). Seeded."""
+    import random
+
+    from .bench.cloze import PLAIN_SPANS, SPANS, cloze_candidates
+    from .bench.fidelity import Question
+
+    pool = cloze_candidates(session.store, session.model.tokenizer, "continue")
+    rng = random.Random(f"calibrate-{cfg.seed}")
+    rng.shuffle(pool)
+    pool.sort(key=lambda c: [k for k, _ in SPANS + PLAIN_SPANS].index(c["kind"]) >= len(SPANS))  # stable
+    out, per_doc, contexts = [], {}, []
+    for c in pool:
+        if len(out) == cfg.questions:
+            break
+        if per_doc.get(c["doc"], 0) >= cfg.per_document:
+            continue
+        context = next((ids for ids in contexts if c["chunk"] in ids), None)
+        if context is None:
+            context = [h["id"] for h in session.retrieve(c["question"], cfg.top_k)]
+            if c["chunk"] not in context:
+                continue
+            contexts.append(context)
+        per_doc[c["doc"]] = per_doc.get(c["doc"], 0) + 1
+        out.append(Question(f"cal-{len(out):03d}", c["question"], c["span"], [c["chunk"]], [], hops=1,
+                            chunks=context, needed=[c["chunk"]], answer_prefix=c["answer_prefix"]))
+    if len(out) < cfg.questions:
+        raise ConfigError(f"the store's documents hold {len(out)} cloze questions that retrieval can answer "
+                          f"({cfg.per_document} per document at most); ask for fewer with --questions")
+    return out
+
+
+def _by_context(suite: list) -> list[tuple[list[str], list[int]]]:
+    """(chunk ids, the indices of the questions asked over them), in first-asked order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, q in enumerate(suite):
+        groups.setdefault(tuple(q.chunks), []).append(i)
+    return [(list(ids), members) for ids, members in groups.items()]
+
+
+def full_answers(session, ids: list[str], qs: list, extra_tokens: int) -> list[dict]:
+    """Full prefill's greedy answers to the questions `qs` over the chunks `ids` (retrieval order;
+    laid out as a query lays them out): the context prefilled once, then each question after it
+    in turn ({tokens, answer, logprobs [len(tokens), vocab]}), its answer the span's tokens and
+    `extra_tokens` more at most. What `Session.query(method="full")` answers, without prefilling
+    the same context again for every question."""
+    import torch
+
+    from .query.blend import question_ids, truncate
+    from .query.generate import full_prefill, greedy_continue, prefill
+
+    model, store = session.model, session.store
+    order = ids[::-1] if QueryConfig().order == "reverse" else ids
+    prefix = store.prefix()[0]
+    context = prefix + [t for c in store.tokens(order) for t in c if t >= 0]  # a wrapper's soft tokens: not text
+    _, cache = full_prefill(context, model)
+    out = []
+    for q in qs:
+        q_ids = question_ids(model, q.question, q.answer_prefix or "")
+        logits = prefill(cache, q_ids, model)
+        span = len(model.tokenizer(" " + q.truth, add_special_tokens=False)["input_ids"])
+        steps = [logits.float()]
+        tokens = greedy_continue(int(logits.argmax()), cache, len(context) + len(q_ids), model, span + extra_tokens,
+                                 steps=steps)
+        truncate(cache, len(context))
+        out.append({"tokens": tokens, "answer": model.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+                    "logprobs": torch.stack(steps[: len(tokens)]).log_softmax(-1).cpu() if tokens else None})
+    return out
+
+
+def _value_figures(ref: dict, reference_logprobs) -> dict:
+    from .bench.fidelity import value_figures
+
+    return value_figures(ref, reference_logprobs)
+
+
+def _row(c: Candidate, cfg: CalibrateConfig) -> dict:
+    """A candidate's line of the table: its settings, TTFT against full prefill's, and (where
+    measured) kept with its interval and the value tokens' agreement and KL."""
+    from .bench.fidelity import summarise_values
+    from .bench.ruler import wilson
+
+    out = {"label": c.label, **c.settings, "exact": c.exact, "ttft_ms": round(sum(c.ttft_ms) / len(c.ttft_ms), 1),
+           "ttft_vs_full": round(c.ratio, 3), "within_budget": c.ratio <= cfg.ttft_budget}
+    if c.exact:
+        out |= {"kept": 1.0, "kept_ci95": (1.0, 1.0), "meets_target": True}
+    elif c.rows:
+        n, kept = len(c.rows), sum(r["kept"] for r in c.rows)
+        out |= {"confident": n, "kept": round(kept / n, 4), "kept_ci95": wilson(kept, n), **summarise_values(c.rows)}
+        out["meets_target"] = out["kept_ci95"][0] >= cfg.target
+    else:
+        out["meets_target"] = False
+    return out
+
+
+def record_of(result: dict, label: str) -> dict:
+    """What the store keeps of a calibration for `label` (a row of `result`): the configuration,
+    its figures and where, when and at which version they were measured."""
+    from . import __version__
+
+    row = next(r for r in result["rows"] if r["label"] == label)
+    keep = ("method", "recompute_ratio", "label", "exact", "kept", "kept_ci95", "confident", "value_agreement",
+            "value_agreement_ci95", "value_kl", "ttft_ms", "ttft_vs_full")
+    return {**{k: row[k] for k in keep if k in row}, "confident": row.get("confident", result["confident"]),
+            "met_target": bool(row["meets_target"]), "target": result["target"], "ttft_budget": result["ttft_budget"],
+            "questions": result["questions"], "top_k": result["top_k"], "full_ttft_ms": result["full_ttft_ms"],
+            "device": result["device"], "machine": result["machine"], "measured_at": result["version"],
+            "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "sparsecache": __version__}
+
+
+def record(where, result: dict, label: str) -> int:
+    """Publish the store's latest version again with `label`'s record as this device's
+    calibration (the other devices' kept); returns the new version."""
+    from .store import Writer
+
+    rec = record_of(result, label)
+    with Writer(where) as w:
+        from .store.calibration import read_calibration
+        from .store.versions import read_manifest
+
+        latest = read_manifest(w.backend)
+        devices = {**read_calibration(w.backend, latest.version), result["device"]: rec}
+        m = w.publish_calibration(devices, note=f"calibrated ({result['device']}): {label}")
+    return m.version
+
+
+def table_lines(result: dict) -> list[str]:
+    """Every candidate, cheapest first: TTFT against full prefill's, kept with its interval, the
+    value tokens' agreement; the choice marked."""
+    lines = [f"{'':2}{'candidate':<18}{'TTFT':>8}{'x full':>8}  {'kept [95% CI]':<22}{'value top-1':>12}  note"]
+    for r in sorted(result["rows"], key=lambda r: r["ttft_vs_full"]):
+        mark = "=>" if r.get("chosen") else ""
+        if r["exact"]:
+            kept, note = "exact", "full prefill's computation"
+        elif "kept_ci95" in r:
+            lo, hi = r["kept_ci95"]
+            kept, note = f"{r['kept']:.2f} [{lo:.2f}, {hi:.2f}] of {r['confident']}", ""
+        else:
+            kept, note = "-", "not measured"
+        if not r["within_budget"]:
+            note = f"over the TTFT budget ({result['ttft_budget']:g}x)"
+        elif not r["meets_target"] and not r["exact"] and "kept_ci95" in r:
+            note = f"lower bound < {result['target']:g}"
+        value = f"{r['value_agreement']:.3f}" if "value_agreement" in r else "-"
+        lines.append(f"{mark:2}{r['label']:<18}{r['ttft_ms']:>7.0f}ms{r['ttft_vs_full']:>7.2f}x  {kept:<22}{value:>12}  "
+                     f"{note}".rstrip())
+    return lines
+
+
+def summary_line(result: dict) -> str:
+    """The outcome in one line."""
+    head = (f"{result['questions']} cloze questions, full prefill confident on {result['confident']}, "
+            f"TTFT {result['full_ttft_ms']:.0f} ms for full prefill on {result['machine']} ({result['device']})")
+    if result["met"]:
+        return f"{head}; chosen: {result['chosen']} (the cheapest whose lower bound of kept reaches {result['target']:g})"
+    best = result["best"] or "none measured"
+    need = _confident_needed(result["target"])
+    return (f"{head}; no candidate within {result['ttft_budget']:g}x full prefill's TTFT reaches a lower bound of "
+            f"kept of {result['target']:g} (that takes at least {need} confident questions all kept); best: {best}")
+
+
+def _confident_needed(target: float, z: float = 1.96) -> int | str:
+    """The fewest confident questions, all kept, whose Wilson lower bound reaches `target`."""
+    if target >= 1:
+        return "infinitely many"
+    return math.ceil(z * z * target / (1 - target))
+
+
+__all__ = ["CalibrateConfig", "Candidate", "calibrate", "calibration_line", "grid", "record", "record_of",
+           "summary_line", "table_lines"]
