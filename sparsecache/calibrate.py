@@ -14,8 +14,9 @@ corpus and the device, so it is measured here rather than fixed once:
 3. **TTFT**: every candidate and full prefill on the first `timing_questions` questions,
    interleaved (one warm-up first), on this device; a candidate slower than `ttft_budget` x full
    prefill's cannot be chosen and is not measured further.
-4. **Fidelity**: each candidate within the budget, on every question full prefill is confident
-   of, teacher-forced along full prefill's answer: it *keeps* the answer when its top-1 token
+4. **Fidelity**: each candidate within the budget, on the questions full prefill is confident
+   of (every candidate on the first LOOK of them, then only those that could still reach the
+   target were they to keep every remaining one), teacher-forced along full prefill's answer: it *keeps* the answer when its top-1 token
    equals full prefill's at every position up to the span's end (then its greedy answer is full
    prefill's up to there, span included; an answer that gets there by other words is not
    counted, so this is a lower bound on `bench fidelity`'s kept). `kept` is the share kept with
@@ -42,9 +43,10 @@ from .errors import ConfigError, StoreError
 from .query import methods
 from .query.config import TOP_K, QueryConfig, calibration_line
 
-RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the recompute ratios a scorer is a candidate at
+RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
+OTHER_RATIO = 0.15  # the other scorers' (CacheBlend's constant): one each, so `calibrate --questions 100` fits 15 min
 EXACT_RATIO = 1.0  # recomputing every token: full prefill's computation, on a store without a wrapper
-SECONDS_PER_100 = 15 * 60  # `calibrate --questions 100` on the demo store, 2-core CPU: the bound --help states
+LOOK = 20  # confident questions every candidate within the budget answers before one that cannot reach the target stops
 
 
 @dataclass(frozen=True)
@@ -89,15 +91,14 @@ class Candidate:
 
 
 def grid(wrapped: bool) -> list[Candidate]:
-    """The default candidates: full prefill; `none`; every method the vLLM connector can serve
-    that recomputes, at its own ratio; the default method (infoflow) also at each of RATIOS; on
-    a store without a wrapper, infoflow recomputing every token (exact). Methods `serve` cannot
-    use (superposition, cake) are left out, so a choice serves everywhere; `--candidates` names
-    any others."""
+    """The default candidates: full prefill; `none`; the default method (infoflow) at each of
+    RATIOS; every other method the vLLM connector can serve that recomputes at OTHER_RATIO; on a
+    store without a wrapper, infoflow recomputing every token (exact). Methods `serve` cannot use
+    (superposition, cake) are left out, so a choice serves everywhere; `--candidates` names any
+    others, and other ratios."""
     out = [Candidate("full", {"method": "full"}, exact=True)]
     for name in methods.names(connector=True):
-        m = methods.get(name)
-        ratios = sorted({m.ratio, *RATIOS}) if name == QueryConfig.method else [m.ratio] if m.recomputes else [None]
+        ratios = RATIOS if name == QueryConfig.method else (OTHER_RATIO,) if methods.get(name).recomputes else (None,)
         out += [Candidate(name if r is None else f"{name}:{r:g}",
                           {"method": name, **({} if r is None else {"recompute_ratio": r})}) for r in ratios]
     if not wrapped:
@@ -171,12 +172,13 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
 
     # 3. TTFT, every candidate interleaved with full prefill on the same questions
     timed = (confident + [i for i in range(len(suite)) if i not in confident])[: cfg.timing_questions]
+    warm = list({c.settings["method"]: c for c in candidates if c.settings["method"] != "full"}.values())
     bar.set_description("calibrate (TTFT)")
-    bar.total += (len(timed) + 1) * len(candidates)
+    bar.total += len(warm) + len(timed) * len(candidates)
     bar.refresh()
-    for n, i in enumerate([timed[0]] + timed):  # the first round warms every candidate up, untimed
+    for n, i in enumerate([timed[0]] + timed):  # first each method once, untimed: one-time costs are not TTFT
         q = suite[i]
-        for c in candidates:
+        for c in candidates if n else warm:
             a = session.query(q.question, chunks=q.chunks, answer_prefix=q.answer_prefix or "", max_new_tokens=1,
                               **{**measure, **c.settings})
             if n:
@@ -189,34 +191,51 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
         c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
 
     # 4. fidelity of each candidate within the budget (and cheaper than an exact one that is), on the
-    # confident questions; a question's candidates share its decoded chunks and scores (`Session.reusing`)
+    # confident questions: every one on the first LOOK of them, then only those that can still reach the
+    # target (were every remaining question kept); a context's questions share its decoded chunks and
+    # scores (`Session.reusing`)
     exact = min((c.ratio for c in candidates if c.exact and c.ratio <= cfg.ttft_budget), default=math.inf)
     measured = [c for c in candidates if not c.exact and c.ratio <= min(cfg.ttft_budget, exact)]
+    alive = list(measured)
     bar.set_description("calibrate (fidelity)")
     bar.total += len(measured) * len(confident)
     bar.refresh()
     with session.reusing():
-        for i in sorted(confident, key=lambda i: suite[i].chunks):  # a context's questions together: one decode
+        for n, i in enumerate(sorted(confident, key=lambda i: suite[i].chunks)):  # a context's questions together
             q, ref = suite[i], refs[i]
-            last = max(ref["value_positions"])
-            for c in measured:
+            through = ref["tokens"][: max(ref["value_positions"]) + 1]  # full prefill's answer up to the span's end
+            for c in alive:
                 a = session.query(q.question, chunks=q.chunks, answer_prefix=q.answer_prefix or "", max_new_tokens=1,
-                                  reference=ref["tokens"], logprobs=True, **{**measure, **c.settings})
-                top1 = a.reference_logprobs.argmax(-1).tolist()
-                c.rows.append({"kept": top1[: last + 1] == ref["tokens"][: last + 1],
+                                  reference=through, logprobs=True, **{**measure, **c.settings})
+                c.rows.append({"kept": a.reference_logprobs.argmax(-1).tolist() == through,
                                **_value_figures(ref, a.reference_logprobs)})
                 bar.update()
+            if n + 1 >= LOOK:
+                stopped = [c for c in alive if not can_reach(sum(r["kept"] for r in c.rows),
+                                                             len(confident) - len(c.rows), len(confident), cfg.target)]
+                bar.total -= (len(confident) - n - 1) * len(stopped)
+                alive = [c for c in alive if c not in stopped]
+            if not alive:
+                break
     bar.close()
     seconds["fidelity"] = round(time.perf_counter() - t0, 1)
 
     # 5. the choice
-    rows = [_row(c, cfg) for c in candidates]
+    rows = [_row(c, cfg, len(confident)) for c in candidates]
     chosen, best = choose(rows)
     return {"questions": len(suite), "confident": len(confident), "full_correct": sum(r["correct"] for r in refs),
             "timing_questions": len(timed), "full_ttft_ms": round(full_ms, 1), "target": cfg.target,
             "ttft_budget": cfg.ttft_budget, "top_k": cfg.top_k, "wrapped": wrapped, "chosen": chosen, "best": best,
             "met": chosen is not None, "device": session.device.type, "machine": _machine(session.device),
             "version": store.version, "seconds": seconds, "rows": rows}
+
+
+def can_reach(kept: int, remaining: int, confident: int, target: float) -> bool:
+    """Whether a candidate that kept `kept` so far could still reach `target` with its lower
+    bound over all `confident` questions: were it to keep every one of the `remaining`."""
+    from .bench.ruler import wilson
+
+    return wilson(kept + remaining, confident)[0] >= target
 
 
 def choose(rows: list[dict]) -> tuple[str | None, str | None]:
@@ -313,7 +332,7 @@ def _value_figures(ref: dict, reference_logprobs) -> dict:
     return value_figures(ref, reference_logprobs)
 
 
-def _row(c: Candidate, cfg: CalibrateConfig) -> dict:
+def _row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
     """A candidate's line of the table: its settings, TTFT against full prefill's, and (where
     measured) kept with its interval and the value tokens' agreement and KL."""
     from .bench.fidelity import summarise_values
@@ -325,7 +344,8 @@ def _row(c: Candidate, cfg: CalibrateConfig) -> dict:
         out |= {"kept": 1.0, "kept_ci95": (1.0, 1.0), "meets_target": True}
     elif c.rows:
         n, kept = len(c.rows), sum(r["kept"] for r in c.rows)
-        out |= {"confident": n, "kept": round(kept / n, 4), "kept_ci95": wilson(kept, n), **summarise_values(c.rows)}
+        out |= {"confident": n, "kept": round(kept / n, 4), "kept_ci95": wilson(kept, n), **summarise_values(c.rows),
+                "stopped": n < confident}  # after it could no longer reach the target
         out["meets_target"] = out["kept_ci95"][0] >= cfg.target
     else:
         out["meets_target"] = False
@@ -378,6 +398,8 @@ def table_lines(result: dict) -> list[str]:
             kept, note = "-", "not measured"
         if not r["within_budget"]:
             note = f"over the TTFT budget ({result['ttft_budget']:g}x)"
+        elif r.get("stopped"):
+            note = f"stopped: cannot reach {result['target']:g}"
         elif not r["meets_target"] and not r["exact"] and "kept_ci95" in r:
             note = f"lower bound < {result['target']:g}"
         value = f"{r['value_agreement']:.3f}" if "value_agreement" in r else "-"

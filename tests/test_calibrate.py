@@ -85,9 +85,18 @@ def test_the_outcome_says_how_many_confident_questions_a_target_takes():
     assert "at least 73 confident questions" in line and "best: infoflow:0.1" in line and "\n" not in line
 
 
+def test_a_candidate_stops_only_once_it_cannot_reach_the_target():
+    from sparsecache.calibrate import can_reach
+
+    assert can_reach(10, 63, 73, 0.95)  # 73 of 73 would still reach 0.95
+    assert not can_reach(9, 63, 73, 0.95)  # one lost: 72 of 73 cannot
+    assert not can_reach(20, 30, 50, 0.95)  # 50 confident questions cannot reach 0.95 at all
+    assert can_reach(20, 15, 35, 0.9) and not can_reach(19, 15, 35, 0.9)
+
+
 def test_the_grid_holds_servable_methods_and_exact_ones():
     labels = [c.label for c in grid(wrapped=False)]
-    assert labels[0] == "full" and "none" in labels and "infoflow:0.1" in labels and "cacheblend:0.25" in labels
+    assert labels[0] == "full" and "none" in labels and "infoflow:0.1" in labels and "cacheblend:0.15" in labels
     assert not any(x.startswith(("superposition", "cake", "raw")) for x in labels)  # not servable by the connector
     assert [c.label for c in grid(wrapped=False) if c.exact] == ["full", "infoflow:1"]
     assert [c.label for c in grid(wrapped=True) if c.exact] == ["full"]  # a wrapper's header: not full prefill's
@@ -283,3 +292,23 @@ def test_on_object_storage_and_after_a_nightly_publish(tiny_store, tiny_model_di
     assert out["version"] == 4 and again["recorded_version"] == 5 and again["target"] == 1.0
     info = json.loads(run(cli, ["info", s3_url, "--json"]).stdout)
     assert info["version"] == 5 and info["calibration"]["cpu"]["measured_at"] == 4
+
+
+def test_reusing_a_contexts_decode_and_scores_changes_no_answer(tiny_store, tiny_model):
+    """`Session.reusing` (calibrate's fidelity pass): many configurations over one context share
+    its decoded chunks and a question's scores, and each gives what it gives alone."""
+    import torch
+
+    from sparsecache.query.session import Session
+
+    s = Session(tiny_store / "store", tiny_model)
+    ids = [c.id for c in s.store.chunks()[:4]]
+    configs = [{"method": "none"}, {"method": "infoflow", "recompute_ratio": 0.1},
+               {"method": "infoflow", "recompute_ratio": 0.25}, {"method": "cacheblend", "recompute_ratio": 0.15}]
+    questions = ("When was Velmora founded?", "How many bridges has Corvin?")
+    alone = [s.query(q, chunks=ids, max_new_tokens=1, prefill_under=0, **c).logits for q in questions for c in configs]
+    with s.reusing():
+        shared = [s.query(q, chunks=ids, max_new_tokens=1, prefill_under=0, **c).logits for q in questions
+                  for c in configs]
+    for a, b in zip(alone, shared):
+        torch.testing.assert_close(a, b)

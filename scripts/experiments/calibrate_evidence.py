@@ -2,15 +2,15 @@
 documents, against the *kept* `bench fidelity` measured on that suite's questions, per
 configuration (#70 item 3).
 
-The suite's corpus is encoded as `bench fidelity` encodes it (a plain store, and one with the
-default model's shipped wrapper for the `@wrapped` rows), calibrate measures the configurations
-the suite's results hold on each (nothing recorded, every configuration measured: target 1, no
-TTFT budget), and the script reports the rank correlation (Spearman) across configurations and,
+The suite's corpus is encoded as `bench fidelity` encodes it, with the default model's shipped
+wrapper (the `@wrapped` rows, the default kind of store; `--plain` also encodes a store without
+it for the plain rows), calibrate measures the configurations the suite's results hold on each
+(nothing recorded, every configuration measured: target 1, no TTFT budget), and the script reports the rank correlation (Spearman) across configurations and,
 for a range of targets, the configuration calibrate would choose on the wrapped store (the
 default kind of store) under a 0.5x TTFT budget and whether the kept measured for it on
 `--test` reaches that target.
 
-    python scripts/experiments/calibrate_evidence.py SUITE_DIR WORK OUT.json [--test TEST_DIR] [--questions 100]
+    python scripts/experiments/calibrate_evidence.py SUITE_DIR WORK OUT.json [--test TEST_DIR] [--questions 100] [--plain]
 
 SUITE_DIR holds a `bench fidelity` run (corpus.jsonl, suite.json, results.json), e.g.
 docs/benchmarks/fidelity69-2026-11-29/dev-entities. WORK keeps the stores and each store's
@@ -75,28 +75,34 @@ def main() -> None:
     p.add_argument("--test", type=Path, help="the suite's test-split run, whose kept a choice is checked against")
     p.add_argument("--questions", type=int, default=100)
     p.add_argument("--budget", type=float, default=0.5, help="the TTFT budget the choices are made under")
+    p.add_argument("--plain", action="store_true", help="also a store without the wrapper, for the plain rows")
     args = p.parse_args()
 
     from sparsecache.bench.machine import cpu_model
-    from sparsecache.bench.suite import wrapped_session
     from sparsecache.calibrate import choose
     from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.model import load_model
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
+    from sparsecache.wrapper import load_wrapper
 
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / "corpus.jsonl"
     if not corpus.exists():
         shutil.copy(args.suite / "corpus.jsonl", corpus)
     model = load_model("default")
-    encode_with([str(corpus)], args.work / "store", Dictionary.load(shipped_dictionary(model.fingerprint())), model,
-                StoreConfig())
-    plain = Session(args.work / "store", model)
-    wrapped = wrapped_session(args.work, plain, "shipped", "cpu")
+    dictionary = Dictionary.load(shipped_dictionary(model.fingerprint()))
+    w = load_wrapper("shipped", model.fingerprint())  # as `bench fidelity --wrapper shipped` encodes store-wrapped
+    encode_with([str(corpus)], args.work / "store-wrapped", dictionary, model, StoreConfig(wrapper=w.digest()),
+                wrapper=w)
+    wrapped = Session(args.work / "store-wrapped", model)
+    stores = [(wrapped, WRAPPED, "@wrapped")]
+    if args.plain:
+        encode_with([str(corpus)], args.work / "store", dictionary, model, StoreConfig())
+        stores.insert(0, (Session(args.work / "store", model), PLAIN, ""))
     estimates = {}
-    for session, spec, suffix in ((plain, PLAIN, ""), (wrapped, WRAPPED, "@wrapped")):
+    for session, spec, suffix in stores:
         result = calibrated(args.work, session, spec, args.questions)
         for r in result["rows"]:
             if not r["exact"]:
@@ -131,9 +137,9 @@ def main() -> None:
            "spearman": spearman([t["calibrate_kept"] for t in table], [t["suite_kept"] for t in table])
            if len(table) > 2 else None,
            "choices": choices, "choices_meeting_target_on_test": [sum(c["meets_on_test"] for c in checked), len(checked)],
-           "calibrations": {"plain": {k: v for k, v in json.loads((args.work / "calibrate-store.json").read_text()).items()
-                                      if k != "rows"},
-                            "wrapped": {k: v for k, v in wrapped_result.items() if k != "rows"}}}
+           "calibrations": {suffix or "plain": {k: v for k, v in json.loads(
+               (args.work / f"calibrate-{session.store.root.name}.json").read_text()).items() if k != "rows"}
+               for session, _, suffix in stores}}
     args.out.write_text(json.dumps(out, indent=1))
     print(f"{'configuration':<34}{'calibrate kept':>22}{'suite kept':>22}")
     for t in table:

@@ -116,9 +116,9 @@ def calibrate_options(f):
                           "3.84 t / (1 - t) confident ones, all kept (73 for 0.95)."),
         click.option("--candidates", default=None,
                      help="Configurations to measure, as `bench fidelity --methods` names them (e.g. "
-                          "'none,infoflow:0.1,cacheblend:0.15'); full prefill is always one.  [default: full; none; a3, "
-                          "cacheblend and cacheclip at their own ratio (0.25); infoflow at 0.05, 0.1, 0.15, 0.25, "
-                          "0.5, and 1.0 on a store without a wrapper]"),
+                          "'none,infoflow:0.1,cacheblend:0.25'); full prefill is always one.  [default: full; none; "
+                          "infoflow at 0.05, 0.1, 0.15, 0.25, 0.5 (and 1.0 on a store without a wrapper); a3, "
+                          "cacheblend and cacheclip at 0.15]"),
         click.option("--timing-questions", type=click.IntRange(min=1), default=CalibrateConfig.timing_questions,
                      show_default=True, help="Questions every candidate's TTFT is measured on, after one warm-up."),
         click.option("--accept-best", is_flag=True,
@@ -184,7 +184,10 @@ def calibrate_cmd(store, model_path, device, dtype, as_json, top_k, **options):
     method is named (`info` shows it). A choice is kept per kind of device: one measured on a CPU
     is not used on a GPU.
 
-    TIME_NOTE
+    Time: on the demo store (32 documents, k = 8 contexts of ~2,900 tokens), `--questions 100`
+    took 11.5 min end to end on 2 vCPUs of an AMD EPYC (2026-12-02): full prefill's answers 4.7
+    min, TTFT 2.6 min, fidelity 4.1 min (51 confident questions). It grows with the questions and
+    with the candidates that can still reach the target; on a GPU it takes a fraction of that.
     """
     result, lines = run_calibration(store, calibrate_config(options, top_k), model_path, device, dtype, not as_json)
     emit(result, as_json, lines)
