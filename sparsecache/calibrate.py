@@ -25,6 +25,10 @@ corpus and the device, so it is measured here rather than fixed once:
    prefill, and recomputing every token (r = 1.0) of a store without a wrapper, are exact: they
    meet every target, where the TTFT budget admits them.
 
+6. **The other variant** (`compare_wrapper`): the same candidates and questions on a temporary
+   twin of the contexts' chunks encoded the other way (plain for a wrapped store, with a wrapper
+   for a plain one), reported beside the store's rows and never chosen.
+
 The choice, with its figures and the machine, is published as a new version of the store whose
 calibration (`store.calibration`) holds it under this kind of device; `query`, `Session` and
 `serve` use it unless a method is named. On a GPU the GPU's choice is measured and kept beside
@@ -46,6 +50,7 @@ from .query.config import TOP_K, QueryConfig, calibration_line
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
 OTHER_RATIO = 0.15  # the other scorers' (CacheBlend's constant): one each, so `calibrate --questions 100` fits 15 min
 EXACT_RATIO = 1.0  # recomputing every token: full prefill's computation, on a store without a wrapper
+MEASURE = {"prefill_under": 0}  # every query measures the method it names, not the cheap-context rule
 LOOK = 20  # confident questions every candidate within the budget answers before one that cannot reach the target stops
 
 
@@ -63,6 +68,9 @@ class CalibrateConfig:
     max_new_tokens: int = 4  # full prefill's answer: the span's tokens and this many more
     seed: int = 0
     accept_best: bool = False  # record the best candidate when none meets the target
+    # also measure the store's other variant on a twin of the questions' chunks: 'none' (a wrapped
+    # store's plain variant), 'shipped' or a learn-wrapper directory (a plain store's wrapped one)
+    compare_wrapper: str | None = None
 
     def __post_init__(self):
         if isinstance(self.target, bool) or not 0 < self.target <= 1:
@@ -149,8 +157,10 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     if store.manifest.live_chunks == 0:
         raise StoreError(f"{store.backend}: the store holds no documents; encode a corpus into it first")
     wrapped = store.header() is not None
+    if cfg.compare_wrapper is not None and wrapped != (cfg.compare_wrapper == "none"):
+        raise ConfigError("--compare-wrapper: 'none' measures a wrapped store's plain variant; a plain store's "
+                          "wrapped one takes 'shipped' or a learn-wrapper directory")
     candidates = parse_candidates(cfg.candidates, wrapped) if cfg.candidates else grid(wrapped)
-    measure = {"prefill_under": 0}  # the method itself, not the cheap-context rule
     tokenizer = session.model.tokenizer
     bar = tqdm(total=cfg.questions, desc="calibrate (questions)", unit="q", disable=not progress, file=sys.stderr)
 
@@ -172,62 +182,131 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
 
     # 3. TTFT, every candidate interleaved with full prefill on the same questions
     timed = (confident + [i for i in range(len(suite)) if i not in confident])[: cfg.timing_questions]
-    warm = list({c.settings["method"]: c for c in candidates if c.settings["method"] != "full"}.values())
-    bar.set_description("calibrate (TTFT)")
-    bar.total += len(warm) + len(timed) * len(candidates)
-    bar.refresh()
-    for n, i in enumerate([timed[0]] + timed):  # first each method once, untimed: one-time costs are not TTFT
-        q = suite[i]
-        for c in candidates if n else warm:
-            a = session.query(q.question, chunks=q.chunks, answer_prefix=q.answer_prefix or "", max_new_tokens=1,
-                              **{**measure, **c.settings})
-            if n:
-                c.ttft_ms.append(a.timings_ms["ttft"])
-            bar.update()
+    _time(session, suite, timed, candidates, bar)
     seconds["ttft"], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
-    full = candidates[0]
-    full_ms = sum(full.ttft_ms) / len(full.ttft_ms)
+    full_ms = sum(candidates[0].ttft_ms) / len(candidates[0].ttft_ms)
     for c in candidates:
         c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
 
-    # 4. fidelity of each candidate within the budget (and cheaper than an exact one that is), on the
-    # confident questions: every one on the first LOOK of them, then only those that can still reach the
-    # target (were every remaining question kept); a context's questions share its decoded chunks and
-    # scores (`Session.reusing`)
+    # 4. fidelity of each candidate within the budget (and cheaper than an exact one that is)
     exact = min((c.ratio for c in candidates if c.exact and c.ratio <= cfg.ttft_budget), default=math.inf)
-    measured = [c for c in candidates if not c.exact and c.ratio <= min(cfg.ttft_budget, exact)]
-    alive = list(measured)
-    bar.set_description("calibrate (fidelity)")
-    bar.total += len(measured) * len(confident)
-    bar.refresh()
-    with session.reusing():
-        for n, i in enumerate(sorted(confident, key=lambda i: suite[i].chunks)):  # a context's questions together
-            q, ref = suite[i], refs[i]
-            through = ref["tokens"][: max(ref["value_positions"]) + 1]  # full prefill's answer up to the span's end
-            for c in alive:
-                a = session.query(q.question, chunks=q.chunks, answer_prefix=q.answer_prefix or "", max_new_tokens=1,
-                                  reference=through, logprobs=True, **{**measure, **c.settings})
-                c.rows.append({"kept": a.reference_logprobs.argmax(-1).tolist() == through,
-                               **_value_figures(ref, a.reference_logprobs)})
-                bar.update()
-            if n + 1 >= LOOK:
-                stopped = [c for c in alive if not can_reach(sum(r["kept"] for r in c.rows),
-                                                             len(confident) - len(c.rows), len(confident), cfg.target)]
-                bar.total -= (len(confident) - n - 1) * len(stopped)
-                alive = [c for c in alive if c not in stopped]
-            if not alive:
-                break
-    bar.close()
+    _fidelity(session, suite, refs, confident, [c for c in candidates if not c.exact and c.ratio <= min(
+        cfg.ttft_budget, exact)], cfg.target, bar)
     seconds["fidelity"] = round(time.perf_counter() - t0, 1)
 
     # 5. the choice
     rows = [_row(c, cfg, len(confident)) for c in candidates]
     chosen, best = choose(rows)
-    return {"questions": len(suite), "confident": len(confident), "full_correct": sum(r["correct"] for r in refs),
-            "timing_questions": len(timed), "full_ttft_ms": round(full_ms, 1), "target": cfg.target,
-            "ttft_budget": cfg.ttft_budget, "top_k": cfg.top_k, "wrapped": wrapped, "chosen": chosen, "best": best,
-            "met": chosen is not None, "device": session.device.type, "machine": _machine(session.device),
-            "version": store.version, "seconds": seconds, "rows": rows}
+    result = {"questions": len(suite), "confident": len(confident), "full_correct": sum(r["correct"] for r in refs),
+              "timing_questions": len(timed), "full_ttft_ms": round(full_ms, 1), "target": cfg.target,
+              "ttft_budget": cfg.ttft_budget, "top_k": cfg.top_k, "wrapped": wrapped, "chosen": chosen, "best": best,
+              "met": chosen is not None, "device": session.device.type, "machine": _machine(session.device),
+              "version": store.version, "seconds": seconds, "rows": rows}
+
+    # 6. the store's other variant, where asked: the same questions over a twin of their chunks
+    if cfg.compare_wrapper is not None:
+        t0 = time.perf_counter()
+        result["other"] = other_variant(session, cfg, suite, refs, confident, timed, full_ms, bar)
+        seconds["other_variant"] = round(time.perf_counter() - t0, 1)
+    bar.close()
+    return result
+
+
+def _time(session, suite: list, timed: list[int], candidates: list[Candidate], bar, chunks=None) -> None:
+    """Every candidate's TTFT on the questions `timed` (round by round, interleaved), after one
+    untimed query per method (one-time costs are not TTFT); `chunks` maps a question's chunk ids
+    (a twin store's: `other_variant`)."""
+    chunks = chunks or (lambda ids: ids)
+    warm = list({c.settings["method"]: c for c in candidates if c.settings["method"] != "full"}.values())
+    bar.set_description("calibrate (TTFT)")
+    bar.total += len(warm) + len(timed) * len(candidates)
+    bar.refresh()
+    for n, i in enumerate([timed[0]] + timed):
+        q = suite[i]
+        for c in candidates if n else warm:
+            a = session.query(q.question, chunks=chunks(q.chunks), answer_prefix=q.answer_prefix or "",
+                              max_new_tokens=1, **{**MEASURE, **c.settings})
+            if n:
+                c.ttft_ms.append(a.timings_ms["ttft"])
+            bar.update()
+
+
+def _fidelity(session, suite: list, refs: list, confident: list[int], measured: list[Candidate], target: float, bar,
+              chunks=None) -> None:
+    """`measured`'s rows on the confident questions: every candidate on the first LOOK of them,
+    then only those that can still reach `target` (were every remaining question kept). A
+    context's questions run together and share its decoded chunks and scores (`Session.reusing`)."""
+    chunks = chunks or (lambda ids: ids)
+    alive = list(measured)
+    bar.set_description("calibrate (fidelity)")
+    bar.total += len(measured) * len(confident)
+    bar.refresh()
+    with session.reusing():
+        for n, i in enumerate(sorted(confident, key=lambda i: suite[i].chunks)):
+            q, ref = suite[i], refs[i]
+            through = ref["tokens"][: max(ref["value_positions"]) + 1]  # full prefill's answer up to the span's end
+            for c in alive:
+                a = session.query(q.question, chunks=chunks(q.chunks), answer_prefix=q.answer_prefix or "",
+                                  max_new_tokens=1, reference=through, logprobs=True, **{**MEASURE, **c.settings})
+                c.rows.append({"kept": a.reference_logprobs.argmax(-1).tolist() == through,
+                               **_value_figures(ref, a.reference_logprobs)})
+                bar.update()
+            if n + 1 >= LOOK:
+                stopped = [c for c in alive if not can_reach(sum(r["kept"] for r in c.rows),
+                                                             len(confident) - len(c.rows), len(confident), target)]
+                bar.total -= (len(confident) - n - 1) * len(stopped)
+                alive = [c for c in alive if c not in stopped]
+            if not alive:
+                break
+
+
+def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confident: list[int], timed: list[int],
+                  full_ms: float, bar) -> dict:
+    """The candidates on the store's other variant (`cfg.compare_wrapper`: `none` for a wrapped
+    store, a wrapper for a plain one): every chunk the questions' contexts hold is encoded on its
+    own, that way, into a temporary twin store, and the same questions are asked over it against
+    the same full-prefill answers. Reported, never chosen: the store is what it is; the result
+    says whether re-encoding it that way would meet the target at a lower TTFT."""
+    import dataclasses
+    import json
+    import tempfile
+
+    from .bench.passkey import chunk_ids_by_doc
+    from .ingest.encoder import encode_with
+    from .query.session import Session
+    from .wrapper import load_wrapper
+
+    store = session.store
+    wrapped = store.header() is not None
+    w = None if wrapped else load_wrapper(cfg.compare_wrapper, session.model.fingerprint())
+    ids = sorted({c for q in suite for c in q.chunks})
+    with tempfile.TemporaryDirectory(prefix="sparsecache-twin-") as tmp:
+        corpus = f"{tmp}/chunks.jsonl"
+        with open(corpus, "w") as f:
+            for cid, text in zip(ids, store.texts(ids)):
+                f.write(json.dumps({"id": cid, "text": text}) + "\n")
+        bar.set_description("calibrate (encoding the other variant)")
+        config = dataclasses.replace(store.config, wrapper=None if w is None else w.digest(),
+                                     chunk_tokens=2 * store.config.chunk_tokens)  # one chunk per chunk
+        encode_with([corpus], f"{tmp}/twin", store.dictionary, session.model, config, embedder=session.embedder,
+                    device=session.device, progress=False, wrapper=w)
+        twin = Session(f"{tmp}/twin", session.model, session.device)
+        of = chunk_ids_by_doc(twin.store)
+
+        def chunks(original: list[str]) -> list[str]:
+            return [of[c] for c in original]
+
+        suffix = "@plain" if wrapped else "@wrapped"
+        candidates = [dataclasses.replace(c, label=c.label + suffix, ttft_ms=[], rows=[])
+                      for c in grid(not wrapped) if not c.exact]
+        _time(twin, suite, timed, candidates, bar, chunks)
+        for c in candidates:
+            c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
+        _fidelity(twin, suite, refs, confident, [c for c in candidates if c.ratio <= cfg.ttft_budget], cfg.target, bar,
+                  chunks)
+    rows = [_row(c, cfg, len(confident)) for c in candidates]
+    chosen, best = choose(rows)
+    return {"wrapper": cfg.compare_wrapper, "chunks": len(ids), "chosen": chosen, "best": best, "rows": rows}
 
 
 def can_reach(kept: int, remaining: int, confident: int, target: float) -> bool:
@@ -408,6 +487,22 @@ def table_lines(result: dict) -> list[str]:
     return lines
 
 
+def other_lines(result: dict) -> list[str]:
+    """The other variant's table and what it says (`other_variant`), or nothing."""
+    other = result.get("other")
+    if not other:
+        return []
+    how = "--wrapper none" if other["wrapper"] == "none" else f"--wrapper {other['wrapper']}"
+    lines = ["", f"the store encoded the other way ({how}; {other['chunks']} chunks encoded on their own, not recorded):",
+             *table_lines({**result, "rows": other["rows"]})[1:]]
+    mine = next((r for r in result["rows"] if r["label"] == result["chosen"]), None)
+    theirs = next((r for r in other["rows"] if r["label"] == other["chosen"]), None)
+    if theirs is not None and (mine is None or theirs["ttft_vs_full"] < mine["ttft_vs_full"]):
+        lines.append(f"re-encoding the store with {how} would meet the target with {theirs['label']} at "
+                     f"{theirs['ttft_vs_full']:.2f}x full prefill's TTFT")
+    return lines
+
+
 def summary_line(result: dict) -> str:
     """The outcome in one line."""
     head = (f"{result['questions']} cloze questions, full prefill confident on {result['confident']}, "
@@ -427,5 +522,5 @@ def _confident_needed(target: float, z: float = 1.96) -> int | str:
     return math.ceil(z * z * target / (1 - target))
 
 
-__all__ = ["CalibrateConfig", "Candidate", "calibrate", "calibration_line", "grid", "record", "record_of",
-           "summary_line", "table_lines"]
+__all__ = ["CalibrateConfig", "Candidate", "calibrate", "calibration_line", "grid", "other_lines", "other_variant",
+           "record", "record_of", "summary_line", "table_lines"]

@@ -312,3 +312,24 @@ def test_reusing_a_contexts_decode_and_scores_changes_no_answer(tiny_store, tiny
                   for c in configs]
     for a, b in zip(alone, shared):
         torch.testing.assert_close(a, b)
+
+
+def test_the_other_variant_is_measured_on_a_twin_and_never_recorded(tiny_store, tiny_model_dir, tiny_model,
+                                                                     tmp_path):
+    """A plain store's wrapped variant (`--compare-wrapper DIR`): every chunk of the questions'
+    contexts encoded on its own with the wrapper into a temporary twin, the same questions timed
+    (and, where confident, measured) there, reported beside the store's own rows."""
+    from sparsecache.wrapper import initial_wrapper
+
+    initial_wrapper(tiny_model, 3, 2).save(tmp_path / "wrapper")
+    store = copy(tiny_store / "store", tmp_path / "store")
+    run = CliRunner().invoke
+    r = run(cli, calibrate_args(store, tiny_model_dir, "--candidates", "none", "--compare-wrapper",
+                                str(tmp_path / "wrapper"), "--json"))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    other = out["other"]
+    assert other["chunks"] >= 1 and {x["label"] for x in other["rows"]} >= {"none@wrapped", "infoflow:0.1@wrapped"}
+    assert all(x["ttft_ms"] > 0 for x in other["rows"]) and "recorded_version" not in out
+    r = run(cli, calibrate_args(store, tiny_model_dir, "--compare-wrapper", "none"))  # a plain store has no plain twin
+    assert r.exit_code == 1 and "--compare-wrapper: 'none' measures a wrapped store's" in r.output, r.output

@@ -121,6 +121,11 @@ def calibrate_options(f):
                           "cacheblend and cacheclip at 0.15]"),
         click.option("--timing-questions", type=click.IntRange(min=1), default=CalibrateConfig.timing_questions,
                      show_default=True, help="Questions every candidate's TTFT is measured on, after one warm-up."),
+        click.option("--compare-wrapper", default=None,
+                     help="Also measure the store encoded the other way, on a temporary twin of the questions' "
+                          "chunks (reported, never recorded: re-encode to use it): 'none' for a wrapped store's plain "
+                          "variant, 'shipped' or a learn-wrapper directory for a plain store's wrapped one. Adds the "
+                          "twin's encode (~4 min for the demo store's chunks here) and its measurements."),
         click.option("--accept-best", is_flag=True,
                      help="Where no candidate reaches --target, record the best one anyway (default: record nothing)."),
     )):
@@ -136,7 +141,8 @@ def calibrate_config(options: dict, top_k: int | None = None):
 def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progress: bool) -> tuple[dict, list[str]]:
     """Measure and, where a candidate meets the target (or --accept-best), record; the result
     and the lines that print it (the table and the outcome)."""
-    from sparsecache.calibrate import calibrate, calibration_line, record, record_of, summary_line, table_lines
+    from sparsecache.calibrate import (calibrate, calibration_line, other_lines, record, record_of, summary_line,
+                                       table_lines)
     from sparsecache.kvstore import KVStore
     from sparsecache.query.session import Session
 
@@ -149,9 +155,10 @@ def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progre
     result = calibrate(session, cfg, progress=progress)
     label = result["chosen"] or (result["best"] if cfg.accept_best else None)
     secs = result["seconds"]
-    lines = table_lines(result) + ["", summary_line(result),
-                                   f"measured in {sum(secs.values()) / 60:.1f} min (full prefill's answers "
-                                   f"{secs['reference']:.0f} s, TTFT {secs['ttft']:.0f} s, fidelity {secs['fidelity']:.0f} s)"]
+    lines = table_lines(result) + other_lines(result) + [
+        "", summary_line(result), f"measured in {sum(secs.values()) / 60:.1f} min (full prefill's answers "
+        f"{secs['reference']:.0f} s, TTFT {secs['ttft']:.0f} s, fidelity {secs['fidelity']:.0f} s"
+        + (f", the other variant {secs['other_variant']:.0f} s" if "other_variant" in secs else "") + ")"]
     if label is not None:
         result["recorded_version"] = record(store, result, label)
         result["recorded"] = record_of(result, label)
