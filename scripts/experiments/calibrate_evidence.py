@@ -5,7 +5,8 @@ configuration (#70 item 3).
 The suite's corpus is encoded as `bench fidelity` encodes it, with the default model's shipped
 wrapper (the `@wrapped` rows, the default kind of store; `--plain` also encodes a store without
 it for the plain rows), calibrate measures the configurations the suite's results hold on each
-(nothing recorded, every configuration measured on every confident question: no target, no TTFT budget), and the script reports the rank correlation (Spearman) across configurations and,
+(nothing recorded; every configuration on every confident question: no target, no TTFT budget),
+and the script reports the rank correlation (Spearman) across configurations and,
 for a range of targets, the configuration calibrate would choose on the wrapped store (the
 default kind of store) under a 0.5x TTFT budget and whether the kept measured for it on
 `--test` reaches that target.
