@@ -16,7 +16,8 @@ corpus and the device, so it is measured here rather than fixed once:
    prefill's cannot be chosen and is not measured further.
 4. **Fidelity**: each candidate within the budget, on the questions full prefill is confident
    of (every candidate on the first LOOK of them, then only those that could still reach the
-   target were they to keep every remaining one), teacher-forced along full prefill's answer: it *keeps* the answer when its top-1 token
+   target were they to keep every remaining one and that cost no more than one already sure to
+   meet it), teacher-forced along full prefill's answer: it *keeps* the answer when its top-1 token
    equals full prefill's at every position up to the span's end (then its greedy answer is full
    prefill's up to there, span included; an answer that gets there by other words is not
    counted, so this is a lower bound on `bench fidelity`'s kept). `kept` is the share kept with
@@ -234,7 +235,8 @@ def _time(session, suite: list, timed: list[int], candidates: list[Candidate], b
 def _fidelity(session, suite: list, refs: list, confident: list[int], measured: list[Candidate], target: float, bar,
               chunks=None) -> None:
     """`measured`'s rows on the confident questions: every candidate on the first LOOK of them,
-    then only those that can still reach `target` (were every remaining question kept). A
+    then only those that can still reach `target` (were every remaining question kept) and are
+    no costlier than one already sure to meet it (were every remaining question lost). A
     context's questions run together and share its decoded chunks and scores (`Session.reusing`)."""
     chunks = chunks or (lambda ids: ids)
     alive = list(measured)
@@ -252,8 +254,12 @@ def _fidelity(session, suite: list, refs: list, confident: list[int], measured: 
                                **_value_figures(ref, a.reference_logprobs)})
                 bar.update()
             if n + 1 >= LOOK:
-                stopped = [c for c in alive if not can_reach(sum(r["kept"] for r in c.rows),
-                                                             len(confident) - len(c.rows), len(confident), target)]
+                kept = {id(c): sum(r["kept"] for r in c.rows) for c in alive}
+                # sure to meet it even if it lost every remaining answer: nothing costlier can be chosen
+                sure = min((c.ratio for c in alive if can_reach(kept[id(c)], 0, len(confident), target)),
+                           default=math.inf)
+                stopped = [c for c in alive if c.ratio > sure or not can_reach(
+                    kept[id(c)], len(confident) - len(c.rows), len(confident), target)]
                 bar.total -= (len(confident) - n - 1) * len(stopped)
                 alive = [c for c in alive if c not in stopped]
             if not alive:
@@ -477,6 +483,8 @@ def table_lines(result: dict) -> list[str]:
             kept, note = "-", "not measured"
         if not r["within_budget"]:
             note = f"over the TTFT budget ({result['ttft_budget']:g}x)"
+        elif r.get("stopped") and any(x.get("chosen") and x["ttft_vs_full"] < r["ttft_vs_full"] for x in result["rows"]):
+            note = "stopped: costs more than a candidate sure to meet the target"
         elif r.get("stopped"):
             note = f"stopped: cannot reach {result['target']:g}"
         elif not r["meets_target"] and not r["exact"] and "kept_ci95" in r:
