@@ -333,3 +333,50 @@ def test_the_other_variant_is_measured_on_a_twin_and_never_recorded(tiny_store, 
     assert all(x["ttft_ms"] > 0 for x in other["rows"]) and "recorded_version" not in out
     r = run(cli, calibrate_args(store, tiny_model_dir, "--compare-wrapper", "none"))  # a plain store has no plain twin
     assert r.exit_code == 1 and "--compare-wrapper: 'none' measures a wrapped store's" in r.output, r.output
+
+
+
+def test_the_fidelity_pass_stops_only_candidates_that_can_no_longer_be_chosen(monkeypatch):
+    """After LOOK answers, a candidate stops once it cannot reach the target, or once a cheaper one
+    is sure to meet it even losing every remaining answer; the rest answer every confident
+    question (a scripted session: which candidate loses which question is given)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    import sparsecache.calibrate as cal
+    from sparsecache.bench.fidelity import Question
+
+    n = 80
+    suite = [Question(f"q{i}", f"question {i}", "x", [], [], 1, chunks=[f"c{i % 7}"], needed=[]) for i in range(n)]
+    refs = [{"tokens": [1, 2], "value_positions": [1]} for _ in range(n)]
+    loses = {"cheap-bad": set(range(0, n, 2)), "good": set(), "dear": set()}  # the questions each gets wrong
+    asked = {m: 0 for m in loses}
+
+    class Scripted:
+        @contextlib.contextmanager
+        def reusing(self):
+            yield self
+
+        def query(self, question, *, method, reference, **_):
+            asked[method] += 1
+            wrong = int(question.split()[1]) in loses[method]
+            lp = torch.full((len(reference), 4), -5.0)
+            for p, t in enumerate(reference):
+                lp[p, (t + 1) % 4 if wrong else t] = 0.0
+            return SimpleNamespace(reference_logprobs=lp)
+
+    monkeypatch.setattr(cal, "_value_figures", lambda ref, lp: {})
+    candidates = []
+    for name, ratio in (("cheap-bad", 0.1), ("good", 0.2), ("dear", 0.4)):
+        c = cal.Candidate(name, {"method": name})
+        c.ratio = ratio
+        candidates.append(c)
+    bar = SimpleNamespace(set_description=lambda *a: None, refresh=lambda: None, update=lambda: None, total=0)
+    cal._fidelity(Scripted(), suite, refs, list(range(n)), candidates, 0.9, bar)
+    # half lost: it cannot reach 0.9 from the first check on; `good` keeps all and is sure to meet 0.9 once
+    # its kept alone give a lower bound of 0.9 over 80 (at 73 of 80), so `dear` (costlier) stops there
+    assert asked["cheap-bad"] == cal.LOOK and asked["good"] == n
+    assert cal.LOOK < asked["dear"] < n and cal.can_reach(asked["dear"], 0, n, 0.9)
+    assert not cal.can_reach(asked["dear"] - 1, 0, n, 0.9)
