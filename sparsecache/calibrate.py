@@ -95,9 +95,6 @@ class Candidate:
     ttft_ms: list = field(default_factory=list)  # timed, by timing question
     rows: list = field(default_factory=list)  # fidelity, one per confident question
 
-    def config(self) -> QueryConfig:
-        return QueryConfig(**self.settings)
-
 
 def grid(wrapped: bool) -> list[Candidate]:
     """The default candidates: full prefill; `none`; the default method (infoflow) at each of
@@ -145,7 +142,7 @@ def _machine(device) -> str:
     return f"{cpu_model()}, {torch.get_num_threads()} threads"
 
 
-def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool = True, log=None) -> dict:
+def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool = True) -> dict:
     """Measure `cfg`'s candidates on `session`'s store (the module's steps 1-5) and return
     {questions, confident, full_ttft_ms, rows: one per candidate, chosen, best, met, device, …}.
     Records nothing (`record` does)."""
@@ -153,10 +150,8 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
 
     from .bench.fidelity import CONFIDENT_MARGIN, contains, value_positions, value_reference
 
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     store = session.store
-    if store.manifest.live_chunks == 0:
-        raise StoreError(f"{store.backend}: the store holds no documents; encode a corpus into it first")
+    require_documents(store)
     wrapped = store.header() is not None
     if cfg.compare_wrapper is not None and wrapped != (cfg.compare_wrapper == "none"):
         raise ConfigError("--compare-wrapper: 'none' measures a wrapped store's plain variant; a plain store's "
@@ -211,6 +206,12 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
         seconds["other_variant"] = round(time.perf_counter() - t0, 1)
     bar.close()
     return result
+
+
+def require_documents(store) -> None:
+    """Refuse a store with no live document: there is nothing to ask about."""
+    if store.manifest.live_chunks == 0:
+        raise StoreError(f"{store.backend}: the store holds no documents; encode a corpus into it first")
 
 
 def _time(session, suite: list, timed: list[int], candidates: list[Candidate], bar, chunks=None) -> None:
@@ -345,13 +346,13 @@ def questions(session, cfg: CalibrateConfig) -> list:
     retrieval misses is left out (full prefill could not answer it either). Seeded."""
     import random
 
-    from .bench.cloze import PLAIN_SPANS, SPANS, cloze_candidates
+    from .bench.cloze import cloze_candidates, distinctive_first
     from .bench.fidelity import Question
 
     pool = cloze_candidates(session.store, session.model.tokenizer, "continue")
     rng = random.Random(f"calibrate-{cfg.seed}")
     rng.shuffle(pool)
-    pool.sort(key=lambda c: [k for k, _ in SPANS + PLAIN_SPANS].index(c["kind"]) >= len(SPANS))  # stable
+    distinctive_first(pool)
     out, per_doc, contexts = [], {}, []
     for c in pool:
         if len(out) == cfg.questions:
@@ -391,11 +392,10 @@ def full_answers(session, ids: list[str], qs: list, extra_tokens: int) -> list[d
 
     from .query.blend import question_ids, truncate
     from .query.generate import full_prefill, greedy_continue, prefill
+    from .query.methods.full import text_ids
 
-    model, store = session.model, session.store
-    order = ids[::-1] if QueryConfig().order == "reverse" else ids
-    prefix = store.prefix()[0]
-    context = prefix + [t for c in store.tokens(order) for t in c if t >= 0]  # a wrapper's soft tokens: not text
+    model = session.model
+    context = text_ids(session.store, ids[::-1] if QueryConfig().order == "reverse" else ids)
     _, cache = full_prefill(context, model)
     out = []
     for q in qs:

@@ -123,6 +123,13 @@ def cloze_candidates(store, tokenizer, style: str = "blank") -> list[dict]:
     return out
 
 
+def distinctive_first(pool: list[dict]) -> None:
+    """Sort cloze candidates in place so those about SPANS' kinds come before PLAIN_SPANS' (a
+    stable sort: their order within each stays as it was, shuffled)."""
+    plain = {kind for kind, _ in PLAIN_SPANS}
+    pool.sort(key=lambda c: c["kind"] in plain)
+
+
 def make_cloze(session, ks=(8,), questions: int = 100, split: str | None = "dev", seed: int = 0,
                per_document: int = 1000, style: str = "blank") -> dict[int, list[Question]]:
     """`questions` cloze questions in `style` per k from `split`'s documents of `session`'s store
@@ -135,9 +142,8 @@ def make_cloze(session, ks=(8,), questions: int = 100, split: str | None = "dev"
             if split is None or split_of(c["doc"]) == split]
     rng = random.Random(f"cloze-{seed}-{split}")
     rng.shuffle(pool)
-    if style == "continue":  # the distinctive spans first (a stable sort: shuffled within a kind's rank)
-        rank = {kind: i for i, (kind, _) in enumerate(SPANS + PLAIN_SPANS)}
-        pool.sort(key=lambda c: rank[c["kind"]] >= len(SPANS))
+    if style == "continue":
+        distinctive_first(pool)
     picked, per_doc = [], {}
     for c in pool:
         if per_doc.get(c["doc"], 0) < per_document:

@@ -133,24 +133,16 @@ def calibrate_options(f):
     return f
 
 
-def calibrate_config(options: dict, top_k: int | None = None):
-    """CalibrateConfig from `calibrate_options` (taken out of `options`)."""
-    return CalibrateConfig(**fields_of(CalibrateConfig, options), **({"top_k": top_k} if top_k else {}))
-
-
 def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progress: bool) -> tuple[dict, list[str]]:
     """Measure and, where a candidate meets the target (or --accept-best), record; the result
     and the lines that print it (the table and the outcome)."""
-    from sparsecache.calibrate import (calibrate, calibration_line, other_lines, record, record_of, summary_line,
-                                       table_lines)
+    from sparsecache.calibrate import (calibrate, calibration_line, other_lines, record, record_of,
+                                       require_documents, summary_line, table_lines)
     from sparsecache.kvstore import KVStore
     from sparsecache.query.session import Session
 
     kv = KVStore.open(store)
-    if kv.manifest.live_chunks == 0:  # before the model loads
-        from sparsecache.errors import StoreError
-
-        raise StoreError(f"{kv.backend}: the store holds no documents; encode a corpus into it first")
+    require_documents(kv)  # before the model loads
     session = Session(kv, model_path, resolve_device(device), dtype=dtype)
     result = calibrate(session, cfg, progress=progress)
     label = result["chosen"] or (result["best"] if cfg.accept_best else None)
@@ -178,7 +170,7 @@ def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progre
 @dtype_option
 @json_option
 @library_errors
-def calibrate_cmd(store, model_path, device, dtype, as_json, top_k, **options):
+def calibrate_cmd(store, model_path, device, dtype, as_json, **options):
     """Measure how well each query configuration keeps full prefill's answers on STORE's own
     text, and record the cheapest that meets --target as the store's choice for this device.
 
@@ -197,5 +189,7 @@ def calibrate_cmd(store, model_path, device, dtype, as_json, top_k, **options):
     stopped after 20). A target the questions can reach keeps the candidates that can still reach it
     answering every confident question: `--target 0.8` took 28 min there, the CPU shared.
     """
-    result, lines = run_calibration(store, calibrate_config(options, top_k), model_path, device, dtype, not as_json)
+    # the options map onto CalibrateConfig by name
+    result, lines = run_calibration(store, CalibrateConfig(**fields_of(CalibrateConfig, options)), model_path, device,
+                                    dtype, not as_json)
     emit(result, as_json, lines)

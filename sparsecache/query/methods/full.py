@@ -13,13 +13,18 @@ class Full(Method):
         from ..generate import full_prefill
 
         with watch.step("read"):
-            prefix, _, _ = qc.store.prefix()
-            tokens = qc.store.tokens(ids)
-        seq = prefix + [t for c in tokens for t in c if t >= 0] + q_ids  # a wrapped store's soft tokens: not text
+            seq = text_ids(qc.store, ids) + q_ids
         with watch.step("prefill"):
             logits, cache = full_prefill(seq, qc.model)
         qc.rates.observe("prefill_tokens_per_s", len(seq), watch["prefill"])
         return Prefilled(logits, cache, len(seq) - len(q_ids), 0, 4 * len(seq), list(ids))
+
+
+def text_ids(store, ids: list[str]) -> list[int]:
+    """The token ids full prefill reads for the chunks `ids` (in context order): the store's
+    prefix and the chunks' text (a wrapped store's soft tokens are not text)."""
+    prefix, _, _ = store.prefix()
+    return prefix + [t for c in store.tokens(ids) for t in c if t >= 0]
 
 
 register(Full())
