@@ -209,6 +209,9 @@ def test_the_served_choice(tiny_store):
     got = served_calibration({"cpu": {"method": "cacheblend", "recompute_ratio": 0.1}}, "cpu", cfg)
     assert (got.method, got.ratio) == ("cacheblend", 0.1)
     assert served_calibration({"cpu": {"method": "superposition"}}, "cpu", cfg) is None  # query's alone
+    ratio_given = served_calibration({"cpu": {"method": "cacheblend", "recompute_ratio": 0.1}}, "cpu",
+                                     ServeConfig(store="x", recompute_ratio=0.3))
+    assert (ratio_given.method, ratio_given.ratio) == ("cacheblend", 0.3)  # as `query --recompute-ratio` alone
     assert served_calibration({"cuda": {"method": "none"}}, "cpu", cfg) is None  # another device's
 
 

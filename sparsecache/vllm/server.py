@@ -183,15 +183,16 @@ PREFILL_ALL = 1 << 30  # a cheap-context threshold no context reaches: vLLM pref
 def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | None:
     """A calibrated choice (`config.calibrated`) as the server can serve it: `full` as vLLM's
     own prefill of every request (the cheap-context path), a method the connector serves as it
-    is; None where there is no choice for this device, or it is a method only `query` has."""
+    is (at `--recompute-ratio` where the server was given one, as `query` does); None where there
+    is no choice for this device, or it is a method only `query` has."""
     chosen = calibrated(records, device)
     if chosen is None:
         return None
     if chosen.method == "full":
         return served_config({"prefill_under": PREFILL_ALL}, cfg.blend, "the store's calibration")
+    ratio = cfg.recompute_ratio if cfg.recompute_ratio is not None else chosen.recompute_ratio  # a ratio given wins
     try:
-        return served_config({"method": chosen.method, "recompute_ratio": chosen.recompute_ratio}, cfg.blend,
-                             "the store's calibration")
+        return served_config({"method": chosen.method, "recompute_ratio": ratio}, cfg.blend, "the store's calibration")
     except ConfigError:  # e.g. superposition, measured with `calibrate --candidates`: query's alone
         return None
 
