@@ -156,6 +156,11 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     if cfg.compare_wrapper is not None and wrapped != (cfg.compare_wrapper == "none"):
         raise ConfigError("--compare-wrapper: 'none' measures a wrapped store's plain variant; a plain store's "
                           "wrapped one takes 'shipped' or a learn-wrapper directory")
+    twin_wrapper = None  # the other variant's wrapper, loaded (or refused) before anything is measured
+    if cfg.compare_wrapper not in (None, "none"):
+        from .wrapper import load_wrapper
+
+        twin_wrapper = load_wrapper(cfg.compare_wrapper, session.model.fingerprint())
     candidates = parse_candidates(cfg.candidates, wrapped) if cfg.candidates else grid(wrapped)
     tokenizer = session.model.tokenizer
     bar = tqdm(total=cfg.questions, desc="calibrate (questions)", unit="q", disable=not progress, file=sys.stderr)
@@ -202,7 +207,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     # 6. the store's other variant, where asked: the same questions over a twin of their chunks
     if cfg.compare_wrapper is not None:
         t0 = time.perf_counter()
-        result["other"] = other_variant(session, cfg, suite, refs, confident, timed, full_ms, bar)
+        result["other"] = other_variant(session, cfg, suite, refs, confident, timed, full_ms, bar, twin_wrapper)
         seconds["other_variant"] = round(time.perf_counter() - t0, 1)
     bar.close()
     return result
@@ -268,9 +273,9 @@ def _fidelity(session, suite: list, refs: list, confident: list[int], measured: 
 
 
 def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confident: list[int], timed: list[int],
-                  full_ms: float, bar) -> dict:
+                  full_ms: float, bar, w=None) -> dict:
     """The candidates on the store's other variant (`cfg.compare_wrapper`: `none` for a wrapped
-    store, a wrapper for a plain one): every chunk the questions' contexts hold is encoded on its
+    store, the wrapper `w` for a plain one): every chunk the questions' contexts hold is encoded on its
     own, that way, into a temporary twin store, and the same questions are asked over it against
     the same full-prefill answers. Reported, never chosen: the store is what it is; the result
     says whether re-encoding it that way would meet the target at a lower TTFT."""
@@ -281,11 +286,9 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
     from .bench.passkey import chunk_ids_by_doc
     from .ingest.encoder import encode_with
     from .query.session import Session
-    from .wrapper import load_wrapper
 
     store = session.store
     wrapped = store.header() is not None
-    w = None if wrapped else load_wrapper(cfg.compare_wrapper, session.model.fingerprint())
     ids = sorted({c for q in suite for c in q.chunks})
     with tempfile.TemporaryDirectory(prefix="sparsecache-twin-") as tmp:
         corpus = f"{tmp}/chunks.jsonl"

@@ -152,6 +152,7 @@ def test_an_unreachable_target_records_nothing_unless_told(tiny_store, tiny_mode
     (["--target", "0"], "--target must be in (0, 1]"),
     (["--target", "1.2"], "--target must be in (0, 1]"),
     (["--questions", "500"], "ask for fewer"),
+    (["--compare-wrapper", "/nowhere"], "is not a wrapper"),  # refused before anything is measured
 ])
 def test_bad_input_is_one_line_and_exit_1(tiny_store, tiny_model_dir, args, message):
     r = CliRunner().invoke(cli, calibrate_args(tiny_store / "store", tiny_model_dir) + args)
