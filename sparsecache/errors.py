@@ -39,3 +39,9 @@ class StoreCorrupt(StoreError):
 
 class VersionGone(StoreError):
     """The version a reader pinned was deleted (by compact or --keep) while it was being read."""
+
+
+class StoreUnavailable(StoreError, ConnectionError):
+    """The store did not answer: an object store unreachable or timing out, or a local disk
+    error. Transient, unlike StoreCorrupt: the same read may succeed once the store is back.
+    Also an OSError (ConnectionError), so code retrying I/O errors retries it."""

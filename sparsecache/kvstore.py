@@ -71,6 +71,14 @@ class KVStore(storage.Store):
             v = codec.decode((parts[2], parts[3]), "v", dev)
         return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
 
+    def prepare(self, search: bool = True) -> "KVStore":
+        """`Store.prepare`, and with `search` this version's index segments loaded (an object
+        store's fetched once into the local cache): what a server reads before serving a version."""
+        super().prepare()
+        if search:
+            self.indexes()
+        return self
+
     def indexes(self) -> list:
         """The FAISS index segments of this version (ids are chunk rows), loaded once each and
         memory-mapped (an object store's from a local copy fetched once, `Backend.fetch_file`), so

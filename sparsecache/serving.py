@@ -29,7 +29,7 @@ from .gguf import DEFAULT, DEFAULT_NAME, model_dir
 from .model import config_fingerprint
 from .query.config import ORDERS, QueryConfig
 from .kvstore import KVStore
-from .store import LatestVersion
+from .store import VersionPoller, open_backend
 from .wrapper import placeholder_id, with_placeholders
 
 PARAMS_KEY = "sparsecache"  # kv_transfer_params[PARAMS_KEY] = {"chunks": [...], "version": N}
@@ -80,15 +80,18 @@ class RagPrompts:
     """Retrieves chunks from a store and lays out prompts the connector can serve.
 
     Needs the model's tokenizer and config only (no weights) plus the store's embedder. With
-    `follow_s`, it follows the store's newest published version, checked at most once every
-    `follow_s` seconds (a server under a nightly re-index); each request is made from one version.
+    `follow_s`, it follows the store's newest published version, looked for every `follow_s`
+    seconds in a background thread (`VersionPoller`; 0: on every request), and moves requests
+    onto a new version once it is ready to serve (opened, index fetched, chunk table read); each
+    request is made from one version. `timeout_s` bounds each operation on an object store
+    (`ObjectBackend`): a request the store does not answer raises StoreUnavailable.
     """
 
     def __init__(self, store: str | Path | KVStore, model: str = DEFAULT, device: str = "cpu",
-                 follow_s: float | None = None):
+                 follow_s: float | None = None, timeout_s: float | None = None):
         from transformers import AutoConfig, AutoTokenizer
 
-        self.store = store if isinstance(store, KVStore) else KVStore.open(store)
+        self.store = store if isinstance(store, KVStore) else KVStore.open(open_backend(store, timeout_s))
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
@@ -97,13 +100,26 @@ class RagPrompts:
         self.placeholder = placeholder_id(config)
         self.device = device
         self._embedder = None
-        self._latest = None if follow_s is None else LatestVersion(self.store.backend, follow_s)
+        self.poller = None
+        if follow_s is not None:
+            self.store.prepare()
+            self.poller = VersionPoller(self.store.backend, follow_s, ready=self._move_to,
+                                        name="sparsecache-serve-versions")
+
+    def _move_to(self, version: int) -> None:
+        """Open `version`, read what its requests need, then make it the one requests start from
+        (those in flight keep the store they started with)."""
+        self.store = self.store.at(version).prepare()
 
     def current(self) -> KVStore:
-        """The store requests are made from: the newest published version when following."""
-        if self._latest is not None and self._latest() != self.store.version:
-            self.store = self.store.latest()
+        """The store requests are made from: the newest version made ready when following."""
+        if self.poller is not None and self.poller.every_s == 0:
+            self.poller()
         return self.store
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.close()
 
     def retrieve(self, question: str, top_k: int, documents: list[str] | None = None,
                  store: KVStore | None = None) -> list[dict]:

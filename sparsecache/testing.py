@@ -108,3 +108,103 @@ def tiny_dictionary(fingerprint: dict) -> Dictionary:
     from .codec.config import DictConfig
 
     return Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), fingerprint)
+
+
+class OutageProxy:
+    """A TCP proxy on a free 127.0.0.1 port in front of a local server (an S3 test server) whose
+    outages a test controls: `stall()` holds every byte both ways, connections stay open and
+    nothing is answered (a paused or overloaded service); `drop()` closes every connection and
+    each new one at once; `restore()` forwards again. Threads only; `close()` stops it."""
+
+    def __init__(self, upstream_port: int):
+        import socket
+        import threading
+
+        self.upstream = upstream_port
+        self.mode = "up"
+        self._cond = threading.Condition()
+        self._open: set = set()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True, name="outage-proxy").start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connect, args=(conn,), daemon=True).start()
+
+    def _up(self) -> bool:
+        """Wait out a stall; whether bytes may pass now."""
+        with self._cond:
+            while self.mode == "stall":
+                self._cond.wait(0.5)
+            return self.mode == "up"
+
+    def _connect(self, conn) -> None:
+        import socket
+        import threading
+
+        if not self._up():
+            conn.close()
+            return
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
+            upstream.settimeout(None)
+        except OSError:
+            conn.close()
+            return
+        pair = (conn, upstream)
+        self._open.add(pair)
+        threading.Thread(target=self._pump, args=(conn, upstream, pair), daemon=True).start()
+        self._pump(upstream, conn, pair)
+
+    def _pump(self, src, dst, pair) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data or not self._up():
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._close(pair)
+
+    def _close(self, pair) -> None:
+        import socket
+
+        self._open.discard(pair)
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _set(self, mode: str) -> None:
+        with self._cond:
+            self.mode = mode
+            self._cond.notify_all()
+
+    def stall(self) -> None:
+        self._set("stall")
+
+    def drop(self) -> None:
+        self._set("drop")
+        for pair in list(self._open):
+            self._close(pair)
+
+    def restore(self) -> None:
+        self._set("up")
+
+    def close(self) -> None:
+        self.drop()
+        self._sock.close()

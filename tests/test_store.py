@@ -17,7 +17,7 @@ from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
 from sparsecache.kvstore import KVStore, compact, verify
 from sparsecache.model import extract_kv, prefix_ids
-from sparsecache.store import LatestVersion, Lock, StoreConfig, Writer, open_backend, read_manifest, versions
+from sparsecache.store import Lock, StoreConfig, VersionPoller, Writer, open_backend, read_manifest, versions
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
@@ -165,25 +165,43 @@ def test_reader_pinned_to_a_version_is_unaffected_by_reindex(build, store, corpu
     assert_same_codes(all_codes(store, reader.version), before)  # and a fresh reader of version N
 
 
-def test_latest_version_is_listed_at_most_once_per_interval(build, store, corpus_dir, tmp_path):
-    """A server asks for the latest version per request; it lists the store once per interval
-    and follows a new version after it."""
+def test_the_version_poller_lists_in_its_thread_and_announces_a_version_once_ready(build, store, corpus_dir, tmp_path):
+    """A server asks for the latest version per request: asking never lists the store; a poll
+    (the poller's thread, every interval) lists it, makes a new version ready, then announces it.
+    A poll that fails leaves the version before announced and the next one tries again; with
+    interval 0 every ask lists, in the caller's thread."""
     backend = open_backend(store)
-    listings = []
+    listings, readied = [], []
     real = backend.list
     backend.list = lambda prefix: listings.append(prefix) or real(prefix)
-    now = [0.0]
-    latest = LatestVersion(backend, every_s=2.0, clock=lambda: now[0])
-    first = latest()
-    assert [latest() for _ in range(5)] == [first] * 5 and len(listings) == 1
-    write_corpus(corpus_dir, ("return", "yield"))
-    build([corpus_dir], store)
-    now[0] = 1.9
-    assert latest() == first and len(listings) == 1  # within the interval: the cached answer
-    now[0] = 2.0
-    assert latest() == first + 1 and len(listings) == 2
+    poller = VersionPoller(backend, every_s=3600, ready=readied.append)  # its thread waits an hour: polls are ours
+    first = poller.version
+    try:
+        assert [poller() for _ in range(5)] == [first] * 5 and len(listings) == 1
+        write_corpus(corpus_dir, ("return", "yield"))
+        build([corpus_dir], store)
+        assert poller() == first and len(listings) == 1
+        poller.poll()
+        assert poller() == first + 1 and readied == [first + 1] and len(listings) == 2
+
+        def broken(version):
+            raise StoreError("cannot open it")
+
+        poller.ready = broken
+        write_corpus(corpus_dir, ("raise",))
+        build([corpus_dir], store)
+        poller.poll()
+        assert poller() == first + 1 and poller.failures == 1 and "cannot open it" in poller.last_error
+        poller.ready = readied.append
+        poller.poll()
+        assert poller() == first + 2 and poller.last_error is None
+    finally:
+        poller.close()
+    eager = VersionPoller(backend, every_s=0)
+    n = len(listings)
+    assert eager() == first + 2 and len(listings) == n + 1
     with pytest.raises(StoreError, match="no published version"):
-        LatestVersion(open_backend(tmp_path / "nothing"))()
+        VersionPoller(open_backend(tmp_path / "nothing"))
 
 
 def test_compact_drops_tombstones_and_keeps_codes(build, store, corpus_dir):

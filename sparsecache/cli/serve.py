@@ -40,6 +40,16 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
                    "memory free on the NUMA node vLLM runs on, and at least one request of that length (vLLM's "
                    "own default reserves 92% of the node's total and refuses to start where less is free). "
                    "Default on a GPU: vLLM's --gpu-memory-utilization.")
+@click.option("--version-poll", type=click.FloatRange(min=0, min_open=True), default=ServeConfig.version_poll,
+              show_default=True, metavar="SECONDS",
+              help="How often a background thread looks for a new store version (a nightly encode-corpus "
+                   "publishes one); requests move onto it once it is opened and its index fetched, and never wait "
+                   "on the look itself. Each look is one LIST on an object store.")
+@click.option("--store-timeout", type=click.FloatRange(min=0, min_open=True), default=ServeConfig.store_timeout,
+              show_default=True, metavar="SECONDS",
+              help="The most a request waits on the store. A request the store does not answer in time gets 503 "
+                   "with one line (and at once while the store is known down); chunks read before are answered "
+                   "from memory. /ready says whether the store answers; the server recovers by itself.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM OPTIONS]")
 @library_errors
 def serve_cmd(model_path, vllm_args, **options):
@@ -48,9 +58,10 @@ def serve_cmd(model_path, vllm_args, **options):
 
     Each request's last user message is the question: the server retrieves --top-k chunks, lays
     them out as `sparsecache query` does and vLLM's engine answers with their KV injected by
-    SparsecacheConnector. The response's `sparsecache` field lists the chunks used. Options
-    after `--` go to vLLM's server as they are (e.g. `-- --max-num-seqs 16`). Needs vLLM:
-    `bash scripts/setup.sh vllm`.
+    SparsecacheConnector. The response's `sparsecache` field lists the chunks used. GET /ready
+    answers 200 while the store answers and 503 while it does not (/health is vLLM's: the
+    engine). Options after `--` go to vLLM's server as they are (e.g. `-- --max-num-seqs 16`).
+    Needs vLLM: `bash scripts/setup.sh vllm`.
     """
     try:
         import vllm  # noqa: F401

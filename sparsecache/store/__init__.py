@@ -50,7 +50,7 @@ from .compact import compact
 from .layout import CODE_ARRAYS, FORMAT_VERSION, StoreConfig, compressors, config_for as _config_for
 from .reader import ChunkCodes, ChunkInfo, Store, plain_chunks, read_spans_direct, read_zarr
 from .verify import verify
-from .versions import LatestVersion, Lease, Lock, Manifest, read_manifest as _read_manifest, versions as _versions
+from .versions import Lease, Lock, Manifest, VersionPoller, read_manifest as _read_manifest, versions as _versions
 from .writer import Writer
 
 
@@ -83,7 +83,7 @@ def existing_dictionary(where):
     return b.fetch_dir("dictionary")
 
 
-__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "LatestVersion", "Lease",
+__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "Lease",
            "LocalBackend", "Lock", "Manifest", "ObjectBackend", "Store", "StoreConfig", "Writer", "compact",
            "compressors", "config_for", "existing_dictionary", "is_url", "open_backend", "plain_chunks",
-           "read_manifest", "read_spans_direct", "read_zarr", "store_exists", "verify", "versions"]
+           "read_manifest", "read_spans_direct", "read_zarr", "store_exists", "verify", "VersionPoller", "versions"]

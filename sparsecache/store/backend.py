@@ -12,21 +12,79 @@ neither directly: publishing is put-if-absent, and the writer's exclusion is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 from ..durable import publish_dir, publish_file, sync_paths, write_atomic
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 
 URL_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "memory://")
+
+
+class Health:
+    """Whether a store answers, as this process's reads of it have found, and how often it did not.
+
+    Every read or write of an object store reports here (`ObjectBackend`). With `fail_fast` (set by
+    a server's background poller, `versions.VersionPoller`, which keeps probing), reads refuse at
+    once while the store is known unreachable, so no request waits out another timeout; the
+    poller's own reads pass (`probing`) and its first success reopens the store to every reader.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._probe = threading.local()
+        self.reachable = True
+        self.since: float | None = None  # time.time() when the store stopped answering
+        self.error: str | None = None  # the first failure of this outage, one line
+        self.fail_fast = False
+        self.errors: dict[str, int] = {}  # failures by kind ("timeout", "unreachable") over the process's life
+
+    def guard(self, url: str) -> None:
+        """Raise StoreUnavailable at once where the store is known down and this is not a probe."""
+        if self.fail_fast and not self.reachable and not getattr(self._probe, "on", False):
+            raise StoreUnavailable(f"{self.error} (unreachable for {time.time() - (self.since or time.time()):.0f} s)")
+
+    def ok(self) -> None:
+        if not self.reachable:
+            with self._lock:
+                self.reachable, self.since, self.error = True, None, None
+
+    def failed(self, kind: str, line: str) -> None:
+        with self._lock:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+            if self.reachable:
+                self.reachable, self.since, self.error = False, time.time(), line
+
+    @contextlib.contextmanager
+    def probing(self):
+        """Reads in this block go to the store even while it is known down (the poller's)."""
+        self._probe.on = True
+        try:
+            yield
+        finally:
+            self._probe.on = False
+
+    def state(self) -> dict:
+        return {"reachable": self.reachable, "since": self.since, "error": self.error, "errors": dict(self.errors)}
 
 
 class Backend:
     """The operations a store needs from its storage. Keys are '/'-separated, relative to the root."""
 
     url: str
+    timeout_s: float | None = None  # an object store's bound on one operation (None: the client's defaults)
+
+    @property
+    def health(self) -> Health:
+        """What this process's reads found of the store's reachability (`Health`), one per backend."""
+        if "_health" not in self.__dict__:
+            self._health = Health()
+        return self._health
 
     def zarr_store(self, read_only: bool = True):
         raise NotImplementedError
@@ -222,22 +280,107 @@ class LocalBackend(Backend):
         return self.root / prefix
 
 
+CONNECT_S = 2.0  # with a timeout: the most one connection attempt may take (a store that answers connects in ms)
+RETRIES = 3  # with a timeout: attempts after the first, within it
+
+
+ENV_PREFIX = {"s3": "AWS_", "gs": "GOOGLE_", "az": "AZURE_", "abfs": "AZURE_"}
+ENV_CLIENT_OPTIONS = {"allow_http": bool, "allow_invalid_certificates": bool, "proxy_url": str,
+                      "proxy_ca_certificate": str, "proxy_excludes": str, "user_agent": str}
+
+
+def client_limits(url: str, timeout_s: float) -> dict:
+    """obstore's client and retry options that end an operation within about `timeout_s`: each
+    attempt within it, no retry started after it (obstore's defaults: 30 s per attempt, retries
+    for 3 minutes). Client options given replace those obstore reads from the environment
+    (AWS_ALLOW_HTTP, ...), so those are read here too."""
+    import os
+
+    bound = timedelta(seconds=timeout_s)
+    client = {"timeout": bound, "connect_timeout": timedelta(seconds=min(timeout_s, CONNECT_S))}
+    prefix = ENV_PREFIX.get(url.split("://", 1)[0])
+    for key, kind in ENV_CLIENT_OPTIONS.items():
+        value = os.environ.get(f"{prefix}{key.upper()}") if prefix else None
+        if value is not None:
+            client[key] = value.strip().lower() in ("1", "true", "yes") if kind is bool else value
+    return {"client_options": client,
+            "retry_config": {"max_retries": RETRIES, "retry_timeout": bound,
+                             "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                         "max_backoff": timedelta(seconds=1), "base": 2}}}
+
+
+def unavailable_kind(e: BaseException) -> str | None:
+    """"timeout" or "unreachable" where `e` says the store did not answer (the network, the
+    service, the disk); None for what a working store answers (not found, already exists,
+    denied) and for everything else."""
+    if isinstance(e, (FileNotFoundError, PermissionError, StoreError)):
+        return None
+    try:
+        from obstore.exceptions import GenericError, JoinError
+    except ImportError:
+        GenericError = JoinError = ()  # noqa: N806
+    if not isinstance(e, (GenericError, JoinError, TimeoutError, ConnectionError)):
+        return None
+    text = str(e).lower()  # obstore's text names its retry_timeout whatever failed: look for the error's kind
+    timed_out = isinstance(e, TimeoutError) or "timed out" in text or "kind: timeout" in text
+    return "timeout" if timed_out else "unreachable"
+
+
+def describe(e: BaseException, kind: str, timeout_s: float | None) -> str:
+    """What failed, in a few words (obstore's own text is a page: request, retries, source)."""
+    text = str(e).lower()
+    if kind == "timeout":
+        return f"no answer within {timeout_s:g} s" if timeout_s else "timed out"
+    for needle, words in (("connection refused", "connection refused"), ("reset", "connection reset"),
+                          ("closed", "connection closed"), ("dns", "name not resolved"),
+                          ("error sending request", "request not sent")):
+        if needle in text:
+            return words
+    return str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+
+
 class ObjectBackend(Backend):
     """An object store through obstore (S3, GCS, Azure; `memory://` for tests).
 
     Credentials, region and endpoint come from the standard environment variables
     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP,
     GOOGLE_SERVICE_ACCOUNT, AZURE_STORAGE_ACCOUNT_NAME, ...), as obstore reads them.
+
+    With `timeout_s` (a server's), every operation ends within about that many seconds
+    (`client_limits`); without, obstore's defaults apply (a batch job rides out a short outage).
+    An operation the store does not answer raises StoreUnavailable in one line and is counted
+    in `health`; downloads of whole files (`fetch_file`: index segments of any size, fetched in
+    the background by a server) keep the defaults.
     """
 
-    def __init__(self, url: str, store=None):
+    def __init__(self, url: str, store=None, timeout_s: float | None = None):
         try:
             import obstore  # noqa: F401
             from obstore.store import from_url
         except ImportError:
             raise StoreError(f"{url}: object storage needs the s3 extra: pip install 'sparsecache[s3]'") from None
         self.url = url.rstrip("/")
-        self.store = store if store is not None else from_url(self.url)
+        self.timeout_s = timeout_s
+        if store is not None:
+            self.store = self._bulk = store
+        else:
+            self.store = from_url(self.url, **(client_limits(self.url, timeout_s) if timeout_s else {}))
+            self._bulk = from_url(self.url) if timeout_s else self.store
+
+    def _io(self, op):
+        """`op()`, its outcome told to `health`; a store that did not answer raises StoreUnavailable."""
+        self.health.guard(self.url)
+        try:
+            out = op()
+        except Exception as e:
+            kind = unavailable_kind(e)
+            if kind is None:
+                raise
+            line = f"{self.url}: {describe(e, kind, self.timeout_s)}"
+            self.health.failed(kind, line)
+            raise StoreUnavailable(line) from None
+        self.health.ok()
+        return out
 
     def zarr_store(self, read_only: bool = True):
         from zarr.storage import ObjectStore
@@ -247,14 +390,17 @@ class ObjectBackend(Backend):
     def get(self, key: str) -> bytes:
         import obstore
 
-        return bytes(obstore.get(self.store, key).bytes())
+        return self._io(lambda: bytes(obstore.get(self.store, key).bytes()))
 
     def get_versioned(self, key: str) -> tuple[bytes, str | None]:
         """The bytes and their e-tag (for a conditional update), FileNotFoundError if none."""
         import obstore
 
-        r = obstore.get(self.store, key)
-        return bytes(r.bytes()), r.meta.get("e_tag")
+        def op():
+            r = obstore.get(self.store, key)
+            return bytes(r.bytes()), r.meta.get("e_tag")
+
+        return self._io(op)
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         import obstore
@@ -268,45 +414,51 @@ class ObjectBackend(Backend):
         async def every():
             return await asyncio.gather(*(one(k) for k in keys))
 
-        return _run(every())
+        return self._io(lambda: _run(every()))
 
     def put(self, key: str, data: bytes, if_match: str | None = None) -> str | None:
         """PUT (`if_match`: only over the version with that e-tag); returns the new e-tag."""
         import obstore
 
         mode = {"e_tag": if_match} if if_match else "overwrite"
-        return obstore.put(self.store, key, data, mode=mode).get("e_tag")
+        return self._io(lambda: obstore.put(self.store, key, data, mode=mode).get("e_tag"))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        try:
-            obstore.put(self.store, key, data, mode="create")
-        except (AlreadyExistsError, PreconditionError):
-            return False
-        return True
+        def op():
+            try:
+                obstore.put(self.store, key, data, mode="create")
+            except (AlreadyExistsError, PreconditionError):
+                return False
+            return True
+
+        return self._io(op)
 
     def delete(self, key: str) -> None:
         import obstore
 
-        try:
-            obstore.delete(self.store, key)
-        except FileNotFoundError:
-            pass
+        def op():
+            try:
+                obstore.delete(self.store, key)
+            except FileNotFoundError:
+                pass
+
+        self._io(op)
 
     def delete_tree(self, prefix: str) -> None:
         import obstore
 
         keys = self.list(prefix)
         for i in range(0, len(keys), 1000):
-            obstore.delete(self.store, keys[i:i + 1000])
+            self._io(lambda: obstore.delete(self.store, keys[i:i + 1000]))
 
-    def _objects(self, prefix: str):
+    def _objects(self, prefix: str) -> list[dict]:
         import obstore
 
-        for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None):
-            yield from batch
+        return self._io(lambda: [o for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None)
+                                 for o in batch])
 
     def list(self, prefix: str) -> list[str]:
         return sorted(o["path"] for o in self._objects(prefix))
@@ -314,7 +466,7 @@ class ObjectBackend(Backend):
     def children(self, prefix: str = "") -> list[str]:
         import obstore
 
-        r = obstore.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
+        r = self._io(lambda: obstore.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None))
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in r["common_prefixes"]]
         names += [o["path"].rsplit("/", 1)[-1] for o in r["objects"]]
         return sorted(names)
@@ -322,11 +474,14 @@ class ObjectBackend(Backend):
     def exists(self, key: str) -> bool:
         import obstore
 
-        try:
-            obstore.head(self.store, key)
-            return True
-        except FileNotFoundError:
-            return False
+        def op():
+            try:
+                obstore.head(self.store, key)
+                return True
+            except FileNotFoundError:
+                return False
+
+        return self._io(op)
 
     def size(self, prefix: str) -> int:
         return sum(o["size"] for o in self._objects(prefix))
@@ -367,13 +522,16 @@ class ObjectBackend(Backend):
 
         from ..paths import cache_root
 
-        meta = obstore.head(self.store, key)  # FileNotFoundError where there is none
+        meta = self._io(lambda: obstore.head(self.store, key))  # FileNotFoundError where there is none
         name = hashlib.sha256(json.dumps([self.url, key, meta.get("e_tag") or "", meta["size"]]).encode()).hexdigest()[:16]
 
         def download(tmp: Path) -> None:
-            with open(tmp / "object", "wb") as f:
-                for part in obstore.get(self.store, key).stream(min_chunk_size=8 << 20):
-                    f.write(part)
+            def stream():
+                with open(tmp / "object", "wb") as f:
+                    for part in obstore.get(self._bulk, key).stream(min_chunk_size=8 << 20):
+                        f.write(part)
+
+            self._io(stream)
 
         out = publish_dir(cache_root() / "remote" / name, download,
                           lambda d: (d / "object").is_file() and (d / "object").stat().st_size == meta["size"])
@@ -395,14 +553,15 @@ def is_url(path: str | Path) -> bool:
     return isinstance(path, str) and path.startswith(URL_SCHEMES)
 
 
-def open_backend(where: str | Path | Backend) -> Backend:
-    """The backend for a local path, a file:// URL or an s3://, gs://, az:// URL."""
+def open_backend(where: str | Path | Backend, timeout_s: float | None = None) -> Backend:
+    """The backend for a local path, a file:// URL or an s3://, gs://, az:// URL; an object
+    store's operations bounded by `timeout_s` where given (`ObjectBackend`)."""
     if isinstance(where, Backend):
         return where
     if isinstance(where, str) and where.startswith("file://"):
         return LocalBackend(where[len("file://"):])
     if is_url(where):
-        return ObjectBackend(where)
+        return ObjectBackend(where, timeout_s=timeout_s)
     return LocalBackend(where)
 
 

@@ -8,6 +8,7 @@ object store), each is CRC-checked, and the spans are sliced out.
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +109,49 @@ def decode_chunk(arr, raw: bytes | None, where: str) -> np.ndarray:
     return np.frombuffer(body, dtype).reshape(arr.chunks)
 
 
+class ByteLRU:
+    """Arrays by key, the least recently used dropped once they hold more than `budget` bytes;
+    safe to share between threads."""
+
+    def __init__(self, budget: int):
+        from collections import OrderedDict
+
+        self.budget, self.held = budget, 0
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key, value: np.ndarray) -> None:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return
+            self._items[key] = value
+            self.held += value.nbytes
+            while self.held > self.budget and len(self._items) > 1:
+                self.held -= self._items.popitem(last=False)[1].nbytes
+
+
+SPAN_CACHE_BYTES = 256 << 20  # token spans (a chunk's tokens, its codes) kept per store connection
+
+
+def span_cache(backend: Backend) -> ByteLRU:
+    """The chunk spans this process has read through `backend` (every version opened through it
+    shares them). A span of a generation's arrays never changes once written (appends only extend
+    an array; compaction writes a new generation), so a span read once is served from here after,
+    also while the store does not answer."""
+    cache = backend.__dict__.get("_span_cache")
+    if cache is None:
+        cache = backend.__dict__.setdefault("_span_cache", ByteLRU(SPAN_CACHE_BYTES))
+    return cache
+
+
 class DirectPoints:
     """A `layout.read_rows` fetch from the chunk objects of 1-D arrays (`chunk_codec`): every
     chunk a round needs in one batch of GETs, each CRC-checked and decoded, and decoded chunks
@@ -117,24 +161,21 @@ class DirectPoints:
     CACHE_BYTES = 64 << 20
 
     def __init__(self, backend: Backend, folder: str, handles, fallback):
-        from collections import OrderedDict
-
         self.backend, self.folder, self.handles, self.fallback = backend, folder, handles, fallback
-        self.cache: OrderedDict = OrderedDict()
-        self.cached = 0
+        self.cache = ByteLRU(self.CACHE_BYTES)
 
     def __call__(self, reads: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         arrays = [self.handles[name] for name, _ in reads]
         if any(a.ndim != 1 or chunk_codec(a) is None for a in arrays):
             return self.fallback(reads)
         wanted = {(name, int(i)) for (name, at), a in zip(reads, arrays) for i in np.unique(at // a.chunks[0])}
-        chunks = {w: self.cache[w] for w in wanted if w in self.cache}  # held here: keeping new ones may evict them
+        chunks = {w: c for w in wanted if (c := self.cache.get(w)) is not None}  # held here: keeping new ones may evict them
         missing = sorted(wanted - set(chunks))
         keys = [f"{self.folder}/{name}/{chunk_key(self.handles[name], i, 0)}" for name, i in missing]
         for (name, i), key, raw in zip(missing, keys, self.backend.get_many(keys)):
             chunks[(name, i)] = decode_chunk(self.handles[name], raw, key.removeprefix("data/"))
         for w, chunk in chunks.items():
-            self._keep(w, chunk)
+            self.cache.put(w, chunk)
         out = []
         for (name, at), a in zip(reads, arrays):
             step = a.chunks[0]
@@ -145,15 +186,6 @@ class DirectPoints:
                 values[sel] = chunks[(name, int(i))][at[sel] - i * step]
             out.append(values)
         return out
-
-    def _keep(self, key, chunk: np.ndarray) -> None:
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return
-        self.cache[key] = chunk
-        self.cached += chunk.nbytes
-        while self.cached > self.CACHE_BYTES and len(self.cache) > 1:
-            self.cached -= self.cache.popitem(last=False)[1].nbytes
 
 
 def chunk_key(arr, i: int, axis: int) -> str:
@@ -254,10 +286,28 @@ class Store:
     def latest(self) -> "Store":
         """The newest published version of this store; what never changes over a store's life
         (its shared prefix, and what a subclass keeps in `_carried`) is carried over, not read again."""
-        new = type(self).open(self.backend)
+        return self.at(None)
+
+    def at(self, version: int | None) -> "Store":
+        """Version `version` (None: the newest) of this store, opened through the same backend,
+        with what never changes over a store's life carried over (`latest`)."""
+        new = type(self).open(self.backend, version)
         for name in self._carried:
             setattr(new, name, getattr(self, name))
         return new
+
+    def prepare(self) -> "Store":
+        """Read now what requests would otherwise read on first use: the chunk table's columns a
+        search and a layout read (whole, where that is how they are read: `WHOLE_COLUMNS_UP_TO`),
+        the prefix and the calibration. A server's background poller calls it before it moves
+        requests onto this version, so no request waits on the store for them."""
+        if self.manifest.chunks <= WHOLE_COLUMNS_UP_TO:
+            for name in ("chunk_id", *INFO_COLUMNS):
+                self._column(name)
+            self._rows_by_id()
+        self._prefix_group()
+        self.calibration()
+        return self
 
     _carried = ("_prefix",)
 
@@ -360,13 +410,17 @@ class Store:
         r = self._known.get(chunk_id)
         if r is not None:
             return r
-        if self._row_of is None:  # every live chunk id, read once
-            ids = self._column("chunk_id")
-            self._row_of = {str(ids[r]): int(r) for r in self._rows}
         try:
-            return self._row_of[chunk_id]
+            return self._rows_by_id()[chunk_id]
         except KeyError:
             raise StoreError(f"no live chunk {chunk_id!r} in version {self.version} of {self.backend}") from None
+
+    def _rows_by_id(self) -> dict[str, int]:
+        """Every live chunk id's row, read once."""
+        if self._row_of is None:
+            ids = self._column("chunk_id")
+            self._row_of = {str(ids[r]): int(r) for r in self._rows}
+        return self._row_of
 
     def chunk(self, chunk_id: str) -> ChunkInfo:
         return self._infos([chunk_id], [self.row(chunk_id)])[0]
@@ -451,9 +505,23 @@ class Store:
                           Codes(cat["v_indices"], cat["v_coefficients"]))
 
     def _read_spans(self, name: str, spans: list[tuple[int, int]]) -> np.ndarray:
-        """Token spans of one array, concatenated along its token axis."""
-        arr = self._arrays[name]
+        """Token spans of one array, concatenated along its token axis; spans read before
+        through this backend come from its `span_cache`."""
         axis = 0 if name == "tokens" else 1
+        cache = span_cache(self.backend)
+        keys = [(self.manifest.generation, name, a, b) for a, b in spans]
+        parts = [cache.get(k) for k in keys]
+        missing = [i for i, p in enumerate(parts) if p is None]
+        if missing:
+            read = self._read_spans_from_store(name, [spans[i] for i in missing], axis)
+            ends = np.cumsum([spans[i][1] - spans[i][0] for i in missing])[:-1]
+            for i, part in zip(missing, np.split(read, ends, axis)):
+                parts[i] = part
+                cache.put(keys[i], part.copy())  # the caller's array is its own
+        return np.concatenate(parts, axis=axis)
+
+    def _read_spans_from_store(self, name: str, spans: list[tuple[int, int]], axis: int) -> np.ndarray:
+        arr = self._arrays[name]
         if plain_chunks(arr):
             return read_spans_direct(arr, self.backend, f"{self.data}/{name}", spans, axis)
         self._check_present(name, spans)

@@ -10,6 +10,7 @@ with conditional writes, expiring when its holder stops renewing it).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -23,6 +24,8 @@ from ..errors import StoreCorrupt, StoreError, StoreLocked, VersionGone
 from .backend import Backend
 from .doctable import DocTable, read_live, read_segment, resolve
 from .layout import FORMAT_VERSION, now
+
+log = logging.getLogger("sparsecache")
 
 
 @dataclass
@@ -118,22 +121,75 @@ def versions(backend: Backend) -> list[int]:
     return sorted(int(n[1:-5]) for n in names if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit())
 
 
-class LatestVersion:
-    """The newest published version, listed at most once every `every_s` seconds: a server
-    asks per request, and on an object store each listing is a LIST round trip."""
+class VersionPoller:
+    """The newest published version of a store, looked for in a background thread every
+    `every_s` seconds, so that no request waits on a LIST of the manifests (`every_s` 0: looked
+    for on every call instead, in the caller's thread).
 
-    def __init__(self, backend: Backend, every_s: float = 1.0, clock=time.monotonic):
-        self.backend, self.every_s, self.clock = backend, every_s, clock
-        self._version, self._at = None, 0.0
+    `ready(version)` runs in the poller's thread before a new version is announced (a server
+    opens it, fetches its index and reads its chunk table there); where it fails, the version
+    before stays announced and the next poll tries again. The poller's reads are probes
+    (`Health.probing`): they go to the store while it is known down, and once one succeeds, the
+    backend's readers are let through again. Started, it makes the backend fail fast while the
+    store is down (`Health.fail_fast`). With `follow` False it polls only while the store is
+    down (a process that needs the recovery, not the versions).
+    """
+
+    def __init__(self, backend: Backend, every_s: float = 1.0, ready=None, follow: bool = True,
+                 name: str = "sparsecache-versions"):
+        self.backend, self.every_s, self.ready, self.follow = backend, every_s, ready, follow
+        self.version = self._newest()
+        self.polls = self.failures = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread = None
+        if every_s > 0:
+            backend.health.fail_fast = True
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
 
     def __call__(self) -> int:
-        now = self.clock()
-        if self._version is None or now - self._at >= self.every_s:
-            vs = versions(self.backend)
-            if not vs:
-                raise StoreError(f"{self.backend}: no published version")
-            self._version, self._at = vs[-1], now
-        return self._version
+        """The newest version known (with `every_s` 0: listed now)."""
+        if self._thread is None:
+            self.poll(raise_errors=True)
+        return self.version
+
+    def _newest(self) -> int:
+        vs = versions(self.backend)
+        if not vs:
+            raise StoreError(f"{self.backend}: no published version")
+        return vs[-1]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if self.follow or not self.backend.health.reachable:
+                self.poll()
+
+    def poll(self, raise_errors: bool = False) -> None:
+        """List the versions once and, where there is a newer one, make it ready and announce it."""
+        self.polls += 1
+        try:
+            with self.backend.health.probing():
+                newest = self._newest()
+                if newest != self.version and self.ready is not None:
+                    self.ready(newest)
+        except Exception as e:  # noqa: BLE001 -- the poller outlives whatever one poll met; the next tries again
+            if raise_errors:
+                raise
+            self.failures += 1
+            line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if line != self.last_error:
+                log.warning("sparsecache: looking for a new version of %s failed (%s); retrying every %g s",
+                            self.backend, line, self.every_s)
+            self.last_error = line
+            return
+        if self.last_error is not None:
+            log.warning("sparsecache: %s answers again (version %d)", self.backend, newest)
+        self.last_error = None
+        self.version = newest
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 READ_ATTEMPTS = 5  # a latest version pruned between listing and reading it: list again (each time a newer one exists)

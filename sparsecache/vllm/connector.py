@@ -50,6 +50,11 @@ device in its `kv_transfer_params["sparsecache"]`):
     group_window, group_min, score_layer, selector_layers
                      as `sparsecache query`'s options of those names (QueryConfig's defaults;
                      cacheclip's selector is vLLM's model truncated to selector_layers)
+    version_check_s  seconds between looks for a new store version, in a background thread
+                     (default 1; 0: on every request, in the scheduler's thread)
+    store_timeout_s  the most one operation on an object store may take (default: serve's
+                     --store-timeout). A read that fails or times out is prefilled by vLLM
+                     instead (counted in store_errors); while the store is known down, at once.
     source           "codes" (default) or "raw": exact fp16 KV files per chunk (the TurboRAG-
                      style baseline that `sparsecache query --method raw` makes), for testing
                      and comparison
@@ -60,6 +65,7 @@ device in its `kv_transfer_params["sparsecache"]`):
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,7 +84,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
 from ..codec import numba_pool
-from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
+from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt, StoreUnavailable
 from ..kvstore import KVStore
 from ..model import Rope, compute_parameters, config_fingerprint
 from ..query.blend import decode_chunks, recompute_many
@@ -88,7 +94,8 @@ from ..query.methods.base import choose_many
 from ..query.raw import RawKV, read_raw
 from ..serving import PARAMS_KEY, context_ids
 from ..stopwatch import Stopwatch
-from ..store import LatestVersion, open_backend
+from ..store import VersionPoller, open_backend
+from ..store.backend import unavailable_kind
 from ..wrapper import placeholder_id
 from .plugin import loaded_model
 from .stack import UnsupportedModel, VLLMStack
@@ -102,7 +109,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger(__name__)
-COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "prefilled_cheap", "load_errors")
+COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "prefilled_cheap", "load_errors",
+            "store_errors")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
 
 
@@ -165,6 +173,7 @@ class SparsecachePromMetrics(KVConnectorPromMetrics):
                           ("fallbacks", "requests naming chunks that were prefilled instead"),
                           ("prefilled_cheap", "requests whose few chunk tokens cost less to prefill than to load"),
                           ("load_errors", "blocks whose load failed and were recomputed"),
+                          ("store_errors", "reads of the store that got no answer (their requests were prefilled)"),
                           ("decode_ms", "milliseconds spent reading, decoding, blending and writing KV"),
                           ("blend_ms", "milliseconds of those spent scoring and recomputing")):
             metric = self._counter_cls(name=f"vllm:sparsecache_{name}", documentation=doc, labelnames=labelnames)
@@ -200,11 +209,22 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self._parameters = compute_parameters(vllm_config.model_config.hf_config)
         self._device_type = vllm_config.device_config.device_type or "cpu"
         self._stores: dict[int, KVStore] = {}
+        self._stores_lock = threading.Lock()  # the poller's thread opens versions too
+        from .server import ServeConfig
+
         # a nightly re-index is followed within version_check_s seconds of publishing
-        every = extra.get("version_check_s", 1.0)
+        every = extra.get("version_check_s", ServeConfig.version_poll)
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
             raise ConfigError(f"version_check_s must be seconds >= 0, got {every!r}")
-        self._latest = LatestVersion(open_backend(self.where), float(every))
+        timeout = extra.get("store_timeout_s", ServeConfig.store_timeout)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigError(f"store_timeout_s must be seconds > 0, got {timeout!r}")
+        self._backend = open_backend(self.where, float(timeout))
+        # the scheduler follows versions (and opens each new one off the engine's loop); the worker
+        # only needs the store back after an outage, so it polls only while the store is down
+        scheduler = role == KVConnectorRole.SCHEDULER
+        self._latest = VersionPoller(self._backend, float(every), ready=self._store if scheduler else None,
+                                     follow=scheduler, name=f"sparsecache-{role.name.lower()}-versions")
         # a missing or unreadable store, or one of another model, stops the engine here, not per request
         self._store().check_model(config_fingerprint(vllm_config.model_config.hf_config,
                                                      f"the model vLLM serves ({vllm_config.model_config.model})"))
@@ -223,15 +243,26 @@ class SparsecacheConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ scheduler side
 
     def _store(self, version: int | None = None) -> KVStore:
-        """The store at `version` (default: the latest published), opened once per version."""
+        """The store at `version` (default: the latest published), opened once per version (what
+        never changes, its dictionary and prefix, carried over from the newest one open)."""
         if version is None:
             version = self._latest()
-        store = self._stores.get(version)
+        with self._stores_lock:
+            store = self._stores.get(version)
         if store is None:
-            store = self._stores[version] = KVStore.open(self.where, version)
-            for old in sorted(self._stores)[:-KEEP_OPEN]:  # a server outlives many nightly versions
-                del self._stores[old]
+            with self._stores_lock:
+                newest = self._stores[max(self._stores)] if self._stores else None
+            store = (newest.at(version) if newest is not None else KVStore.open(self._backend, version))
+            store.prepare(search=False)
+            with self._stores_lock:
+                store = self._stores.setdefault(version, store)
+                for old in sorted(self._stores)[:-KEEP_OPEN]:  # a server outlives many nightly versions
+                    del self._stores[old]
         return store
+
+    def _store_error(self, e: Exception) -> None:
+        if isinstance(e, StoreUnavailable) or unavailable_kind(e) is not None:
+            self._stats.data["store_errors"] += 1
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         params = (request.kv_transfer_params or {}).get(PARAMS_KEY)
@@ -243,6 +274,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         except (SparseCacheError, KeyError, TypeError, ValueError, OSError) as e:
             spec = None
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self._store_error(e)
         else:
             reason = "the prompt does not start with the store's prefix and those chunks' tokens"
         if spec is None:
@@ -500,6 +532,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         return (blocks[t // self.block_size] * self.block_size + t % self.block_size).to(device)
 
     def _fail(self, spec: LoadSpec, e: Exception) -> None:
+        self._store_error(e)
         logger.warning("sparsecache: loading request %s failed, vLLM recomputes it (%s: %s)", spec.req_id,
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         first, last = spec.start // self.block_size, math.ceil(spec.end / self.block_size)

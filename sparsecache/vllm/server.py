@@ -21,10 +21,19 @@ ids), `method`, `recompute_ratio`, `prefill_under` (the cheap-context threshold,
 They are namespaced because the body's own `top_k` is
 vLLM's sampling parameter.
 
-Versions: a nightly `encode-corpus` publishes a new version; the next request retrieves from
-it (checked at most once a second), and the connector serves each request's chunks from the
-one version the request was laid out for (or prefills them if it is gone), so no answer
-mixes two versions.
+Versions: a nightly `encode-corpus` publishes a new version; a background thread looks for it
+every --version-poll seconds, opens it and reads what requests need (index, chunk table), then
+moves new requests onto it; no request waits on a listing of the store. The connector serves
+each request's chunks from the one version the request was laid out for (or prefills them if
+it is gone), so no answer mixes two versions.
+
+Outages: every operation on an object store ends within --store-timeout seconds. A request
+whose chunks this process has read before is answered from memory; one that needs the store
+while it does not answer gets 503 with one line (which store, what failed, that the server keeps
+retrying) within that bound, and while the store is known down, at once. A local store's damaged
+chunk file gets 500 with one line naming it. /ready reports the store's state (503 while it
+does not answer), /metrics counts store errors, and the poller's first successful listing
+reopens the store to requests: no restart.
 """
 
 from __future__ import annotations
@@ -37,9 +46,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError, SparseCacheError
+from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
 from ..query.config import DEFAULT_METHOD, QueryConfig, calibrated, served_config
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
@@ -72,7 +82,8 @@ class ServeConfig:
     dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
     max_model_len: int | None = None
     kv_cache_gb: float | None = None  # None: on a CPU, `kv_cache_bytes`'s rule; on a GPU, vLLM's own default
-    follow_s: float = 1.0  # how often a new store version is looked for
+    version_poll: float = 1.0  # seconds between looks for a new store version (in the background)
+    store_timeout: float = 5.0  # seconds a request may wait on the store before it gets 503
     served_model_name: str | None = None
     vllm_args: tuple[str, ...] = ()
 
@@ -90,8 +101,49 @@ OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill
 _PROMPT: contextvars.ContextVar[RagRequest | None] = contextvars.ContextVar("sparsecache_prompt", default=None)
 
 
-class BadRequest(ValueError):
-    """A request the server answers with 400 (one line, OpenAI's error shape)."""
+class Refused(Exception):
+    """A request the server answers with an error status (one line, OpenAI's error shape)."""
+
+    status, err_type, outcome = HTTPStatus.BAD_REQUEST, "BadRequestError", "bad_request"
+
+
+class BadRequest(Refused, ValueError):
+    """400: the request is malformed or names what the store does not hold."""
+
+
+class StoreDown(Refused):
+    """503: the store did not answer within --store-timeout; the server keeps retrying."""
+
+    status, err_type, outcome = HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError", "store_unavailable"
+
+
+class StoreDamaged(Refused):
+    """500: the store answered with damaged or missing data (`sparsecache verify` lists it)."""
+
+    status, err_type, outcome = HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError", "store_damaged"
+
+
+def refusal(e: Exception, store: str, timeout_s: float) -> Refused | None:
+    """The response for an error a request met reading the store, or None where it is none of
+    the store's (a bug keeps its traceback)."""
+    from ..store.backend import describe, unavailable_kind
+
+    retrying = "the server keeps retrying and answers from the store once it does"
+    if isinstance(e, StoreUnavailable):
+        return StoreDown(f"the store did not answer: {e}; {retrying}")
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return StoreDown(f"the store did not answer: {store}: no answer within {timeout_s:g} s; {retrying}")
+    if isinstance(e, StoreCorrupt):
+        return StoreDamaged(f"the store is damaged: {str(e).splitlines()[0]} (`sparsecache verify {store}` lists "
+                            "all damage)")
+    kind = unavailable_kind(e)
+    if kind is not None:  # e.g. an obstore error from a read zarr made
+        return StoreDown(f"the store did not answer: {store}: {describe(e, kind, timeout_s)}; {retrying}")
+    if isinstance(e, OSError):  # a local store's disk: an unreadable file, an I/O error
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        return StoreDown(f"the store could not be read: {e.strerror or type(e).__name__}{where}; "
+                         f"`sparsecache verify {store}` checks it")
+    return None
 
 
 class Rag:
@@ -99,7 +151,7 @@ class Rag:
     per-request options checked, and the server's own Prometheus metrics."""
 
     def __init__(self, cfg: ServeConfig):
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import REGISTRY, Counter, Histogram
 
         from ..serving import RagPrompts
 
@@ -108,12 +160,14 @@ class Rag:
         self.cfg = cfg
         self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM runs: whose calibration applies
         self._calibrated: dict[int, QueryConfig | None] = {}
-        self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.follow_s)
+        self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.version_poll, timeout_s=cfg.store_timeout)
         self.prompts.store.warm()  # the index files into the page cache (a thread) while vLLM starts
         self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
         self.prompts.retrieve("warm-up", 1)  # the embedder loads now, not in the first request
         self.requests = Counter("sparsecache_server_requests", "RAG requests by endpoint and outcome",
                                 ["endpoint", "outcome"])
+        self._collector = StoreCollector(self)
+        REGISTRY.register(self._collector)
         self.retrieval = Histogram("sparsecache_server_retrieval_seconds", "retrieval and layout time per request",
                                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.chunks = Histogram("sparsecache_server_chunks_per_request", "chunks laid out per request",
@@ -154,14 +208,34 @@ class Rag:
             self._calibrated = {store.version: served_calibration(store.calibration(), self.device, self.cfg)}
         return self._calibrated[store.version] or self.cfg.blend
 
+    @property
+    def store_url(self) -> str:
+        return str(self.prompts.store.root)
+
+    def ready(self) -> tuple[bool, dict]:
+        """Whether the store answers (as the last reads and the poller's last listing found), and
+        the state /ready reports."""
+        poller, health = self.prompts.poller, self.prompts.store.backend.health
+        state = health.state()
+        up = state["reachable"] and (poller is None or poller.last_error is None)
+        return up, {"store": self.store_url, "version": self.prompts.store.version, "reachable": up,
+                    "unreachable_since": state["since"], "error": state["error"] or (poller and poller.last_error),
+                    "store_errors": state["errors"], "version_polls": poller.polls if poller else 0,
+                    "version_poll_failures": poller.failures if poller else 0}
+
     def request(self, question: str, opts: dict) -> RagRequest:
         t = time.perf_counter()
         with self._lock:
             try:
                 req = self.prompts.request(question, opts.get("top_k", self.cfg.top_k), chunks=opts.get("chunks"),
                                            documents=opts.get("documents"))
-            except SparseCacheError as e:
-                raise BadRequest(str(e)) from None
+            except Exception as e:
+                refused = refusal(e, self.store_url, self.cfg.store_timeout)
+                if refused is not None:
+                    raise refused from None
+                if isinstance(e, SparseCacheError):
+                    raise BadRequest(str(e)) from None
+                raise
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
         blend = opts.get("blend") or self.base()
@@ -175,6 +249,29 @@ class Rag:
         hits = req.chunks[::-1] if QueryConfig.order == "reverse" else req.chunks
         return {"chunks": [{"id": h["id"], "doc_id": h["doc_id"], "score": h["score"]} for h in hits],
                 "version": req.params["version"]}
+
+
+class StoreCollector:
+    """/metrics: the store's reachability and this process's failed operations on it, read at
+    each scrape from the backend's `Health` and the version poller."""
+
+    def __init__(self, rag: Rag):
+        self.rag = rag
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        up, state = self.rag.ready()
+        yield GaugeMetricFamily("sparsecache_server_store_reachable", "1 while the store answers, 0 while not",
+                                value=int(up))
+        errors = CounterMetricFamily("sparsecache_server_store_errors", "operations on the store that got no answer, "
+                                     "by kind (timeout: none within --store-timeout; unreachable: refused, reset)",
+                                     labels=["kind"])
+        for kind in ("timeout", "unreachable"):
+            errors.add_metric([kind], state["store_errors"].get(kind, 0))
+        yield errors
+        yield CounterMetricFamily("sparsecache_server_version_poll_failures", "looks for a new version that failed",
+                                  value=state["version_poll_failures"])
 
 
 PREFILL_ALL = 1 << 30  # a cheap-context threshold no context reaches: vLLM prefills every request
@@ -255,10 +352,13 @@ class RagHandler:
                 question = request.prompt
             else:
                 raise BadRequest("prompt must be one string: the question")
-            req = await asyncio.to_thread(rag.request, question, opts)
-        except BadRequest as e:
-            rag.requests.labels(endpoint, "bad_request").inc()
-            return create_error_response(str(e))
+            try:  # the bound holds whatever the store does (a local disk that hangs, too)
+                req = await asyncio.wait_for(asyncio.to_thread(rag.request, question, opts), rag.cfg.store_timeout)
+            except asyncio.TimeoutError as e:
+                raise refusal(e, rag.store_url, rag.cfg.store_timeout) from None
+        except Refused as e:
+            rag.requests.labels(endpoint, e.outcome).inc()
+            return create_error_response(str(e), err_type=e.err_type, status_code=e.status)
         request.kv_transfer_params = req.kv_transfer_params  # the server's, never the client's
         # prefix-cache blocks are reused only where they hold the same KV (RagRequest.cache_salt)
         request.cache_salt = req.cache_salt if not request.cache_salt else f"{request.cache_salt}|{req.cache_salt}"
@@ -307,7 +407,8 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
 
     connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
-                 "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.follow_s,
+                 "kv_connector_extra_config": {"store": str(store.root), "version_check_s": cfg.version_poll,
+                                               "store_timeout_s": cfg.store_timeout,
                                                "method": cfg.blend.method, "recompute_ratio": cfg.recompute_ratio,
                                                "prefill_under": cfg.prefill_under}}
     on_gpu = torch.cuda.is_available()
@@ -397,6 +498,18 @@ def check_port(host: str, port: int) -> None:
                 from None
 
 
+def add_ready_route(app, rag: Rag) -> None:
+    """GET /ready: 200 while the store answers, 503 while it does not, with its state as JSON
+    (vLLM's /health says whether the engine is up: a store outage must not get the process
+    restarted, since requests held in memory are still answered)."""
+    from fastapi.responses import JSONResponse
+
+    @app.get("/ready")
+    async def ready():
+        up, state = rag.ready()
+        return JSONResponse(state, status_code=200 if up else 503)
+
+
 async def _run(cfg: ServeConfig, rag: Rag, args) -> None:
     """vLLM's run_server, with our handlers installed between building the app and serving it."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -416,6 +529,7 @@ async def _run(cfg: ServeConfig, rag: Rag, args) -> None:
                 raise ConfigError(f"{args.model}: vLLM serves no chat or completion API for this model")
             state.openai_serving_chat = RagHandler(state.openai_serving_chat, rag, "chat")
             state.openai_serving_completion = RagHandler(state.openai_serving_completion, rag, "completion")
+            add_ready_route(app, rag)
             print(f"sparsecache serve: {cfg.store} (version {rag.prompts.store.version}) on {listen_address}, "
                   f"model {args.served_model_name[0]}", flush=True)
             shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
