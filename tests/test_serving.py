@@ -98,3 +98,51 @@ def test_the_kv_cache_on_a_cpu_is_sized_from_the_memory_free():
     assert kv_cache_bytes(100, 1000, 10**6, 10**9) == int(KV_CACHE_SHARE * 10**9)
     with pytest.raises(ConfigError, match="free on NUMA node 1.*--max-model-len.*--kv-cache-gb"):
         kv_cache_bytes(10**6, 1000, 1, 10**9, node=1)
+
+
+def test_a_damaged_local_store_gets_one_line_with_its_status_and_verify_names_the_damage(built, tiny_model_dir):
+    """The server's retrieval and layout (`Rag`, no engine) over a local store whose chunk file
+    is removed (500: damaged, named) or cannot be read (a directory in its place: 503); a chunk
+    read before is still answered, the next request after the repair too, and `verify` names
+    the file and the chunk it holds."""
+    pytest.importorskip("prometheus_client")
+    from sparsecache.kvstore import verify
+    from sparsecache.store.reader import chunk_key
+    from sparsecache.vllm.server import Rag, ServeConfig, StoreDamaged, StoreDown
+
+    store = built()
+    rag = Rag(ServeConfig(str(store), model=str(tiny_model_dir), top_k=1))
+    try:
+        s = rag.prompts.store
+        tokens = s.array("tokens")
+        step = tokens.chunks[0]
+        chunks = s.chunks()
+        spans = s.spans([c.id for c in chunks])
+
+        def files(span):
+            return set(range(span[0] // step, (span[1] - 1) // step + 1))
+
+        held = chunks[0]
+        assert rag.request("what?", {"chunks": [held.id]}).chunks[0]["id"] == held.id  # read: held in memory
+        other, span = next((c, sp) for c, sp in zip(chunks, spans) if not files(sp) & files(spans[0]))
+        key = f"{s.manifest.generation}/tokens/{chunk_key(tokens, span[0] // step, 0)}"
+        path = store / "data" / key
+        data = path.read_bytes()
+        path.unlink()
+        with pytest.raises(StoreDamaged) as damaged:
+            rag.request("what?", {"chunks": [other.id]})
+        message = str(damaged.value)
+        assert damaged.value.status == 500 and key in message and "sparsecache verify" in message and "\n" not in message
+        assert rag.request("what?", {"chunks": [held.id]}).chunks[0]["id"] == held.id
+        path.mkdir()  # a file that cannot be read
+        with pytest.raises(StoreDown) as down:
+            rag.request("what?", {"chunks": [other.id]})
+        assert down.value.status == 503 and str(path) in str(down.value) and "\n" not in str(down.value)
+        report = verify(store)
+        assert not report["ok"] and any(p.startswith(key) for p in report["problems"])
+        assert other.id in report["corrupt_chunks"] and held.id not in report["corrupt_chunks"]
+        path.rmdir()
+        path.write_bytes(data)
+        assert rag.request("what?", {"chunks": [other.id]}).chunks[0]["id"] == other.id
+    finally:
+        rag.close()

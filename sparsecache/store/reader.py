@@ -203,7 +203,7 @@ def read_spans_direct(arr, backend: Backend, folder: str, spans: list[tuple[int,
     shape, step = arr.chunks, arr.chunks[axis]
     needed = sorted({i for a, b in spans for i in range(a // step, (b - 1) // step + 1)})
     keys = [chunk_key(arr, i, axis) for i in needed]
-    name = folder.rsplit('/', 1)[-1]
+    name = folder.removeprefix("data/")  # the generation's array, as `verify` names its chunks
     loaded = {i: decode_chunk(arr, raw, f"{name}/{key}")
               for i, key, raw in zip(needed, keys, backend.get_many([f"{folder}/{k}" for k in keys]))}
     out_shape = list(shape)

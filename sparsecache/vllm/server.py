@@ -173,6 +173,14 @@ class Rag:
         self.chunks = Histogram("sparsecache_server_chunks_per_request", "chunks laid out per request",
                                 buckets=(1, 2, 4, 8, 16, 32, 64))
 
+    def close(self) -> None:
+        """Stop following the store and take this server's metrics off the process's registry."""
+        from prometheus_client import REGISTRY
+
+        self.prompts.close()
+        for m in (self.requests, self.retrieval, self.chunks, self._collector):
+            REGISTRY.unregister(m)
+
     def options(self, body: dict | None) -> dict:
         """The request's `sparsecache` options, checked."""
         if body is None:
