@@ -47,7 +47,7 @@ class Health:
     def guard(self, url: str) -> None:
         """Raise StoreUnavailable at once where the store is known down and this is not a probe."""
         if self.fail_fast and not self.reachable and not getattr(self._probe, "on", False):
-            raise StoreUnavailable(f"{self.error} (unreachable for {time.time() - (self.since or time.time()):.0f} s)")
+            raise StoreUnavailable(f"{self.error}; down for {time.time() - (self.since or time.time()):.0f} s")
 
     def ok(self) -> None:
         if not self.reachable:
@@ -330,7 +330,7 @@ def describe(e: BaseException, kind: str, timeout_s: float | None) -> str:
     """What failed, in a few words (obstore's own text is a page: request, retries, source)."""
     text = str(e).lower()
     if kind == "timeout":
-        return f"no answer within {timeout_s:g} s" if timeout_s else "timed out"
+        return f"timed out after {timeout_s:g} s" if timeout_s else "timed out"
     for needle, words in (("connection refused", "connection refused"), ("reset", "connection reset"),
                           ("closed", "connection closed"), ("dns", "name not resolved"),
                           ("error sending request", "request not sent")):
@@ -376,7 +376,7 @@ class ObjectBackend(Backend):
             kind = unavailable_kind(e)
             if kind is None:
                 raise
-            line = f"{self.url}: {describe(e, kind, self.timeout_s)}"
+            line = f"{self.url}: object storage did not answer ({describe(e, kind, self.timeout_s)})"
             self.health.failed(kind, line)
             raise StoreUnavailable(line) from None
         self.health.ok()

@@ -130,18 +130,18 @@ def refusal(e: Exception, store: str, timeout_s: float) -> Refused | None:
 
     retrying = "the server keeps retrying and answers from the store once it does"
     if isinstance(e, StoreUnavailable):
-        return StoreDown(f"the store did not answer: {e}; {retrying}")
+        return StoreDown(f"{e}; {retrying}")
     if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
-        return StoreDown(f"the store did not answer: {store}: no answer within {timeout_s:g} s; {retrying}")
+        return StoreDown(f"{store}: the store did not answer within {timeout_s:g} s; {retrying}")
     if isinstance(e, StoreCorrupt):
         return StoreDamaged(f"the store is damaged: {str(e).splitlines()[0]} (`sparsecache verify {store}` lists "
                             "all damage)")
     kind = unavailable_kind(e)
     if kind is not None:  # e.g. an obstore error from a read zarr made
-        return StoreDown(f"the store did not answer: {store}: {describe(e, kind, timeout_s)}; {retrying}")
+        return StoreDown(f"{store}: object storage did not answer ({describe(e, kind, timeout_s)}); {retrying}")
     if isinstance(e, OSError):  # a local store's disk: an unreadable file, an I/O error
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        return StoreDown(f"the store could not be read: {e.strerror or type(e).__name__}{where}; "
+        return StoreDown(f"{store}: the store could not be read: {e.strerror or type(e).__name__}{where}; "
                          f"`sparsecache verify {store}` checks it")
     return None
 
