@@ -187,6 +187,10 @@ def test_the_api_key_guards_the_api_but_not_health(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.base + "/v1", api_key="wrong", max_retries=0).models.list()
     assert urllib.request.urlopen(server.base + "/health", timeout=10).status == 200
+    with urllib.request.urlopen(server.base + "/ready", timeout=10) as r:  # the store's state, open to probes
+        ready = json.loads(r.read())
+    assert r.status == 200 and ready["reachable"] is True and ready["store"] == str(server.root / "store")
+    assert ready["version"] >= 2 and ready["store_errors"] == {}
 
 
 def value(text: str, name: str, **labels) -> float:
@@ -323,9 +327,13 @@ def test_a_new_version_is_served_without_restart_and_requests_in_flight_finish_o
     assert events[0][1].model_extra["sparsecache"] == old
     text = "".join(e.choices[0].delta.content or "" for _, e in events if e.choices)
     assert text == before.choices[0].message.content
-    time.sleep(1.5)  # the server looks for a new version at most once a second
-    after = server.chat(QUESTIONS[1], top_k=1, max_tokens=4)
-    new = after.model_extra["sparsecache"]
+    deadline = time.monotonic() + 60  # the server looks every second and opens the new version in the background
+    while True:
+        after = server.chat(QUESTIONS[1], top_k=1, max_tokens=4)
+        new = after.model_extra["sparsecache"]
+        if new["version"] != old["version"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert new["version"] == old["version"] + 1
     assert new["chunks"][0]["doc_id"] == "velmora.txt" and new["chunks"][0]["id"] not in {c["id"] for c in old["chunks"]}
     assert server.proc.poll() is None

@@ -47,9 +47,10 @@ from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K,
                    "on the look itself. Each look is one LIST on an object store.")
 @click.option("--store-timeout", type=click.FloatRange(min=0, min_open=True), default=ServeConfig.store_timeout,
               show_default=True, metavar="SECONDS",
-              help="The most a request waits on the store. A request the store does not answer in time gets 503 "
-                   "with one line (and at once while the store is known down); chunks read before are answered "
-                   "from memory. /ready says whether the store answers; the server recovers by itself.")
+              help="The most one operation on the store may take (a request's retrieval and layout is cut off at "
+                   "twice it). A request the store does not answer in time gets 503 with one line, and at once "
+                   "while the store is known down; chunks read before are answered from memory. /ready says "
+                   "whether the store answers; the server recovers by itself.")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- VLLM OPTIONS]")
 @library_errors
 def serve_cmd(model_path, vllm_args, **options):

@@ -120,6 +120,9 @@ class ByteLRU:
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def get(self, key):
         with self._lock:
             value = self._items.get(key)

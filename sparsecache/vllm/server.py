@@ -83,7 +83,7 @@ class ServeConfig:
     max_model_len: int | None = None
     kv_cache_gb: float | None = None  # None: on a CPU, `kv_cache_bytes`'s rule; on a GPU, vLLM's own default
     version_poll: float = 1.0  # seconds between looks for a new store version (in the background)
-    store_timeout: float = 5.0  # seconds a request may wait on the store before it gets 503
+    store_timeout: float = 5.0  # seconds one store operation may take (a request's retrieval and layout: twice that)
     served_model_name: str | None = None
     vllm_args: tuple[str, ...] = ()
 
@@ -215,6 +215,13 @@ class Rag:
         if store.version not in self._calibrated:
             self._calibrated = {store.version: served_calibration(store.calibration(), self.device, self.cfg)}
         return self._calibrated[store.version] or self.cfg.blend
+
+    @property
+    def cutoff(self) -> float:
+        """Seconds after which a request's retrieval and layout is answered 503 whatever holds it
+        (a local disk that hangs): twice --store-timeout, which bounds each operation on an
+        object store (a request makes few, and none once the store is known down)."""
+        return 2 * self.cfg.store_timeout
 
     @property
     def store_url(self) -> str:
@@ -360,10 +367,10 @@ class RagHandler:
                 question = request.prompt
             else:
                 raise BadRequest("prompt must be one string: the question")
-            try:  # the bound holds whatever the store does (a local disk that hangs, too)
-                req = await asyncio.wait_for(asyncio.to_thread(rag.request, question, opts), rag.cfg.store_timeout)
+            try:  # a backstop: each store operation ends within the bound; this holds whatever the store does
+                req = await asyncio.wait_for(asyncio.to_thread(rag.request, question, opts), rag.cutoff)
             except asyncio.TimeoutError as e:
-                raise refusal(e, rag.store_url, rag.cfg.store_timeout) from None
+                raise refusal(e, rag.store_url, rag.cutoff) from None
         except Refused as e:
             rag.requests.labels(endpoint, e.outcome).inc()
             return create_error_response(str(e), err_type=e.err_type, status_code=e.status)
