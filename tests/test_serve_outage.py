@@ -210,3 +210,36 @@ def test_a_publish_during_an_outage_fails_in_one_line_and_leaves_the_last_versio
     assert "Traceback" not in r.stderr
     assert versions(served.url)[-1] == last
     assert served.until_ready(200)["version"] == last and served.proc.poll() is None
+
+
+def test_a_damaged_chunk_gets_500_in_one_line_naming_it_and_the_server_stays_up(served):
+    """The store answers, but with a chunk object missing (deleted behind the server's back): the
+    request that needs it gets 500 naming the object and `sparsecache verify`; verify names it
+    too; the server stays up and answers again once the object is back."""
+    from sparsecache.kvstore import KVStore, verify
+    from sparsecache.store import open_backend
+    from sparsecache.store.reader import chunk_key
+
+    store = KVStore.open(served.url)  # past the proxy: the test's own view
+    status, reply, _ = served.ask(QUESTIONS[0])
+    read = {c["id"] for c in reply["sparsecache"]["chunks"]}
+    tokens = store.array("tokens")
+    chunk = next(c for c in store.chunks() if c.id not in read and c.token_length)
+    key = f"{store.manifest.generation}/tokens/{chunk_key(tokens, chunk.token_offset // tokens.chunks[0], 0)}"
+    backend = open_backend(served.url)
+    data = backend.get(f"data/{key}")
+    backend.delete(f"data/{key}")
+    try:
+        status, reply, _ = served.ask(QUESTIONS[0], chunks=[chunk.id])
+        message = reply["error"]["message"]
+        assert status == 500 and key in message and "sparsecache verify" in message and "\n" not in message, reply
+        report = verify(served.url)
+        assert not report["ok"] and any(p.startswith(key) for p in report["problems"])
+        assert chunk.id in report["corrupt_chunks"]
+        status, reply, _ = served.ask(QUESTIONS[0])  # what it read before still answers
+        assert status == 200 and {c["id"] for c in reply["sparsecache"]["chunks"]} == read
+    finally:
+        backend.put(f"data/{key}", data)
+    status, reply, _ = served.ask(QUESTIONS[0], chunks=[chunk.id])
+    assert status == 200 and reply["sparsecache"]["chunks"][0]["id"] == chunk.id
+    assert served.proc.poll() is None

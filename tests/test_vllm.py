@@ -257,6 +257,13 @@ def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
     full, _, _ = generate(llm, req, None)
     files = [f for f in (store.store.root / store.store.data / "k_indices").rglob("*") if f.is_file()]
     saved = {f: f.read_bytes() for f in files}
+    # the worker holds the codes earlier tests read (intact) in memory and would serve them from
+    # there, as it does through an outage: drop them, so that the damaged files are what it reads
+    from vllm.distributed.kv_transfer.kv_transfer_state import get_kv_transfer_group
+
+    from sparsecache.store.reader import span_cache
+
+    span_cache(get_kv_transfer_group()._backend).clear()
     try:
         for f in files:
             f.write_bytes(b"garbage" + saved[f][7:])

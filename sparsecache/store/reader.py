@@ -123,6 +123,11 @@ class ByteLRU:
     def __len__(self) -> int:
         return len(self._items)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.held = 0
+
     def get(self, key):
         with self._lock:
             value = self._items.get(key)

@@ -98,6 +98,7 @@ from ..store import VersionPoller, open_backend
 from ..store.backend import unavailable_kind
 from ..wrapper import placeholder_id
 from .plugin import loaded_model
+from .server import ServeConfig
 from .stack import UnsupportedModel, VLLMStack
 
 if TYPE_CHECKING:
@@ -210,8 +211,6 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self._device_type = vllm_config.device_config.device_type or "cpu"
         self._stores: dict[int, KVStore] = {}
         self._stores_lock = threading.Lock()  # the poller's thread opens versions too
-        from .server import ServeConfig
-
         # a nightly re-index is followed within version_check_s seconds of publishing
         every = extra.get("version_check_s", ServeConfig.version_poll)
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:

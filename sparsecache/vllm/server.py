@@ -565,10 +565,12 @@ def serve(cfg: ServeConfig) -> None:
         from . import connector  # noqa: F401
     check_port(cfg.host, cfg.port)
     rag = Rag(cfg)  # the store opens and matches the model before anything heavy starts
-    args = vllm_args(cfg, rag.prompts.store, rag.prompts.model_config)
     try:
+        args = vllm_args(cfg, rag.prompts.store, rag.prompts.model_config)
         uvloop.run(_run(cfg, rag, args))
     except RuntimeError as e:
         if "initialization failed" not in str(e):
             raise
         raise ConfigError("vLLM's engine did not start; its log above says why") from None
+    finally:
+        rag.close()
