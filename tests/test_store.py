@@ -14,7 +14,7 @@ from conftest import all_codes, assert_same_codes, write_corpus
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.ingest.encoder import encode_with
-from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, TextError
+from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable, TextError
 from sparsecache.kvstore import KVStore, compact, verify
 from sparsecache.model import extract_kv, prefix_ids
 from sparsecache.store import Lock, StoreConfig, VersionPoller, Writer, open_backend, read_manifest, versions
@@ -192,9 +192,17 @@ def test_the_version_poller_lists_in_its_thread_and_announces_a_version_once_rea
         build([corpus_dir], store)
         poller.poll()
         assert poller() == first + 1 and poller.failures == 1 and "cannot open it" in poller.last_error
+        assert not poller.unreachable  # the store answered: the new version is what failed
+
+        def silent(version):
+            raise StoreUnavailable(f"{backend}: object storage did not answer (timed out after 5 s)")
+
+        poller.ready = silent
+        poller.poll()
+        assert poller() == first + 1 and poller.failures == 2 and poller.unreachable
         poller.ready = readied.append
         poller.poll()
-        assert poller() == first + 2 and poller.last_error is None
+        assert poller() == first + 2 and poller.last_error is None and not poller.unreachable
     finally:
         poller.close()
     eager = VersionPoller(backend, every_s=0)

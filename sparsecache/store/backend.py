@@ -313,6 +313,8 @@ def unavailable_kind(e: BaseException) -> str | None:
     """"timeout" or "unreachable" where `e` says the store did not answer (the network, the
     service, the disk); None for what a working store answers (not found, already exists,
     denied) and for everything else."""
+    if isinstance(e, StoreUnavailable):
+        return "timeout" if "timed out" in str(e) else "unreachable"
     if isinstance(e, (FileNotFoundError, PermissionError, StoreError)):
         return None
     try:

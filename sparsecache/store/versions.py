@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StoreCorrupt, StoreError, StoreLocked, VersionGone
-from .backend import Backend
+from .backend import Backend, unavailable_kind
 from .doctable import DocTable, read_live, read_segment, resolve
 from .layout import FORMAT_VERSION, now
 
@@ -141,6 +141,7 @@ class VersionPoller:
         self.version = self._newest()
         self.polls = self.failures = 0
         self.last_error: str | None = None
+        self.unreachable = False  # whether the last poll failed because the store did not answer
         self._stop = threading.Event()
         self._thread = None
         if every_s > 0:
@@ -177,6 +178,7 @@ class VersionPoller:
             if raise_errors:
                 raise
             self.failures += 1
+            self.unreachable = unavailable_kind(e) is not None
             line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if line != self.last_error:
                 log.warning("sparsecache: looking for a new version of %s failed (%s); retrying every %g s",
@@ -185,7 +187,7 @@ class VersionPoller:
             return
         if self.last_error is not None:
             log.warning("sparsecache: %s answers again (version %d)", self.backend, newest)
-        self.last_error = None
+        self.last_error, self.unreachable = None, False
         self.version = newest
 
     def close(self) -> None:

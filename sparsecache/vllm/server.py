@@ -232,11 +232,14 @@ class Rag:
         the state /ready reports."""
         poller, health = self.prompts.poller, self.prompts.store.backend.health
         state = health.state()
-        up = state["reachable"] and (poller is None or poller.last_error is None)
+        up = state["reachable"] and not (poller is not None and poller.unreachable)
         return up, {"store": self.store_url, "version": self.prompts.store.version, "reachable": up,
-                    "unreachable_since": state["since"], "error": state["error"] or (poller and poller.last_error),
+                    "unreachable_since": state["since"],
+                    "error": state["error"] or (poller.last_error if poller is not None and poller.unreachable else None),
                     "store_errors": state["errors"], "version_polls": poller.polls if poller else 0,
-                    "version_poll_failures": poller.failures if poller else 0}
+                    "version_poll_failures": poller.failures if poller else 0,
+                    # a newer version the poller cannot open (damaged, say): the one before is served meanwhile
+                    "new_version_error": poller.last_error if poller is not None and not poller.unreachable else None}
 
     def request(self, question: str, opts: dict) -> RagRequest:
         t = time.perf_counter()
