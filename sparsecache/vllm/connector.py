@@ -98,7 +98,7 @@ from ..store import VersionPoller, open_backend
 from ..store.backend import unavailable_kind
 from ..wrapper import placeholder_id
 from .plugin import loaded_model
-from .server import ServeConfig
+from .config import ServeConfig
 from .stack import UnsupportedModel, VLLMStack
 
 if TYPE_CHECKING:

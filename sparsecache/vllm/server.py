@@ -45,12 +45,12 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
-from ..query.config import DEFAULT_METHOD, QueryConfig, calibrated, served_config
+from ..query.config import QueryConfig, calibrated, served_config
+from .config import ServeConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
     from ..serving import RagRequest
@@ -64,37 +64,6 @@ GiB = 1 << 30
 # length, at most this share of what is free on that node, at least one request of full length.
 KV_CACHE_SHARE = 0.5
 CPU_MAX_NUM_SEQS = 128  # vLLM's default --max-num-seqs for its OpenAI server on a CPU
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """What `sparsecache serve` runs with (the CLI's defaults come from here)."""
-
-    store: str
-    model: str = "default"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    top_k: int = 8  # as `sparsecache query`
-    method: str | None = None  # None: the store version's calibrated choice for this device (`calibrate`), else DEFAULT_METHOD
-    recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
-    prefill_under: int | None = None  # cheap contexts: None the rule by model and device (`query.cheap`), 0 never
-    api_key: str | None = None
-    dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
-    max_model_len: int | None = None
-    kv_cache_gb: float | None = None  # None: on a CPU, `kv_cache_bytes`'s rule; on a GPU, vLLM's own default
-    version_poll: float = 1.0  # seconds between looks for a new store version (in the background)
-    store_timeout: float = 5.0  # seconds one store operation may take (a request's retrieval and layout: twice that)
-    served_model_name: str | None = None
-    vllm_args: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        # method and ratio parsed once, into the typed value every request starts from
-        given = {"method": self.method or DEFAULT_METHOD, "recompute_ratio": self.recompute_ratio,
-                 "prefill_under": self.prefill_under}
-        blend = served_config(given, where="--method/--recompute-ratio/--prefill-under")
-        object.__setattr__(self, "blend", blend)
-
-    blend: QueryConfig = field(init=False, repr=False, compare=False)  # method and ratio, typed
 
 
 OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under")
