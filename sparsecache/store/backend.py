@@ -454,7 +454,8 @@ class ObjectBackend(Backend):
 
         keys = self.list(prefix)
         for i in range(0, len(keys), 1000):
-            self._io(lambda: obstore.delete(self.store, keys[i:i + 1000]))
+            batch = keys[i:i + 1000]
+            self._io(lambda batch=batch: obstore.delete(self.store, batch))
 
     def _objects(self, prefix: str) -> list[dict]:
         import obstore
