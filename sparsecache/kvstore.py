@@ -72,11 +72,13 @@ class KVStore(storage.Store):
         return list(zip(k.split(codes.lengths, dim=1), v.split(codes.lengths, dim=1)))
 
     def prepare(self, search: bool = True) -> "KVStore":
-        """`Store.prepare`, and with `search` this version's index segments loaded (an object
-        store's fetched once into the local cache): what a server reads before serving a version."""
+        """`Store.prepare`, and with `search` what answering questions also reads: this version's
+        index segments (an object store's fetched once into the local cache) and its calibration
+        (`serve`'s default method). The connector, which only loads chunks, prepares without."""
         super().prepare()
         if search:
             self.indexes()
+            self.calibration()
         return self
 
     def indexes(self) -> list:

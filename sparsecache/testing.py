@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +25,6 @@ def moto_server():
     endpoint, with the standard AWS_* variables pointing obstore and boto3 at it meanwhile.
     Needs moto[server] (the test extra)."""
     import shutil
-    import socket
     import subprocess
     import urllib.request
 
@@ -120,9 +121,6 @@ class OutageProxy:
     each new one at once; `restore()` forwards again. Threads only; `close()` stops it."""
 
     def __init__(self, upstream_port: int):
-        import socket
-        import threading
-
         self.upstream = upstream_port
         self.mode = "up"
         self._cond = threading.Condition()
@@ -135,8 +133,6 @@ class OutageProxy:
         threading.Thread(target=self._accept, daemon=True, name="outage-proxy").start()
 
     def _accept(self) -> None:
-        import threading
-
         while True:
             try:
                 conn, _ = self._sock.accept()
@@ -152,9 +148,6 @@ class OutageProxy:
             return self.mode == "up"
 
     def _connect(self, conn) -> None:
-        import socket
-        import threading
-
         if not self._up():
             conn.close()
             return
@@ -182,8 +175,6 @@ class OutageProxy:
             self._close(pair)
 
     def _close(self, pair) -> None:
-        import socket
-
         self._open.discard(pair)
         for s in pair:
             try:

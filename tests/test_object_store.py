@@ -79,7 +79,7 @@ def test_an_unreachable_object_store_is_one_line(monkeypatch):
                  "AWS_REGION": "us-east-1"}.items():
         monkeypatch.setenv(k, v)
     r = invoke("info", "s3://nobucket/x")
-    assert r.exit_code == 1 and "object storage" in r.output and "127.0.0.1:1" in r.output
+    assert r.exit_code == 1 and "object storage:" in r.output and "127.0.0.1:1" in r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
 
 

@@ -44,7 +44,7 @@ class Health:
         self.fail_fast = False
         self.errors: dict[str, int] = {}  # failures by kind ("timeout", "unreachable") over the process's life
 
-    def guard(self, url: str) -> None:
+    def guard(self) -> None:
         """Raise StoreUnavailable at once where the store is known down and this is not a probe."""
         if self.fail_fast and not self.reachable and not getattr(self._probe, "on", False):
             raise StoreUnavailable(f"{self.error}; down for {time.time() - (self.since or time.time()):.0f} s")
@@ -371,7 +371,7 @@ class ObjectBackend(Backend):
 
     def _io(self, op):
         """`op()`, its outcome told to `health`; a store that did not answer raises StoreUnavailable."""
-        self.health.guard(self.url)
+        self.health.guard()
         try:
             out = op()
         except Exception as e:

@@ -306,15 +306,14 @@ class Store:
 
     def prepare(self) -> "Store":
         """Read now what requests would otherwise read on first use: the chunk table's columns a
-        search and a layout read (whole, where that is how they are read: `WHOLE_COLUMNS_UP_TO`),
-        the prefix and the calibration. A server's background poller calls it before it moves
-        requests onto this version, so no request waits on the store for them."""
+        search and a layout read (whole, where that is how they are read: `WHOLE_COLUMNS_UP_TO`)
+        and the prefix. A server's background poller calls it before it moves requests onto
+        this version, so no request waits on the store for them."""
         if self.manifest.chunks <= WHOLE_COLUMNS_UP_TO:
             for name in ("chunk_id", *INFO_COLUMNS):
                 self._column(name)
             self._rows_by_id()
         self._prefix_group()
-        self.calibration()
         return self
 
     _carried = ("_prefix",)
@@ -526,6 +525,8 @@ class Store:
             for i, part in zip(missing, np.split(read, ends, axis)):
                 parts[i] = part
                 cache.put(keys[i], part.copy())  # the caller's array is its own
+            if len(missing) == len(spans):
+                return read  # read now, in the order asked: no second copy
         return np.concatenate(parts, axis=axis)
 
     def _read_spans_from_store(self, name: str, spans: list[tuple[int, int]], axis: int) -> np.ndarray:

@@ -84,7 +84,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.utils import extract_layer_index
 
 from ..codec import numba_pool
-from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt, StoreUnavailable
+from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
 from ..kvstore import KVStore
 from ..model import Rope, compute_parameters, config_fingerprint
 from ..query.blend import decode_chunks, recompute_many
@@ -260,7 +260,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         return store
 
     def _store_error(self, e: Exception) -> None:
-        if isinstance(e, StoreUnavailable) or unavailable_kind(e) is not None:
+        if unavailable_kind(e) is not None:
             self._stats.data["store_errors"] += 1
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:

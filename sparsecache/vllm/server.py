@@ -199,16 +199,15 @@ class Rag:
     def ready(self) -> tuple[bool, dict]:
         """Whether the store answers (as the last reads and the poller's last listing found), and
         the state /ready reports."""
-        poller, health = self.prompts.poller, self.prompts.store.backend.health
-        state = health.state()
-        up = state["reachable"] and not (poller is not None and poller.unreachable)
+        poller, state = self.prompts.poller, self.prompts.store.backend.health.state()  # a server always follows
+        up = state["reachable"] and not poller.unreachable
         return up, {"store": self.store_url, "version": self.prompts.store.version, "reachable": up,
                     "unreachable_since": state["since"],
-                    "error": state["error"] or (poller.last_error if poller is not None and poller.unreachable else None),
-                    "store_errors": state["errors"], "version_polls": poller.polls if poller else 0,
-                    "version_poll_failures": poller.failures if poller else 0,
+                    "error": state["error"] or (poller.last_error if poller.unreachable else None),
+                    "store_errors": state["errors"], "version_polls": poller.polls,
+                    "version_poll_failures": poller.failures,
                     # a newer version the poller cannot open (damaged, say): the one before is served meanwhile
-                    "new_version_error": poller.last_error if poller is not None and not poller.unreachable else None}
+                    "new_version_error": None if poller.unreachable else poller.last_error}
 
     def request(self, question: str, opts: dict) -> RagRequest:
         t = time.perf_counter()
