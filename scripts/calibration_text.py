@@ -46,8 +46,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from sparsecache.ingest.corpus import HTMLText
-from sparsecache.text import builtin_documents
+from sparsecache.text.corpus import HTMLText
+from sparsecache.text.documents import builtin_documents
 
 SECTION_CHARS = 4_000
 HELDOUT_PERCENT = 10

@@ -40,7 +40,7 @@ setup)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
   lscpu | grep 'Model name' | tee -a "$OUT/gpu.txt"
   python3 -c "import torch, transformers, zarr, faiss; print(torch.__version__, transformers.__version__, zarr.__version__, faiss.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
-  python3 -c "from sparsecache.model import load_model; from sparsecache.index import Embedder; load_model(); Embedder()"
+  python3 -c "from sparsecache.model import load_model; from sparsecache.kvstore.index import Embedder; load_model(); Embedder()"
   ;;
 tests)
   stage
@@ -208,7 +208,7 @@ default)  # #55: the current default (L10-s80 dictionary) in one call of at most
   { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; lscpu | grep 'Model name'
     python3 -c "import torch, transformers, zarr, faiss; print(torch.__version__, transformers.__version__, zarr.__version__, faiss.__version__)"
   } > "$OUT/gpu.txt" 2>&1; cat "$OUT/gpu.txt"
-  stamp convert; python3 -c "from sparsecache.model import load_model; from sparsecache.index import Embedder; load_model(); Embedder()" || exit 1
+  stamp convert; python3 -c "from sparsecache.model import load_model; from sparsecache.kvstore.index import Embedder; load_model(); Embedder()" || exit 1
   stamp "tests | agreement"
   run 200 python3 -m pytest -q -m cuda -p no:cacheprovider > "$OUT/pytest-cuda.log" 2>&1 & tests=$!
   run 260 python3 scripts/experiments/gpu_query.py agree --work /tmp/fid --limit "${AGREE_LIMIT:-30}" \

@@ -16,3 +16,41 @@ OPENMP_SPINS = "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ  #
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+# Modules that moved into the package of their stage (#81), by their former names: importing one
+# gives the module itself (the same object), with a DeprecationWarning naming where it lives now.
+MOVED = {"calibrate": "query.calibrate", "check": "model.check", "fingerprint": "model.fingerprint",
+         "gguf": "model.gguf", "index": "kvstore.index", "index_config": "kvstore.index_config",
+         "learn_wrapper": "wrapper.learn", "serving": "vllm.serving", "text": "text.documents",
+         "wrapper_config": "wrapper.config", "wrapper_data": "wrapper.data", "ingest.corpus": "text.corpus",
+         "query.generate": "model.generate", "query.stack": "model.stack", "bench.cloze": "measure.cloze",
+         "bench.machine": "measure.machine"}
+
+
+class _MovedFinder:
+    """Finds `sparsecache.<former name>` for a module in MOVED and loads the module it became."""
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        import importlib.util
+
+        former = fullname.removeprefix(__name__ + ".")
+        if former == fullname or former not in MOVED or former == "text":  # `text` is a package now
+            return None
+        return importlib.util.spec_from_loader(fullname, cls)
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+        import warnings
+
+        now = f"{__name__}.{MOVED[spec.name.removeprefix(__name__ + '.')]}"
+        warnings.warn(f"{spec.name} is now {now}", DeprecationWarning, stacklevel=3)
+        return importlib.import_module(now)
+
+    @staticmethod
+    def exec_module(module):
+        pass
+
+
+sys.meta_path.append(_MovedFinder)

@@ -22,6 +22,7 @@ import os
 import signal
 from pathlib import Path
 
+
 class Crash(BaseException):
     """Raised at an armed failpoint (tests only)."""
 

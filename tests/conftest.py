@@ -153,7 +153,7 @@ def default_model():
 
 @pytest.fixture
 def text_file(tmp_path) -> Path:
-    from sparsecache.text import builtin_documents
+    from sparsecache.text.documents import builtin_documents
 
     docs = builtin_documents("train")[:30]
     p = tmp_path / "calib.txt"
@@ -192,7 +192,7 @@ def tiny_dictionary(tiny_dictionary_dir):
 
 @pytest.fixture(scope="session")
 def embedder():
-    from sparsecache.index import Embedder
+    from sparsecache.kvstore.index import Embedder
 
     return Embedder()
 
@@ -654,8 +654,8 @@ sys.path.insert(0, sys.argv[4])  # the tests directory: conftest's engine and re
 from conftest import ENGINE_ENV, generate, start_engine, with_source
 os.environ.update(ENGINE_ENV)
 import torch
-from sparsecache.gguf import model_dir
-from sparsecache.serving import RagPrompts
+from sparsecache.model.gguf import model_dir
+from sparsecache.vllm.serving import RagPrompts
 from sparsecache.query.config import DEFAULT_METHOD
 from sparsecache.query.session import Session
 

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from conftest import eager_attention_mass
-from sparsecache.query.blend import Context, attention_scores, load_cache, question_ids, recompute, select
-from sparsecache.query.generate import prefill
+from sparsecache.model.cache import Context, recompute
+from sparsecache.query.blend import attention_scores, load_cache, select
+from sparsecache.model.generate import question_ids
+from sparsecache.model.generate import prefill
 from sparsecache.query.config import QueryConfig
 from sparsecache.errors import ConfigError
 from sparsecache.query.session import Session
@@ -324,7 +326,7 @@ def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, 
     """What a serving engine does with the requests one step admits: their questions scored in one
     run through the layers, their selected tokens recomputed in one run (`stack.Batch`), each
     attending over its own cache. Each gets the selection and the cache it gets alone."""
-    from sparsecache.query.blend import recompute_many
+    from sparsecache.model.cache import recompute_many
     from sparsecache.query.methods.base import choose, choose_many
 
     cases = [(chunk_ids, QUESTION, QueryConfig(method="infoflow", recompute_ratio=0.3)),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sparsecache.calibrate import CalibrateConfig, choose, grid, summary_line
+from sparsecache.query.calibrate import CalibrateConfig, choose, grid, summary_line
 from sparsecache.cli.main import cli
 from sparsecache.errors import ConfigError
 
@@ -86,7 +86,7 @@ def test_the_outcome_says_how_many_confident_questions_a_target_takes():
 
 
 def test_a_candidate_stops_only_once_it_cannot_reach_the_target():
-    from sparsecache.calibrate import can_reach
+    from sparsecache.query.calibrate import can_reach
 
     assert can_reach(10, 63, 73, 0.95)  # 73 of 73 would still reach 0.95
     assert not can_reach(9, 63, 73, 0.95)  # one lost: 72 of 73 cannot
@@ -323,7 +323,7 @@ def test_the_other_variant_is_measured_on_a_twin_and_never_recorded(tiny_store, 
     """A plain store's wrapped variant (`--compare-wrapper DIR`): every chunk of the questions'
     contexts encoded on its own with the wrapper into a temporary twin, the same questions timed
     (and, where confident, measured) there, reported beside the store's own rows."""
-    from sparsecache.wrapper import initial_wrapper
+    from sparsecache.wrapper.apply import initial_wrapper
 
     initial_wrapper(tiny_model, 3, 2).save(tmp_path / "wrapper")
     store = copy(tiny_store / "store", tmp_path / "store")
@@ -349,8 +349,8 @@ def test_the_fidelity_pass_stops_only_candidates_that_can_no_longer_be_chosen(mo
 
     import torch
 
-    import sparsecache.calibrate as cal
-    from sparsecache.bench.fidelity import Question
+    import sparsecache.query.calibrate as cal
+    from sparsecache.measure.suite import Question
 
     n = 80
     suite = [Question(f"q{i}", f"question {i}", "x", [], [], 1, chunks=[f"c{i % 7}"], needed=[]) for i in range(n)]

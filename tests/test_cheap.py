@@ -22,7 +22,7 @@ def test_the_rule_is_by_tokens_model_and_device_and_a_given_threshold_overrides_
 
 
 def test_compute_parameters_count_what_a_forward_pass_multiplies(tiny_model):
-    from sparsecache.gguf import default_model_dir
+    from sparsecache.model.gguf import default_model_dir
     from sparsecache.model import compute_parameters
     from transformers import AutoConfig
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
-from sparsecache.check import Check, ModelCheck, check_model, ensure_checked
+from sparsecache.model.check import Check, ModelCheck, check_model, ensure_checked
 from sparsecache.errors import ModelError
 from sparsecache.model import load_model
 from conftest import GEMMA2, GEMMA3, tiny
@@ -35,7 +35,7 @@ def test_supported_families_pass_every_check(tmp_path, family, extra):
 def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path, monkeypatch):
     """Qwen3 normalises keys after k_proj: keys taken from k_proj (what sparsecache captured
     before it knew the family) are not what its attention rotates. The capture check sees it."""
-    import sparsecache.model as model_module
+    import sparsecache.model.kvmodel as model_module
 
     model = load_model(str(tiny("Qwen3", tmp_path / "qwen3")))
     assert check_model(model).passed
@@ -50,7 +50,7 @@ def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path, monk
 def test_ignoring_sliding_windows_fails_recompute_all(tmp_path, family, extra, monkeypatch):
     """Recomputation must apply each layer's window at global positions; without it the
     assembled context attends further back than the model ever does, and the check sees it."""
-    import sparsecache.query.stack as stack
+    import sparsecache.model.stack as stack
 
     model = load_model(str(tiny(family, tmp_path / family, **extra)))
     monkeypatch.setattr(stack, "layer_windows", lambda config: [None] * config.num_hidden_layers)
@@ -80,7 +80,7 @@ def test_other_families_are_refused_in_one_line(tmp_path):
 
 
 def test_the_gate_runs_once_per_fingerprint_and_refuses_a_failing_model(tiny_model, monkeypatch):
-    import sparsecache.check as check
+    import sparsecache.model.check as check
 
     first = ensure_checked(tiny_model)
     assert first.passed
@@ -107,7 +107,7 @@ def test_check_model_cli(tiny_model_dir, tmp_path):
 
 def test_encode_corpus_refuses_a_model_that_fails_the_check(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir,
                                                           monkeypatch):
-    import sparsecache.check as check
+    import sparsecache.model.check as check
 
     monkeypatch.setattr(check, "check_model", lambda m: ModelCheck(m.name, m.fingerprint(),
                                                                    [Check("single-chunk", "…", error=1.0)]))
@@ -121,7 +121,7 @@ def test_encode_corpus_refuses_a_model_that_fails_the_check(corpus_dir, tmp_path
 def test_the_sample_is_longer_than_the_shortest_sliding_window(tmp_path, monkeypatch):
     """A real model's windows (Gemma 3: 512) are longer than the default 96-token sample, and
     a window that never cuts checks nothing about it: the sample then outgrows the window."""
-    import sparsecache.check as check
+    import sparsecache.model.check as check
 
     asked = []
     real = check._sample_ids

@@ -44,7 +44,7 @@ def test_eval_dict_for_another_model_is_refused(tiny_model_dir, tmp_path):
 def test_each_text_is_a_domain_and_the_headline_is_the_worst(tiny_model, tiny_model_dir, tmp_path):
     """A sparse dictionary (s = 4 of m = 32) fits one text better than another; eval-dict
     reports both and headlines the one it serves worst, and --record keeps every domain."""
-    from sparsecache.text import builtin_documents
+    from sparsecache.text.documents import builtin_documents
 
     prose = tmp_path / "prose"
     prose.mkdir()

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from sparsecache.bench.cloze import BLANK, blank, make_cloze, sentences, split_of
-from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity, save_suite, table
+from sparsecache.measure.cloze import BLANK, blank, make_cloze, sentences, split_of
+from sparsecache.measure.suite import load_suite, save_suite
+from sparsecache.bench.fidelity import parse_configs, run_fidelity, table
 from sparsecache.errors import ConfigError
 
 DOCS = {

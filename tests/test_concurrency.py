@@ -98,7 +98,7 @@ def _invoke(*args):
 
 
 def convert_tiny_gguf(i, r, gguf: str):
-    from sparsecache.gguf import convert_gguf
+    from sparsecache.model.gguf import convert_gguf
     from sparsecache.model import load_model
     from sparsecache.paths import cache_root
 
@@ -119,7 +119,7 @@ def fetch_dictionary(i, r, url: str):
 
 
 def check_model(i, r, model_dir: str):
-    from sparsecache.check import ensure_checked
+    from sparsecache.model.check import ensure_checked
     from sparsecache.model import load_model
 
     out = json.loads(_invoke("check-model", model_dir, "--json"))
@@ -154,7 +154,7 @@ def test_converting_the_default_model(tmp_path):
 def small_model_dir(tiny_gguf, tmp_path_factory) -> Path:
     """The tiny GGUF converted: a 2-layer Llama with a 512-token vocabulary, whose logits cost
     a hundredth of the tiny Llama's (49K tokens), so a round of four processes stays short."""
-    from sparsecache.gguf import convert_gguf
+    from sparsecache.model.gguf import convert_gguf
 
     return convert_gguf(tiny_gguf, tmp_path_factory.mktemp("small") / "model", "small")
 

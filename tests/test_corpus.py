@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from sparsecache.ingest import corpus
-from sparsecache.ingest.corpus import chunks, scan
+from sparsecache.text import corpus
+from sparsecache.text.corpus import chunks, scan
 from sparsecache.errors import TextError
 
 

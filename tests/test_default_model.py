@@ -86,7 +86,7 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     from sparsecache.codec.dictionary import default_dictionary
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import STEPS
-    from sparsecache.text import read_documents
+    from sparsecache.text.documents import read_documents
 
     doc = max(read_documents(["builtin"], split="heldout"), key=lambda d: len(d.text))
     ids = default_model.tokenizer(doc.text, add_special_tokens=False)["input_ids"][:2000]
@@ -121,7 +121,7 @@ def test_converted_default_model_is_a_standard_hf_directory(default_model):
     tied embedding saved under its own name, not only as lm_head."""
     from safetensors import safe_open
 
-    from sparsecache.gguf import default_model_dir
+    from sparsecache.model.gguf import default_model_dir
 
     path = default_model_dir()
     assert json.loads((path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
@@ -149,7 +149,7 @@ def test_the_readmes_python_example_runs(tmp_path, monkeypatch):
     assert 'encode_corpus(["builtin:heldout"], "demo.store"' in block
     (tmp_path / "uuid.md").write_text("# uuid\n\nThe uuid module generates universally unique identifiers as "
                                       "specified in RFC 4122. uuid4() returns a random UUID.\n")
-    import sparsecache.check as check
+    import sparsecache.model.check as check
 
     monkeypatch.chdir(tmp_path)
     gated, real = [], check.ensure_checked

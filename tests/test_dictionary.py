@@ -8,7 +8,7 @@ from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.codec.learn import TrainConfig, collect_signals, init_config, learn, nmse
 from sparsecache.errors import ConfigError, DictionaryError, DictionaryMismatch
 from sparsecache.codec.signals import from_signals, to_signals
-from sparsecache.text import builtin_documents
+from sparsecache.text.documents import builtin_documents
 
 
 @pytest.fixture(scope="module")

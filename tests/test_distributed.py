@@ -200,7 +200,7 @@ def test_a_wrapped_store_encodes_on_ray_as_in_one_process(ray_cluster, tiny_mode
 
     from sparsecache.kvstore import KVStore
     from sparsecache.model import load_model
-    from sparsecache.wrapper import initial_wrapper
+    from sparsecache.wrapper.apply import initial_wrapper
 
     def fresh():  # the driver's model takes the wrapper's soft tokens: not the session's shared tiny model
         return load_model(str(tiny_model_dir))

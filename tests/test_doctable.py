@@ -133,7 +133,7 @@ def test_publishing_changes_and_deletions_keeps_the_table_counts_and_live_rows_a
     deletions, an id both deleted and changed (the change wins), an entry republished as it
     is (no change) and a deletion of an id the store never had."""
     from sparsecache.bench.scale import ScaleConfig, _append, _build
-    from sparsecache.index import FaissIndexer
+    from sparsecache.kvstore.index import FaissIndexer
     from sparsecache.store import Writer, read_manifest, verify
 
     cfg = ScaleConfig(index="flat")

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from conftest import eager_attention_mass, GEMMA2, GEMMA3, tiny, unit_atoms, write_corpus
-from sparsecache.query.blend import assemble, attention_scores, question_ids, value_deviation
+from sparsecache.model.cache import assemble
+from sparsecache.query.blend import attention_scores, value_deviation
+from sparsecache.model.generate import question_ids
 from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
 

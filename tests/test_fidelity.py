@@ -7,8 +7,11 @@ import json
 
 import pytest
 
-from sparsecache.bench.fidelity import answer_span, contains, load_suite, make_suite, run_fidelity, table
-from sparsecache.bench.ruler import parse_methods, wilson
+from sparsecache.measure.answers import answer_span, contains
+from sparsecache.measure.suite import load_suite, make_suite
+from sparsecache.bench.fidelity import run_fidelity, table
+from sparsecache.query.spec import parse_methods
+from sparsecache.measure.stats import wilson
 from sparsecache.errors import ConfigError
 
 
@@ -114,12 +117,12 @@ def test_bench_fidelity_refuses_bad_settings_before_loading_the_model(tmp_path, 
     from click.testing import CliRunner
 
     from sparsecache.cli.main import cli
-    import sparsecache.model
+    import sparsecache.model.kvmodel
 
     def no_model(*a, **kw):
         raise AssertionError("the model was loaded for a suite that cannot run")
 
-    monkeypatch.setattr(sparsecache.model, "load_model", no_model)
+    monkeypatch.setattr(sparsecache.model.kvmodel, "load_model", no_model)
     for args, code, msg in ((["--k", "4,x"], 2, "not a comma-separated list"), (["--k", "1"], 1, "k must be >= 2"),
                             (["--questions", "0"], 1, "at least 1"), (["--questions", "400"], 1, "ask for fewer"),
                             (["--methods", "none@wrapped"], 1, "need a wrapped store (--wrapper)"),
@@ -267,16 +270,16 @@ def test_summaries_score_against_full_prefill_with_intervals():
 
 
 def test_the_dev_and_test_splits_share_no_names_or_phrasings(tmp_path):
-    from sparsecache.bench.fidelity import KINDS, PERSON_FACTS
+    from sparsecache.measure.suite import KINDS, PERSON_FACTS
 
     made = {split: make_suite(tmp_path / split, ks=(4, 8, 16), questions=200, split=split) for split in ("dev", "test")}
     assert all(len(m[8]) == 200 and sum(q.hops == 2 for q in m[8]) == 40 for m in made.values())
     texts = {split: (tmp_path / split / "corpus.jsonl").read_text() for split in made}
     import re
 
-    import sparsecache.bench.fidelity as fidelity
+    import sparsecache.measure.suite as generator
 
-    fixed = set(re.findall(r"[A-Z][a-z]+", open(fidelity.__file__).read()))  # words of the templates themselves
+    fixed = set(re.findall(r"[A-Z][a-z]+", open(generator.__file__).read()))  # words of the templates themselves
     names = {split: set(re.findall(r"[A-Z][a-z]+", t)) - fixed for split, t in texts.items()}
     assert len(names["dev"]) > 100 and not names["dev"] & names["test"]
     templates = [p for spec in KINDS.values() for _, phrasings in spec["facts"].values() for p in phrasings]
@@ -298,7 +301,7 @@ def test_the_train_split_shares_no_names_or_phrasings_with_dev_or_test(tmp_path)
     import hashlib
     import re
 
-    from sparsecache.bench.fidelity import KINDS, PERSON_FACTS, TRAIN_ASK
+    from sparsecache.measure.suite import KINDS, PERSON_FACTS, TRAIN_ASK
 
     made = {split: make_suite(tmp_path / split, ks=(8,), questions=200, split=split) for split in ("dev", "test", "train")}
     words = {split: set(re.findall(r"[A-Z][a-z]+", (tmp_path / split / "corpus.jsonl").read_text())) for split in made}
@@ -351,7 +354,7 @@ def test_the_committed_measurements_choose_the_default_query_uses(tmp_path):
     from click.testing import CliRunner
 
     from sparsecache.query.config import QueryConfig
-    from sparsecache.wrapper_config import DEFAULT_WRAPPERS
+    from sparsecache.wrapper.config import DEFAULT_WRAPPERS
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("fidelity_table", root / "docs/tables/fidelity_table.py")
@@ -377,7 +380,7 @@ def test_wrapped_methods_answer_from_the_wrapped_store_beside_the_plain_one(sess
 
     from sparsecache.bench.fidelity import parse_configs
     from sparsecache.bench.suite import wrapped_session
-    from sparsecache.wrapper import initial_wrapper
+    from sparsecache.wrapper.apply import initial_wrapper
 
     out, made, _ = suite
     shutil.copy(out / "corpus.jsonl", tmp_path)
@@ -417,7 +420,7 @@ def test_kept_counts_only_what_full_prefill_answers_with_confidence_and_disagree
 def test_value_tokens_are_the_answers_tokens_over_the_true_value_and_their_kl_is_zero_for_full_prefill(tiny_model):
     import torch
 
-    from sparsecache.bench.fidelity import CONFIDENT_MARGIN, value_figures, value_positions, value_reference
+    from sparsecache.measure.answers import CONFIDENT_MARGIN, value_figures, value_positions, value_reference
 
     tok = tiny_model.tokenizer
     tokens = tok("The town was founded in 1873, long ago.", add_special_tokens=False)["input_ids"]

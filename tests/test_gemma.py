@@ -24,7 +24,7 @@ def gemma():
 
 
 def test_check_model_passes_with_a_sample_the_window_cuts(gemma, monkeypatch):
-    import sparsecache.check as check
+    import sparsecache.model.check as check
     from sparsecache.model import layer_windows
 
     _, model = gemma
@@ -127,9 +127,9 @@ def test_the_shipped_wrapper_is_found_by_the_model_and_one_wrapped_chunk_is_full
     soft tokens must enter where the scaled token embeddings do)."""
     import torch
 
-    from sparsecache.query.blend import question_ids
+    from sparsecache.model.generate import question_ids
     from sparsecache.model import default_prefix_ids
-    from sparsecache.wrapper import Wrapper, continuation_logits, default_wrapper, shipped_wrapper, wrapped_kv
+    from sparsecache.wrapper.apply import Wrapper, continuation_logits, default_wrapper, shipped_wrapper, wrapped_kv
 
     _, m = gemma
     w = Wrapper.load(shipped_wrapper(m.fingerprint()))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sparsecache.errors import ModelError
-from sparsecache.index import build_index, index_kind, index_to_bytes, load_index_bytes, search
+from sparsecache.kvstore.index import build_index, index_kind, index_to_bytes, load_index_bytes, search
 
 TEXTS = [
     "The cat sat on the mat and purred.",
@@ -50,7 +50,7 @@ def test_index_answers_with_the_given_ids(kind, embedder, tmp_path):
 
 
 def test_auto_picks_flat_for_small_then_hnsw_then_ivf(monkeypatch):
-    from sparsecache import index_config
+    from sparsecache.kvstore import index_config
 
     rng = np.random.default_rng(0)
     e = rng.standard_normal((50, 8)).astype(np.float32)
@@ -66,7 +66,7 @@ def test_auto_picks_flat_for_small_then_hnsw_then_ivf(monkeypatch):
 def test_empty_input_and_missing_embedder(embedder, tmp_path):
     assert embedder.embed([]).shape == (0, 384)
     assert build_index(np.zeros((0, 384), np.float32), np.zeros(0, np.int64)).ntotal == 0
-    from sparsecache.index import Embedder
+    from sparsecache.kvstore.index import Embedder
 
     with pytest.raises(ModelError, match="embedder not found"):
         Embedder(str(tmp_path / "nope"))

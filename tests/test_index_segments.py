@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sparsecache.bench.scale import ScaleConfig, _append, _build, embeddings
-from sparsecache.index import FaissIndexer, build_index, index_kind, index_to_bytes, load_index_bytes
+from sparsecache.kvstore.index import FaissIndexer, build_index, index_kind, index_to_bytes, load_index_bytes
 from sparsecache.kvstore import KVStore
 from sparsecache.store import Writer, verify
 from sparsecache.store import writer as writer_mod

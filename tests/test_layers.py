@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sparsecache"
 # What the storage package may import from sparsecache: nothing that decodes, searches or
 # loads a model (`kvstore` adds those above it).
 STORAGE_MAY_IMPORT = {"sparsecache", "sparsecache.errors", "sparsecache.durable", "sparsecache.failpoints",
-                      "sparsecache.paths", "sparsecache.codec.codes", "sparsecache.codec.bitpack", "sparsecache.fingerprint",
+                      "sparsecache.paths", "sparsecache.codec.codes", "sparsecache.codec.bitpack", "sparsecache.model.fingerprint",
                       "sparsecache.codec.config"}
 
 
@@ -105,7 +105,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycles_even_through_lazy_imports():
     graph = _graph()
-    assert "sparsecache.kvstore" in graph and graph["sparsecache.kvstore"]  # the graph is really read
+    assert "sparsecache.kvstore.view" in graph and graph["sparsecache.kvstore.view"]  # the graph is really read
     # a package's __init__ importing its own modules is how packages work, not a cycle
     graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
     assert _cycles(graph) == []
@@ -121,9 +121,19 @@ def test_storage_is_below_decoding():
 
 
 # The pipeline's subpackages, lowest first: each may import those before it, never one after it.
-# (The store imports the codec's format modules, `codes` and `bitpack`, so the codec is below it;
-# ingest writes stores; the query runtime reads them; vLLM serves its methods.)
-PIPELINE = ("sparsecache.codec", "sparsecache.store", "sparsecache.ingest", "sparsecache.query", "sparsecache.vllm")
+# A document is read and chunked (text); what fidelity is measured with stands beside it (measure);
+# the model gives its K/V (model: loading, capture, the cache and the recomputation the gate
+# checks); the codec codes K/V (learning a dictionary runs the model); the store keeps codes and
+# imports the codec's format modules; kvstore searches and decodes a store version; the wrapper is
+# applied when chunks are encoded (ingest) and learned against the model alone; ingest writes
+# stores; the query runtime reads them; vLLM serves its methods; the benchmarks only consume the
+# product, and the CLI parses and prints above everything.
+PIPELINE = ("sparsecache.text", "sparsecache.measure", "sparsecache.model", "sparsecache.codec", "sparsecache.store",
+            "sparsecache.kvstore", "sparsecache.wrapper", "sparsecache.ingest", "sparsecache.query", "sparsecache.vllm",
+            "sparsecache.bench", "sparsecache.cli")
+# What may stay at the package's root: cross-cutting modules every stage may use.
+ROOT_MODULES = {"sparsecache", "sparsecache.errors", "sparsecache.paths", "sparsecache.durable", "sparsecache.failpoints",
+                "sparsecache.stopwatch", "sparsecache.dtypes", "sparsecache.testing"}
 
 
 def test_no_subpackage_imports_one_above_it_in_the_pipeline():
@@ -136,6 +146,22 @@ def test_no_subpackage_imports_one_above_it_in_the_pipeline():
     upward = sorted((m, d) for m, deps in graph.items() if layer(m) is not None
                     for d in deps if layer(d) is not None and layer(d) > layer(m))
     assert upward == []
+
+
+def test_every_module_belongs_to_a_stage_or_is_cross_cutting():
+    graph = _graph()
+    loose = sorted(m for m in graph if m not in ROOT_MODULES and not any(m == p or m.startswith(p + ".") for p in PIPELINE))
+    assert loose == []
+    assert len(ROOT_MODULES - {"sparsecache"}) <= 8
+
+
+def test_the_root_modules_import_no_stage():
+    """errors, paths, durability, failpoints, timing and dtypes stand below every stage (the
+    package's __init__ and the tests' helpers aside)."""
+    graph = _graph()
+    reaches = {m: sorted(d for d in graph[m] if d not in ROOT_MODULES)
+               for m in ROOT_MODULES - {"sparsecache", "sparsecache.testing"} if m in graph}
+    assert {m: d for m, d in reaches.items() if d} == {}
 
 
 def test_every_module_imports_on_its_own():

@@ -29,7 +29,7 @@ def test_the_registry_holds_every_method_once_in_the_clis_order():
 def test_the_benchmarks_tables_and_the_cli_read_the_registry():
     from click.testing import CliRunner
 
-    from sparsecache.bench.ruler import METHODS as RULER
+    from sparsecache.query.spec import METHODS as RULER
     from sparsecache.bench.ttft import TTFT_METHODS
     from sparsecache.cli.main import cli
 
@@ -127,7 +127,7 @@ def test_superposition_keeps_the_path_that_makes_the_question_likeliest(session,
     """Each path is prefix + one chunk + the question, all paths in one batched run: its score
     is the model's own log-likelihood of the question there, and with one path kept the answer
     is that path's, exactly as a query of that chunk alone."""
-    from sparsecache.query.blend import question_ids
+    from sparsecache.model.generate import question_ids
 
     q_ids = question_ids(session.model, QUESTION)
     want = [_question_logprob(session, c, q_ids) for c in chunk_ids]

@@ -82,7 +82,7 @@ def _patch_config(d, **changes):
 
 def test_a_conversion_without_architectures_is_redone(tmp_path):
     """Caches converted before vLLM support (no `architectures`, lm_head only) are not reused."""
-    from sparsecache.gguf import _is_standard_dir
+    from sparsecache.model.gguf import _is_standard_dir
 
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
@@ -92,7 +92,7 @@ def test_a_conversion_without_architectures_is_redone(tmp_path):
 
 
 def test_a_gguf_file_or_a_directory_holding_one_is_a_model(tiny_gguf, tmp_path):
-    from sparsecache.gguf import model_dir
+    from sparsecache.model.gguf import model_dir
     from sparsecache.paths import cache_root
 
     converted = model_dir(tiny_gguf)

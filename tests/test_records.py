@@ -62,7 +62,8 @@ def test_bench_fidelity_asks_records_questions_after_their_store_exists(tmp_path
     """`bench fidelity --format records`: the corpus is generated, encoded, then each question's
     context comes from that store's retrieval; a rerun reuses the questions."""
     import sparsecache.bench.suite as bench
-    from sparsecache.bench.fidelity import load_suite, parse_configs
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.bench.fidelity import parse_configs
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig

@@ -9,7 +9,9 @@ import re
 
 import pytest
 
-from sparsecache.bench.ruler import TASKS, Trial, load_suite, make_suite, parse_methods, run_suite, wilson
+from sparsecache.bench.ruler import TASKS, Trial, load_suite, make_suite, run_suite
+from sparsecache.query.spec import parse_methods
+from sparsecache.measure.stats import wilson
 from sparsecache.errors import ConfigError
 
 
@@ -107,12 +109,12 @@ def test_bench_ruler_refuses_bad_tasks_before_loading_the_model(tmp_path, monkey
     from click.testing import CliRunner
 
     from sparsecache.cli.main import cli
-    import sparsecache.model
+    import sparsecache.model.kvmodel
 
     def no_model(*a, **kw):
         raise AssertionError("the model was loaded for a suite that cannot run")
 
-    monkeypatch.setattr(sparsecache.model, "load_model", no_model)
+    monkeypatch.setattr(sparsecache.model.kvmodel, "load_model", no_model)
     for args, msg in ((["--tasks", "single,bogus"], "unknown task(s) bogus"), (["--k", "3"], "k must be >= 4"),
                       (["--methods", "full,none@wrapped"], "need a wrapped store (--wrapper)"),
                       (["--methods", "full,none", "--wrapper", "shipped"], "no method given does")):

@@ -6,7 +6,7 @@ import pytest
 
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import ConfigError, StoreError
-from sparsecache.serving import PARAMS_KEY, RagPrompts
+from sparsecache.vllm.serving import PARAMS_KEY, RagPrompts
 from sparsecache.store import StoreConfig
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")

@@ -1,7 +1,7 @@
 import pytest
 
 from sparsecache.errors import TextError
-from sparsecache.text import builtin_documents, read_documents, token_chunks
+from sparsecache.text.documents import builtin_documents, read_documents, token_chunks
 
 
 def test_builtin_split_is_deterministic_and_disjoint():
@@ -53,7 +53,7 @@ def test_token_chunks_cover_documents(tiny_model):
 def test_several_sources_are_interleaved_so_any_budget_spans_them(tiny_model, tmp_path):
     """learn-dict --text A --text B: a calibration budget takes chunks of A and B in turn, not
     all of A first; a single source keeps its document order (shipped recipes unchanged)."""
-    from sparsecache.text import interleaved_chunks
+    from sparsecache.text.documents import interleaved_chunks
 
     for name, word in (("a", "apple"), ("b", "bridge")):
         (tmp_path / name).mkdir()

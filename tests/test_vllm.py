@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from sparsecache.serving import PARAMS_KEY as PARAMS
+from sparsecache.vllm.serving import PARAMS_KEY as PARAMS
 from conftest import counters, engine, generate, with_source
 
 pytest.importorskip("vllm")
@@ -43,14 +43,14 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rag(store):
-    from sparsecache.serving import RagPrompts
+    from sparsecache.vllm.serving import RagPrompts
 
     return RagPrompts(store.store)
 
 
 @pytest.fixture(scope="module")
 def llm(store):
-    from sparsecache.gguf import default_model_dir
+    from sparsecache.model.gguf import default_model_dir
 
     with engine(default_model_dir(), store.store.root) as llm:
         yield llm
@@ -278,7 +278,7 @@ def test_a_store_damaged_after_the_claim_is_recomputed_by_vllm(llm, store, rag):
 
 
 def test_rag_prompts_lay_out_prefix_chunks_question(store, rag):
-    from sparsecache.query.blend import question_ids
+    from sparsecache.model.generate import question_ids
 
     ids = [c.id for c in store.store.chunks()][:3]
     req = rag.request("why?", chunks=ids, order="given")
@@ -293,7 +293,7 @@ def test_rag_prompts_lay_out_prefix_chunks_question(store, rag):
 
 def test_rag_prompts_refuse_a_store_of_another_model(store, tiny_model_dir):
     from sparsecache.errors import DictionaryMismatch
-    from sparsecache.serving import RagPrompts
+    from sparsecache.vllm.serving import RagPrompts
 
     with pytest.raises(DictionaryMismatch, match="encoded with model"):
         RagPrompts(store.store, model=str(tiny_model_dir))
@@ -304,7 +304,7 @@ def test_a_new_version_is_followed_and_stale_chunks_fall_back(llm, store, rag):
     old version is still served from it (its chunks' KV matches its tokens); without a version,
     a chunk the new version no longer has is prefilled; one built against the new version is served."""
     from sparsecache.cli.main import cli
-    from sparsecache.serving import RagPrompts
+    from sparsecache.vllm.serving import RagPrompts
 
     corpus = store.store.root.parent / "corpus"
     edited = next(c.id for c in store.store.chunks() if "assert" in c.doc_id)

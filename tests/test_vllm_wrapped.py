@@ -24,7 +24,7 @@ def wrapped(tmp_path_factory, default_model):
     from pydoc_data.topics import topics
 
     from sparsecache.query.session import Session
-    from sparsecache.wrapper import initial_wrapper
+    from sparsecache.wrapper.apply import initial_wrapper
 
     root = tmp_path_factory.mktemp("vllm-wrapped")
     (root / "corpus").mkdir()
@@ -41,14 +41,14 @@ def wrapped(tmp_path_factory, default_model):
 
 @pytest.fixture(scope="module")
 def rag(wrapped):
-    from sparsecache.serving import RagPrompts
+    from sparsecache.vllm.serving import RagPrompts
 
     return RagPrompts(wrapped[0].store)
 
 
 @pytest.fixture(scope="module")
 def llm(wrapped):
-    from sparsecache.gguf import default_model_dir
+    from sparsecache.model.gguf import default_model_dir
 
     with engine(default_model_dir(), wrapped[0].store.root) as llm:
         yield llm

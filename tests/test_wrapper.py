@@ -7,11 +7,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from sparsecache.query.blend import question_ids
+from sparsecache.model.generate import question_ids
 from sparsecache.errors import ConfigError
 from sparsecache.model import default_prefix_ids, extract_kv
-from sparsecache.wrapper import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
-from sparsecache.wrapper_config import WrapperConfig
+from sparsecache.wrapper.apply import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
+from sparsecache.wrapper.config import WrapperConfig
 
 
 def _ids(model, text):
@@ -54,7 +54,7 @@ def test_no_wrapper_is_the_stores_per_chunk_layout(default_model):
 
 
 def test_the_loss_reaches_header_and_trailer_and_leaves_the_model_alone(tiny_model):
-    from sparsecache.learn_wrapper import distillation_loss
+    from sparsecache.wrapper.learn import distillation_loss
 
     m = tiny_model
     for p in m.hf.parameters():
@@ -97,7 +97,7 @@ TINY = ["--header", "1", "--trailer", "1", "--steps", "4", "--k", "2", "--prompt
 def test_learn_wrapper_checkpoints_resumes_and_writes_its_curve(tiny_model_dir, tmp_path, monkeypatch):
     """An interrupted run resumes from its checkpoint to the wrapper an uninterrupted run learns."""
     from sparsecache.cli.main import cli
-    import sparsecache.learn_wrapper as lw
+    import sparsecache.wrapper.learn as lw
 
     args = ["learn-wrapper", "--model", str(tiny_model_dir), "--device", "cpu", *TINY]
     whole = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "whole")])
@@ -188,8 +188,8 @@ def test_recomputing_everything_in_a_wrapped_store_is_full_prefill_of_the_wrappe
     """Soft tokens are recomputed like any other (their embeddings from the store): infoflow at r = 1
     gives full prefill's logits of prefix | head chunk₁ tail | head chunk₂ tail | question, and `full`
     prefills the chunks' own text alone, as it does from a plain store."""
-    from sparsecache.query.blend import question_ids as q_ids
-    from sparsecache.query.generate import full_prefill
+    from sparsecache.model.generate import question_ids as q_ids
+    from sparsecache.model.generate import full_prefill
     from sparsecache.query.session import Session
 
     path, w = wrapped_store
@@ -227,9 +227,9 @@ def test_a_header_only_wrapper_learns_encodes_and_answers_as_full_prefill(tmp_pa
     from the chunk): its loss reaches the header, a store keeps no soft token with any chunk, and
     recomputing everything gives full prefill of prefix | head chunk₁ | head chunk₂ | question."""
     from conftest import cli_encode
-    from sparsecache.query.generate import full_prefill
+    from sparsecache.model.generate import full_prefill
     from sparsecache.kvstore import KVStore
-    from sparsecache.learn_wrapper import distillation_loss
+    from sparsecache.wrapper.learn import distillation_loss
     from sparsecache.model import load_model
     from sparsecache.query.session import Session
 
@@ -284,8 +284,8 @@ def test_serving_lays_soft_tokens_out_as_placeholders_and_salts_with_the_wrapper
     chunk `header chunk trailer`; the salt names the wrapper, whose KV those placeholders stand for."""
     import dataclasses
 
-    from sparsecache.serving import RagPrompts
-    from sparsecache.wrapper import placeholder_id
+    from sparsecache.vllm.serving import RagPrompts
+    from sparsecache.wrapper.apply import placeholder_id
 
     path, w = wrapped_store
     rag = RagPrompts(path, model=str(tiny_model_dir))
@@ -305,7 +305,7 @@ def test_serving_lays_soft_tokens_out_as_placeholders_and_salts_with_the_wrapper
 def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, tiny_model, tmp_path, corpus_dir,
                                                                  tiny_model_dir, tiny_dictionary_dir):
     from conftest import cli_encode
-    from sparsecache.wrapper import default_wrapper, shipped_wrapper
+    from sparsecache.wrapper.apply import default_wrapper, shipped_wrapper
 
     w = Wrapper.load(shipped_wrapper(default_model.fingerprint()))
     w.check_model(default_model)
@@ -326,14 +326,14 @@ def test_a_new_store_gets_its_models_default_wrapper_unless_none_and_an_existing
     and is refused for a store built wrapped; an existing store keeps what it was built with."""
     from conftest import cli_encode
     import sparsecache.codec.dictionary
-    import sparsecache.wrapper
+    import sparsecache.wrapper.apply
     from sparsecache.kvstore import KVStore
 
     shipped = tmp_path / "shipped"
     w = initial_wrapper(tiny_model, 2, 1)
     w.save(shipped / "tiny-wrapper")
     monkeypatch.setattr(sparsecache.codec.dictionary, "SHIPPED_DIR", shipped)
-    monkeypatch.setattr(sparsecache.wrapper, "DEFAULT_WRAPPERS", ("tiny-wrapper",))
+    monkeypatch.setattr(sparsecache.wrapper.apply, "DEFAULT_WRAPPERS", ("tiny-wrapper",))
     assert cli_encode(corpus_dir, tmp_path / "new", tiny_model_dir, tiny_dictionary_dir).exit_code == 0
     assert KVStore.open(tmp_path / "new").config.wrapper == w.digest()
     r = cli_encode(corpus_dir, tmp_path / "plain", tiny_model_dir, tiny_dictionary_dir, "--wrapper", "none")

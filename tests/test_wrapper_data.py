@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 
-from sparsecache import wrapper_data
-from sparsecache.bench import cloze, fidelity, records
+from sparsecache.wrapper import data as wrapper_data
+from sparsecache.measure import cloze
+from sparsecache.bench import records
+from sparsecache.measure import suite
 
 
 def test_specimen_logs_share_no_name_pool_or_phrasing_with_any_evaluation_generator():
-    used = set(fidelity.SYLLABLES) | set(fidelity.TRAIN_SYLLABLES) | {s for pool in records.SYLLABLES.values()
+    used = set(suite.SYLLABLES) | set(suite.TRAIN_SYLLABLES) | {s for pool in records.SYLLABLES.values()
                                                                       for s in pool}
     assert not set(wrapper_data.SYLLABLES) & used
-    assert not set(wrapper_data.KEEPERS) & (set(fidelity.GIVEN) | set(fidelity.TRAIN_GIVEN))
+    assert not set(wrapper_data.KEEPERS) & (set(suite.GIVEN) | set(suite.TRAIN_GIVEN))
     asked = {q for _, q in wrapper_data.FIELDS.values()}
-    evaluation = {q for kind in fidelity.KINDS.values() for _, qs in kind["facts"].values() for q in qs} | \
+    evaluation = {q for kind in suite.KINDS.values() for _, qs in kind["facts"].values() for q in qs} | \
         {q for by_split in records.ASK.values() for qs in by_split.values() for q in qs}
     assert not asked & evaluation
 
@@ -31,7 +33,7 @@ def test_specimen_prompts_ask_a_fact_their_chunks_hold():
 
 
 def test_cloze_prompts_come_from_the_calibration_texts_train_part_not_the_demo_corpus():
-    from sparsecache.text import builtin_documents
+    from sparsecache.text.documents import builtin_documents
 
     heldout = " ".join(" ".join(d.text.split()) for d in builtin_documents("heldout"))
     train = [d.text for d in builtin_documents("train")[:150]]
@@ -45,8 +47,8 @@ def test_cloze_prompts_come_from_the_calibration_texts_train_part_not_the_demo_c
 
 
 def test_the_default_recipe_learns_from_specimens_cloze_and_text_only(tiny_model, tmp_path):
-    from sparsecache.learn_wrapper import QUESTIONS_FROM, training_prompts
-    from sparsecache.wrapper_config import WrapperConfig
+    from sparsecache.wrapper.learn import QUESTIONS_FROM, training_prompts
+    from sparsecache.wrapper.config import WrapperConfig
 
     cfg = WrapperConfig(prompts=40, k=4)
     assert cfg.questions == "specimens+cloze"

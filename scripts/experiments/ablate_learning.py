@@ -15,7 +15,7 @@ import torch
 from sparsecache.codec.dictionary import DictConfig
 from sparsecache.codec.learn import TrainConfig, collect_signals, learn
 from sparsecache.model import default_prefix_ids, load_model
-from sparsecache.text import builtin_documents
+from sparsecache.text.documents import builtin_documents
 
 CONFIGS = {
     "paper: random init, plain GD lr 2e-3, raw vectors": dict(init="random", precondition=False, lr=2e-3,

@@ -31,7 +31,7 @@ from sparsecache.bench.frontier import Coder, FrontierConfig
 from sparsecache.model import extract_kv, load_model
 from sparsecache.codec.omp import batch_omp, gram, reconstruct
 from sparsecache.codec.signals import from_signals, to_signals
-from sparsecache.text import read_documents, token_chunks
+from sparsecache.text.documents import read_documents, token_chunks
 
 
 @torch.inference_mode()

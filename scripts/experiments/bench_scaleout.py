@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparsecache.bench.machine import cpu_model
+from sparsecache.measure.machine import cpu_model
 from sparsecache.testing import moto_copy
 
 
@@ -58,7 +58,7 @@ def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
 
 def _corpus(out: Path, tokens: int) -> None:
     """Held-out Python documentation as .txt files, about `tokens` tokens (4 characters each)."""
-    from sparsecache.text import builtin_documents
+    from sparsecache.text.documents import builtin_documents
 
     out.mkdir(parents=True)
     chars = 0

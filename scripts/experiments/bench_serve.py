@@ -26,7 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sparsecache.bench.machine import cpu_model
+from sparsecache.measure.machine import cpu_model
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 ENGINE_ARGS = ["--max-model-len", "8192", "--enforce-eager"]
@@ -114,8 +114,8 @@ def main() -> None:
     args = ap.parse_args()
     import openai
 
-    from sparsecache.gguf import default_model_dir
-    from sparsecache.serving import RagPrompts
+    from sparsecache.model.gguf import default_model_dir
+    from sparsecache.vllm.serving import RagPrompts
 
     rag = RagPrompts(args.store)
     qs = questions(rag.store)

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from sparsecache.bench.machine import cpu_model
+from sparsecache.measure.machine import cpu_model
 
 # k = 32 chunks of ~500 tokens exceed the default model's 8,192 positions: TTFT is a matter of
 # compute, so vLLM is allowed the longer length (answers there are not judged; needles use k = 8).
@@ -64,7 +64,7 @@ def ensure_store(store: Path, corpus: Path, ruler: Path, trials: int) -> None:
     from transformers import AutoTokenizer
 
     from sparsecache.bench.ruler import TASKS, make_suite
-    from sparsecache.gguf import default_model_dir
+    from sparsecache.model.gguf import default_model_dir
 
     if not (ruler / "trials.json").exists():
         make_suite(AutoTokenizer.from_pretrained(default_model_dir()), ruler, TASKS, trials, 8, 200)
@@ -79,7 +79,7 @@ def make_engine(store: Path):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
-    from sparsecache.gguf import default_model_dir
+    from sparsecache.model.gguf import default_model_dir
 
     cfg = KVTransferConfig(kv_connector="SparsecacheConnector", kv_connector_module_path="sparsecache.vllm",
                            kv_role="kv_consumer", kv_load_failure_policy="recompute",
@@ -174,7 +174,8 @@ def ttft_table(llm, rag, ks, repeats, configs, rows: list[dict], save, warmup_fu
 
 def needle_suite(llm, rag, ruler: Path, configs, done: list[dict], save) -> list[dict]:
     """Every configuration on every task's trials of the RULER-style suite, as `bench ruler` grades them."""
-    from sparsecache.bench.ruler import load_suite, wilson
+    from sparsecache.bench.ruler import load_suite
+    from sparsecache.measure.stats import wilson
 
     suite = load_suite(ruler)
     docs = {d for t in suite for d in t.chunk_docs}  # one chunk each (the corpus's documents have many)
@@ -226,8 +227,9 @@ def fidelity(llm, rag, workdir: Path, k: int, configs, loop: list[dict], done: l
              batch: int = 20, max_new_tokens: int = 24) -> list[dict]:
     """`bench fidelity`'s k-chunk questions through vLLM, `batch` requests submitted together
     (each with its own prefix-cache salt) and saved as they finish: a rerun resumes."""
-    from sparsecache.bench.fidelity import answer_span, contains, load_suite
-    from sparsecache.bench.passkey import chunk_ids_by_doc
+    from sparsecache.measure.answers import answer_span, contains
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.measure.suite import chunk_ids_by_doc
 
     questions = load_suite(workdir)[k]
     ids = chunk_ids_by_doc(rag.store)
@@ -260,7 +262,7 @@ def fidelity(llm, rag, workdir: Path, k: int, configs, loop: list[dict], done: l
 def fidelity_summary(rows: list[dict]) -> list[dict]:
     """Per configuration: agreement with vLLM's full prefill and with our loop's answer of the
     same configuration (Wilson 95% intervals), accuracy against the truth."""
-    from sparsecache.bench.ruler import wilson
+    from sparsecache.measure.stats import wilson
 
     out = []
     for config in dict.fromkeys(r["config"] for r in rows):
@@ -280,8 +282,8 @@ def fidelity_summary(rows: list[dict]) -> list[dict]:
 
 def fidelity_ttft(llm, rag, workdir: Path, k: int, n: int, configs, repeats: int) -> list[dict]:
     """Single-request TTFT (as the ttft section measures it) of the first n questions."""
-    from sparsecache.bench.fidelity import load_suite
-    from sparsecache.bench.passkey import chunk_ids_by_doc
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.measure.suite import chunk_ids_by_doc
 
     ids = chunk_ids_by_doc(rag.store)
     rows = []
@@ -355,7 +357,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
 
-    from sparsecache.serving import RagPrompts
+    from sparsecache.vllm.serving import RagPrompts
 
     llm = make_engine(args.store)
     rag = RagPrompts(args.store)

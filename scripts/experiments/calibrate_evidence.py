@@ -58,7 +58,7 @@ def measured(suite_dir: Path, k: int = 8) -> dict:
 
 
 def calibrated(work: Path, session, spec: str, questions: int) -> dict:
-    from sparsecache.calibrate import CalibrateConfig, calibrate
+    from sparsecache.query.calibrate import CalibrateConfig, calibrate
 
     out = work / f"calibrate-{session.store.root.name}.json"
     if out.exists():
@@ -80,14 +80,14 @@ def main() -> None:
     p.add_argument("--plain", action="store_true", help="also a store without the wrapper, for the plain rows")
     args = p.parse_args()
 
-    from sparsecache.bench.machine import cpu_model
-    from sparsecache.calibrate import choose
+    from sparsecache.measure.machine import cpu_model
+    from sparsecache.query.calibrate import choose
     from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.model import load_model
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
-    from sparsecache.wrapper import load_wrapper
+    from sparsecache.wrapper.apply import load_wrapper
 
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = args.work / "corpus.jsonl"

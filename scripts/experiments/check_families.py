@@ -21,8 +21,8 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 from conftest import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
 
-import sparsecache.query.stack as stack  # noqa: E402
-from sparsecache.check import check_model  # noqa: E402
+import sparsecache.model.stack as stack
+from sparsecache.model.check import check_model  # noqa: E402
 from sparsecache.errors import ModelError  # noqa: E402
 from sparsecache.model import KVModel, load_model  # noqa: E402
 

@@ -28,7 +28,7 @@ def central_document(texts: list[str]) -> int:
     """The document with the highest mean cosine similarity to the others (the embeddings are unit vectors)."""
     import numpy as np
 
-    from sparsecache.index import Embedder
+    from sparsecache.kvstore.index import Embedder
 
     e = Embedder().embed(texts)
     return int(np.argmax((e @ e.mean(0))))
@@ -49,7 +49,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
 
-    from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.bench.fidelity import parse_configs, run_fidelity
     from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.model import load_model
@@ -74,7 +75,7 @@ def main() -> None:
     report = args.work / "encode.json"
     if not (args.work / "store").exists():
         t = time.perf_counter()
-        from sparsecache.wrapper import Wrapper
+        from sparsecache.wrapper.apply import Wrapper
 
         wrapper = Wrapper.load(args.wrapper) if args.wrapper else None
         enriched = StoreConfig(wrapper=wrapper.digest()) if wrapper else StoreConfig(anchor=anchor)

@@ -28,11 +28,13 @@ import click
 import sparsecache  # noqa: F401  (before torch: OpenMP workers that do not spin)
 import torch
 
-from sparsecache.bench.fidelity import load_suite
-from sparsecache.bench.passkey import chunk_ids_by_doc
-from sparsecache.bench.machine import cpu_model
-from sparsecache.query.blend import Context, attention_scores, decode_chunks, layout, question_ids
-from sparsecache.query.generate import full_prefill
+from sparsecache.measure.suite import load_suite
+from sparsecache.measure.suite import chunk_ids_by_doc
+from sparsecache.measure.machine import cpu_model
+from sparsecache.model.cache import Context, layout
+from sparsecache.query.blend import attention_scores, decode_chunks
+from sparsecache.model.generate import question_ids
+from sparsecache.model.generate import full_prefill
 from sparsecache.query.methods.superposition import path_scores
 from sparsecache.query.session import Session
 from sparsecache.stopwatch import Stopwatch

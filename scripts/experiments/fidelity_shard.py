@@ -37,7 +37,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (shards share the cores)")
     args = p.parse_args()
 
-    from sparsecache.bench.fidelity import load_suite, parse_configs, run_fidelity  # before torch (its OpenMP setup)
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.bench.fidelity import parse_configs, run_fidelity  # before torch (its OpenMP setup)
     from sparsecache.bench.suite import wrapped_session
     from sparsecache.errors import StoreLocked
     from sparsecache.query.session import Session

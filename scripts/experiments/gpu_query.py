@@ -63,8 +63,9 @@ def profile(args) -> None:
 
 
 def agree(args) -> None:
-    from sparsecache.bench.fidelity import load_suite, run_fidelity, summarise
-    from sparsecache.bench.ruler import parse_methods
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.bench.fidelity import run_fidelity, summarise
+    from sparsecache.query.spec import parse_methods
     from sparsecache.bench.suite import bench_fidelity
 
     work = Path(args.work)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from sparsecache.bench.machine import cpu_model, drop_page_cache
+from sparsecache.measure.machine import cpu_model, drop_page_cache
 from sparsecache.testing import moto_copy
 from sparsecache.query.overlap import cake_split
 from sparsecache.query.session import Session

@@ -16,7 +16,7 @@ import time
 import torch
 
 from sparsecache.bench.evaluate import EvalConfig, domain_name, fidelity, passages
-from sparsecache.bench.machine import cpu_model
+from sparsecache.measure.machine import cpu_model
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import Dictionary
 from sparsecache.model import load_model

@@ -12,7 +12,7 @@ from sparsecache.codec.dictionary import Dictionary
 from sparsecache.codec.omp import batch_omp, reconstruct
 from sparsecache.codec.signals import to_signals, from_signals
 from sparsecache.bench.evaluate import fidelity, passages, EvalConfig
-from sparsecache.text import read_documents, token_chunks
+from sparsecache.text.documents import read_documents, token_chunks
 torch.manual_seed(0)
 model = load_model()
 d = Dictionary.load('dictionaries/smollm2-135m-n8192-s32-L5')

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from sparsecache.bench.passkey import ANSWER_PREFIX, load_trials
-from sparsecache.bench.ruler import wilson
-from sparsecache.bench.machine import cpu_model
+from sparsecache.measure.stats import wilson
+from sparsecache.measure.machine import cpu_model
 from sparsecache.query.session import Session
 
 METHODS = "full:0,none:0,infoflow:0.15,a3:0.15,cacheclip:0.15"

@@ -21,9 +21,10 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    from sparsecache.bench.fidelity import load_suite
-    from sparsecache.bench.passkey import chunk_ids_by_doc
-    from sparsecache.query.blend import decode_chunks, question_ids
+    from sparsecache.measure.suite import load_suite
+    from sparsecache.measure.suite import chunk_ids_by_doc
+    from sparsecache.query.blend import decode_chunks
+    from sparsecache.model.generate import question_ids
     from sparsecache.query.methods.superposition import path_scores
     from sparsecache.query.session import Session
     from sparsecache.stopwatch import Stopwatch

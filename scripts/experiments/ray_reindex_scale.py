@@ -51,7 +51,7 @@ def index_bytes(store: Path) -> dict[str, int]:
 
 def full_rebuild_s(store: Path) -> tuple[float, int, str]:
     """Seconds to build the whole live index again, as the driver did before indexes had segments."""
-    from sparsecache.index import FaissIndexer
+    from sparsecache.kvstore.index import FaissIndexer
     from sparsecache.store.reader import Store
 
     s = Store.open(str(store))
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
 
-    from sparsecache.bench.machine import cpu_model
+    from sparsecache.measure.machine import cpu_model
     from sparsecache.testing import tiny_dictionary, write_tiny_llama
     from sparsecache.model import load_model
 

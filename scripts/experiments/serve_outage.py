@@ -51,7 +51,7 @@ def main() -> None:
 
     import boto3
 
-    from sparsecache.bench.machine import cpu_model
+    from sparsecache.measure.machine import cpu_model
     from sparsecache.testing import moto_server
 
     work = Path(tempfile.mkdtemp(prefix="serve-outage-"))

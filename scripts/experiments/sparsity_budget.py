@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sparsecache.bench.evaluate import EvalConfig, domain_name, fidelity, passages
 from sparsecache.bench.frontier import Coder, FrontierConfig, Sparse, ratios
-from sparsecache.bench.machine import cpu_model
+from sparsecache.measure.machine import cpu_model
 from sparsecache.codec.dictionary import Dictionary
 from sparsecache.model import load_model
 

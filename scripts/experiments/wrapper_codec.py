@@ -27,13 +27,13 @@ def main() -> None:
 
     import torch
 
-    from sparsecache.bench.fidelity import contains
+    from sparsecache.measure.answers import contains
     from sparsecache.codec.coding import Codec
     from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
-    from sparsecache.learn_wrapper import answer
+    from sparsecache.wrapper.learn import answer
     from sparsecache.model import default_prefix_ids, load_model
     from sparsecache.store import StoreConfig
-    from sparsecache.wrapper import Wrapper, wrapped_pieces
+    from sparsecache.wrapper.apply import Wrapper, wrapped_pieces
 
     model = load_model()
     w = Wrapper.load(args.wrapper)

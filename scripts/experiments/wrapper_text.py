@@ -23,10 +23,10 @@ def main() -> None:
     p.add_argument("--model", default="default", help="the wrapper's model (as `--model` elsewhere)")
     args = p.parse_args()
 
-    from sparsecache.learn_wrapper import TEXT_PIECE, text_fidelity
+    from sparsecache.wrapper.learn import TEXT_PIECE, text_fidelity
     from sparsecache.model import default_prefix_ids, load_model
-    from sparsecache.text import builtin_documents
-    from sparsecache.wrapper import Wrapper
+    from sparsecache.text.documents import builtin_documents
+    from sparsecache.wrapper.apply import Wrapper
 
     model = load_model(args.model)
     w = Wrapper.load(args.wrapper)

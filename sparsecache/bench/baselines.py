@@ -26,7 +26,6 @@ import torch
 from ..codec.coding import to_e4m3
 
 
-
 @dataclass(frozen=True)
 class Fp16:
     family = "fp16"

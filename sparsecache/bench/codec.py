@@ -26,8 +26,8 @@ from ..codec.omp import (
 def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
     """Real pre-RoPE K or V signals [count, layers·192] of the default model on held-out text."""
     from ..codec.learn import collect_signals
-    from ..model import default_prefix_ids, load_model
-    from ..text import builtin_documents
+    from ..model.kvmodel import default_prefix_ids, load_model
+    from ..text.documents import builtin_documents
 
     model = load_model()
     groups = model.n_layers // layers

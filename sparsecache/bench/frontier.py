@@ -28,18 +28,25 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..query.blend import assemble, question_ids
 from ..codec.bitpack import rice_bits, rice_parameter
-from ..codec.coding import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
-from ..codec.dictionary import SHIPPED_DIR, DictConfig, Dictionary, META_FILE
+from ..codec.coding import (
+    COEF_DTYPES,
+    COEF_FORMATS,
+    INDEX_CODINGS,
+    Codec,
+    coefficient_roundtrip,
+    index_row_bytes,
+)
+from ..codec.dictionary import META_FILE, SHIPPED_DIR, DictConfig, Dictionary
 from ..codec.learn import TrainConfig, learn_dict
 from ..durable import locked, write_atomic
 from ..errors import ConfigError
-from ..query.generate import full_prefill, greedy_continue
-from ..query.methods.base import fuse
-from ..model import KVModel, default_prefix_ids, extract_kv
+from ..model.cache import assemble
+from ..model.generate import full_prefill, greedy_continue, question_ids
+from ..model.kvmodel import KVModel, default_prefix_ids, extract_kv
 from ..paths import cache_root
 from ..query.config import QueryConfig
+from ..query.methods.base import fuse
 from .baselines import default_baselines
 from .config import EvalConfig, FrontierConfig
 from .evaluate import domain_name, fidelity, passages

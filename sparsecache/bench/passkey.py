@@ -15,7 +15,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, TextError
+from ..errors import TextError
+from ..measure.suite import chunk_ids_by_doc
 
 KEYS = ("apple", "river", "falcon", "copper", "meadow", "lantern", "violet", "harbor", "cedar", "comet")
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
@@ -34,7 +35,7 @@ class Trial:
 def filler_passages(tokenizer, tokens_per_chunk: int, count: int | None) -> list[str]:
     """`count` pieces of held-out documentation of about `tokens_per_chunk` tokens each
     (None: every piece there is)."""
-    from ..text import builtin_documents
+    from ..text.documents import builtin_documents
 
     pieces = []
     for d in builtin_documents("heldout"):
@@ -89,16 +90,6 @@ def make_task(tokenizer, out: str | Path, trials: int = 20, k: int = 4, tokens_p
 
 def load_trials(out: str | Path) -> list[Trial]:
     return [Trial(**t) for t in json.loads((Path(out) / "trials.json").read_text())]
-
-
-def chunk_ids_by_doc(store) -> dict[str, str]:
-    """doc id → its (single) chunk id in the store."""
-    out = {}
-    for c in store.chunks():
-        if c.ordinal > 0:
-            raise ConfigError(f"passkey documents must fit one chunk; {c.doc_id} has several")
-        out[c.doc_id] = c.id
-    return out
 
 
 def run_trials(session, trials: list[Trial], method: str, ratio: float, max_new_tokens: int = 12, **kw) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..durable import write_atomic
 from ..errors import ConfigError
-from .fidelity import SPLITS, Question
+from ..measure.suite import SPLITS, Question
 
 HELD_OUT = True  # #69: never used to learn or choose anything
 

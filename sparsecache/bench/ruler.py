@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import random
 import re
 import string
@@ -31,22 +30,22 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..query import methods
 from ..durable import write_atomic
 from ..errors import ConfigError, TextError
-from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, filler_passages, insert_sentence, chunk_ids_by_doc
+from ..measure.stats import wilson
+from ..measure.suite import chunk_ids_by_doc
+from ..query.spec import WRAPPED
+from .passkey import (
+    ANSWER_PREFIX,
+    KEYS,
+    NEEDLE,
+    QUESTION,
+    filler_passages,
+    insert_sentence,
+)
 
 TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 
-WRAPPED = "wrapped"  # `method@wrapped`: answered from the suite's store encoded with a learned wrapper
-
-# The ratio a bare label recomputes at: the query default when the suite's tables were measured
-# (2026-11-23); infoflow's own ratio is now 0.25 (`Method.ratio`), asked for as "infoflow:0.25".
-RATIO = 0.15
-# Every method at RATIO (and the selector, reordering and overlap) on the same trials; a label
-# maps to `Session.query`'s settings.
-METHODS = {**methods.bench_configs(RATIO),
-           "infoflow+reorder": {"method": "infoflow", "recompute_ratio": RATIO, "reorder": "attention"}}
 
 @dataclass(frozen=True)
 class Trial:
@@ -60,43 +59,6 @@ class Trial:
     def found(self, answer: str) -> list[bool]:
         words = set(re.findall(r"[A-Za-z0-9]+", answer.lower()))
         return [e.lower() in words for e in self.expected]
-
-
-def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str, dict]:
-    """`label,...` from METHODS (or `labels`), or `method:ratio` with suffixes: `+reorder`
-    reorders by attention, `+field=value` sets another QueryConfig field (`+paths=2`); any of
-    them ending in `@wrapped` answers from the suite's store encoded with a learned wrapper."""
-    from ..query.config import QueryConfig
-
-    known = {**METHODS, **(labels or {})}
-    out = {}
-    for item in filter(None, (x.strip() for x in spec.split(","))):
-        plain, at, where = item.partition("@")
-        if at and where != WRAPPED:
-            raise ConfigError(f"--methods: {item!r}: the only store suffix is @{WRAPPED}")
-        store = {"store": WRAPPED} if at else {}
-        if plain in known:
-            out[item] = {**known[plain], **store}
-            continue
-        name, _, rest = plain.partition(":")
-        ratio, *extras = rest.split("+")
-        try:
-            cfg = {"method": name, "recompute_ratio": float(ratio or 0.0)}
-        except ValueError:
-            raise ConfigError(f"--methods: {item!r} is neither a label ({', '.join(known)}) nor method:ratio") from None
-        for extra in extras:
-            key, eq, value = extra.partition("=")
-            if extra == "reorder":
-                cfg["reorder"] = "attention"
-            elif eq and key in QueryConfig.__dataclass_fields__:
-                cfg[key] = _field_value(value)
-            else:
-                raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (+reorder or +field=value)")
-        QueryConfig(**cfg)  # refused here, before any model loads
-        out[item] = {**cfg, **store}
-    if not out:
-        raise ConfigError("--methods names no method")
-    return out
 
 
 def check_wrapped(methods: dict[str, dict], wrapped, refuse_unused: bool = False) -> None:
@@ -123,23 +85,6 @@ def query_settings(cfg: dict) -> dict:
     cheap-context rule off (`prefill_under=0`) unless the configuration sets it, so what a
     benchmark measures is the method it names."""
     return {"prefill_under": 0, **{key: value for key, value in cfg.items() if key not in ("context", "store")}}
-
-
-def _field_value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a binomial proportion."""
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)
 
 
 # ---------------------------------------------------------------- tasks
@@ -180,7 +125,7 @@ class _Builder:
 def _vocabulary(tokenizer, texts: list[str]) -> list[str]:
     """Real words (from Python's documentation) of 5-9 letters that are one token and that no
     filler text contains, so a list word's count in a context is its count in the lists."""
-    from ..text import builtin_documents
+    from ..text.documents import builtin_documents
 
     seen = {w.lower() for t in texts for w in re.findall(r"[A-Za-z]+", t)}
     words = {w for d in builtin_documents("all") for w in re.findall(r"\b[a-z]{5,9}\b", d.text)} - seen

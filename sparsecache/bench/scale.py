@@ -117,7 +117,7 @@ def _append(w, ids: np.ndarray, tag: str, cfg: ScaleConfig, seed: int):
 
 
 def _build(path: str, n: int, cfg: ScaleConfig) -> dict:
-    from ..index import FaissIndexer
+    from ..kvstore.index import FaissIndexer
     from ..store import StoreConfig, Writer
 
     t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def _build(path: str, n: int, cfg: ScaleConfig) -> dict:
 
 def _nightly(path: str, n: int, cfg: ScaleConfig, delete: bool) -> dict:
     """Change (or delete) 1% of the documents and publish, as a nightly re-index would."""
-    from ..index import FaissIndexer
+    from ..kvstore.index import FaissIndexer
     from ..store import Writer
 
     rng = np.random.default_rng(cfg.seed + (2 if delete else 1))
@@ -148,7 +148,7 @@ def _nightly(path: str, n: int, cfg: ScaleConfig, delete: bool) -> dict:
 
 def _open_and_search(path: str, cfg: ScaleConfig) -> dict:
     """A reader's side alone: open, first search, then the timed searches (their hits kept)."""
-    from ..kvstore import KVStore
+    from ..kvstore.view import KVStore
 
     q = np.load(Path(path).parent / "queries.npy")
     q, fresh = q[:cfg.queries], q[cfg.queries:]  # a workdir of an earlier run has no second set
@@ -195,7 +195,7 @@ def _timed_searches(s, q: np.ndarray, parts: dict | None = None) -> tuple[np.nda
 
 def _recall(path: str, cfg: ScaleConfig, got: list[list[int]]) -> float:
     """recall@8 of the searches' rows against exact inner-product search of the live embeddings."""
-    from ..kvstore import KVStore
+    from ..kvstore.view import KVStore
 
     q = np.load(Path(path).parent / "queries.npy")[:cfg.queries]
     exact = _exact(KVStore.open(path), q)
@@ -208,7 +208,7 @@ def _make_queries(path: str, cfg: ScaleConfig) -> None:
 
 def _queries(path: str, cfg: ScaleConfig) -> np.ndarray:
     """Queries near stored chunks (a stored embedding plus noise), unit length."""
-    from ..kvstore import KVStore
+    from ..kvstore.view import KVStore
 
     rng = np.random.default_rng(cfg.seed + 3)
     s = KVStore.open(path)
@@ -314,7 +314,7 @@ def run(workdir: Path, cfg: ScaleConfig, progress=print, resume: bool = False) -
 
 
 def _report(cfg: ScaleConfig, rows: list[dict]) -> dict:
-    from .machine import cpu_model
+    from ..measure.machine import cpu_model
 
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(),
                "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}

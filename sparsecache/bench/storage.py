@@ -10,7 +10,7 @@ import torch
 
 from ..codec.dictionary import Dictionary
 from ..durable import write_atomic
-from .machine import drop_page_cache, gemm_rate, median_time
+from ..measure.machine import drop_page_cache, gemm_rate, median_time
 
 
 def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20) -> dict:
@@ -19,7 +19,7 @@ def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20
     copy of the same bytes (the memory-bandwidth yardstick). On a CPU also the decode every
     other device runs (torch unpack + `embedding_bag` over fp32 atoms), the CPU's path before
     its kernel, timed alternately with it, and the two results' largest relative difference."""
-    from ..kvstore import KVStore
+    from ..kvstore.view import KVStore
 
     store = KVStore.open(store_path)
     ids = [c.id for c in sorted(store.chunks(), key=lambda c: -c.token_length)[:n_chunks]]
@@ -96,8 +96,8 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
 
     from ..codec.dictionary import default_dictionary
     from ..ingest.encoder import encode_with
-    from ..kvstore import KVStore
-    from ..model import load_model
+    from ..kvstore.view import KVStore
+    from ..model.kvmodel import load_model
     from ..query.session import Session
     from ..store import StoreConfig
 
@@ -159,8 +159,8 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     from ..codec.dictionary import default_dictionary
     from ..codec.omp import EXACT, Screening
     from ..ingest.encoder import encode_with
-    from ..kvstore import KVStore
-    from ..model import extract_kv, load_model
+    from ..kvstore.view import KVStore
+    from ..model.kvmodel import extract_kv, load_model
     from ..store import StoreConfig
 
     work = Path(workdir)

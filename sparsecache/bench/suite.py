@@ -6,9 +6,10 @@ from __future__ import annotations
 from ..codec.dictionary import Dictionary
 from ..durable import write_atomic
 from ..errors import ConfigError
-from .cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
-from .fidelity import ENTITIES, FILLER_SENTENCES, FORMATS
-from .machine import cpu_model
+from ..measure.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
+from ..measure.machine import cpu_model
+from ..measure.suite import ENTITIES, FILLER_SENTENCES
+from .fidelity import FORMATS
 
 
 def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200, methods=None,
@@ -24,14 +25,8 @@ def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: 
     answer from the suite encoded with it (`wrapped_session`)."""
     from pathlib import Path
 
-    from .ruler import (
-        METHODS,
-        check_suite,
-        check_wrapped,
-        load_suite,
-        make_suite,
-        run_suite,
-    )
+    from ..query.spec import METHODS
+    from .ruler import check_suite, check_wrapped, load_suite, make_suite, run_suite
 
     check_suite(tasks, k)
     check_wrapped(methods or METHODS, wrapper, refuse_unused=True)
@@ -67,9 +62,10 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     import json
     from pathlib import Path
 
-    from .fidelity import (by_context_length, check_suite, load_suite, make_suite, retrieved, run_fidelity,
-                           save_suite, table)
-    from .ruler import check_wrapped, parse_methods
+    from ..measure.suite import check_suite, load_suite, make_suite, save_suite
+    from ..query.spec import parse_methods
+    from .fidelity import by_context_length, retrieved, run_fidelity, table
+    from .ruler import check_wrapped
 
     if format not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -100,8 +96,8 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
             save_suite(work, retrieved(session, made))
     else:  # asked by retrieval over the suite's store, so the questions are made after it
         if format == "cloze":
+            from ..measure.cloze import make_cloze
             from ..store import StoreConfig
-            from .cloze import make_cloze
 
             session = _suite_session(work, settings, lambda model: None, device, corpus=[corpus],
                                      config=StoreConfig(chunk_tokens=chunk_tokens))
@@ -143,7 +139,7 @@ def _suite_session(work, settings: dict, make, device, corpus=None, config=None)
 
     from ..codec.dictionary import shipped_dictionary
     from ..ingest.encoder import encode_with
-    from ..model import load_model
+    from ..model.kvmodel import load_model
     from ..query.session import Session
     from ..store import StoreConfig
 
@@ -168,7 +164,7 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=N
 
     from ..ingest.encoder import encode_with
     from ..query.session import Session
-    from ..wrapper import load_wrapper
+    from ..wrapper.apply import load_wrapper
 
     w = load_wrapper(wrapper, session.model.fingerprint())
     encode_with(corpus or [str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,

@@ -6,9 +6,14 @@ import contextlib
 import sys
 
 from ..errors import StoreError
+from ..measure.machine import (
+    COMPETING_LOAD,
+    competing_load,
+    drop_page_cache,
+    median_time,
+)
 from ..query import methods
 from ..query.config import DTYPE
-from .machine import COMPETING_LOAD, competing_load, drop_page_cache, median_time
 
 TTFT_RATIO = 0.15  # what a scorer recomputes in the per-method TTFT table
 
@@ -37,7 +42,7 @@ def bench_ttft(store_path, ks=(2, 4, 8, 16, 32), repeats: int = 2, device="cpu",
 
 
 def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: int, dtype: str) -> dict:
-    from ..model import load_model, query_dtype
+    from ..model.kvmodel import load_model, query_dtype
     from ..query.session import STEPS, Session
 
     model = load_model(device=device, dtype=query_dtype(dtype, device))

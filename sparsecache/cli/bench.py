@@ -3,12 +3,22 @@
 import click
 
 from sparsecache.bench.config import FrontierConfig
-from sparsecache.bench.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
-from sparsecache.bench.fidelity import ENTITIES, FILLER_SENTENCES, FORMATS, SPLIT, SPLITS
+from sparsecache.bench.fidelity import FORMATS, SPLIT
 from sparsecache.bench.scale import ScaleConfig
-from sparsecache.index_config import INDEX_KINDS
+from sparsecache.kvstore.index_config import INDEX_KINDS
+from sparsecache.measure.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
+from sparsecache.measure.suite import ENTITIES, FILLER_SENTENCES, SPLITS
 
-from .options import device_option, dtype_option, emit, int_list, json_option, library_errors, model_option, resolve_device
+from .options import (
+    device_option,
+    dtype_option,
+    emit,
+    int_list,
+    json_option,
+    library_errors,
+    model_option,
+    resolve_device,
+)
 
 
 @click.group()
@@ -176,8 +186,9 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
     needles, variable tracking and common-words extraction, generated with a seed from
     held-out text. Every method on the same trials: accuracy with its Wilson 95% interval,
     recall, mean TTFT."""
-    from sparsecache.bench.ruler import parse_methods, plot_suite
+    from sparsecache.bench.ruler import plot_suite
     from sparsecache.bench.suite import bench_ruler
+    from sparsecache.query.spec import parse_methods
 
     r = bench_ruler(workdir, [t.strip() for t in tasks.split(",") if t.strip()], trials, k, tokens_per_chunk,
                     parse_methods(methods), resolve_device(device), model_path, dictionary, wrapper)
@@ -323,7 +334,7 @@ def quality_cmd(model_path, texts, configs, dicts, no_baselines, skip_needles, p
     what is new; dictionaries missing from dictionaries/ and the cache are learned first.
     """
     from sparsecache.bench.frontier import SPARSE_CONFIGS, plot_frontier, run_frontier
-    from sparsecache.model import load_model
+    from sparsecache.model.kvmodel import load_model
 
     parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or (() if dicts else SPARSE_CONFIGS)
     if any(len(c) != 2 for c in parsed):

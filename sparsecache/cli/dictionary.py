@@ -7,10 +7,18 @@ import click
 from sparsecache.bench.config import EvalConfig
 from sparsecache.codec.codes import COEF_DTYPE_NAMES
 from sparsecache.codec.config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
-from sparsecache.wrapper_config import QUESTION_SOURCES, WrapperConfig
+from sparsecache.wrapper.config import QUESTION_SOURCES, WrapperConfig
 
-from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
-                         resolve_device, screening)
+from .options import (
+    device_option,
+    emit,
+    exact_omp_option,
+    json_option,
+    library_errors,
+    model_option,
+    resolve_device,
+    screening,
+)
 
 
 @click.command("check-model")
@@ -28,8 +36,8 @@ def check_model_cmd(model_path, device, as_json):
     full prefill. Exit 1 if any fails. learn-dict and encode-corpus run it once per model; the
     result is kept in the user cache, and this command replaces it.
     """
-    from sparsecache.check import check_model, record_check
-    from sparsecache.model import load_model
+    from sparsecache.model.check import check_model, record_check
+    from sparsecache.model.kvmodel import load_model
 
     result = check_model(load_model(model_path, device=resolve_device(device)))
     record_check(result)
@@ -74,10 +82,10 @@ def learn_dict_cmd(model_path, texts, init_dict, out, resume, device, **settings
     Checkpoints into OUT/checkpoint every validation; --resume continues from there.
     With --init, adapts an existing dictionary to --text (a few hundred steps; see docs/how-to/another-model.md).
     """
-    from sparsecache.check import ensure_checked
     from sparsecache.codec.dictionary import Dictionary
     from sparsecache.codec.learn import learn_config, learn_dict
-    from sparsecache.model import load_model
+    from sparsecache.model.check import ensure_checked
+    from sparsecache.model.kvmodel import load_model
 
     init = Dictionary.load(init_dict) if init_dict else None
     config, tcfg = learn_config(init, **settings)  # DictConfig's and TrainConfig's fields, by name
@@ -114,9 +122,9 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     --prefix-tokens tokens whose K/V go through encode+decode, then --continuation-tokens
     tokens scored with the exact vs the reconstructed context.
     """
-    from sparsecache.codec.dictionary import Dictionary, dictionary_dir
     from sparsecache.bench.evaluate import evaluate_dictionary, record_eval
-    from sparsecache.model import load_model
+    from sparsecache.codec.dictionary import Dictionary, dictionary_dir
+    from sparsecache.model.kvmodel import load_model
 
     d = Dictionary.load(dictionary)
     model = load_model(model_path, device=resolve_device(device))
@@ -182,8 +190,8 @@ def learn_wrapper_cmd(model_path, out, resume, device, **settings):
     split, `none` with the wrapper against full prefill) goes to OUT/curve.json and curve.png.
     Checkpoints every --eval-every steps; --resume continues.
     """
-    from sparsecache.learn_wrapper import learn_wrapper
-    from sparsecache.model import load_model
+    from sparsecache.model.kvmodel import load_model
+    from sparsecache.wrapper.learn import learn_wrapper
 
     cfg = WrapperConfig(**settings)  # the options are WrapperConfig's fields, by name
     model = load_model(model_path, device=resolve_device(device))

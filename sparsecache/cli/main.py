@@ -4,8 +4,9 @@ import warnings
 
 import click
 
-from . import bench, dictionary, query, serve, store
 from sparsecache import __version__
+
+from . import bench, dictionary, query, serve, store
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

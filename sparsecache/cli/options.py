@@ -58,7 +58,7 @@ def json_option(f):
 
 def resolve_device(name: str) -> str:
     """`model.resolve_device` (auto made concrete), its ConfigError as the CLI's one line."""
-    from sparsecache.model import resolve_device
+    from sparsecache.model.kvmodel import resolve_device
 
     try:
         return resolve_device(name)

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import click
 
-from .options import (device_option, fields_of, dtype_option, emit, json_option, library_errors, model_option,
-                      resolve_device)
-from sparsecache.calibrate import CalibrateConfig
 from sparsecache.query import cheap, methods
-from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
+from sparsecache.query.calibrate import CalibrateConfig
+from sparsecache.query.config import (
+    MAX_NEW_TOKENS,
+    METHODS,
+    ORDERS,
+    REORDERS,
+    TOP_K,
+    QueryConfig,
+)
+
+from .options import (
+    device_option,
+    dtype_option,
+    emit,
+    fields_of,
+    json_option,
+    library_errors,
+    model_option,
+    resolve_device,
+)
 
 
 @click.command("query")
@@ -136,9 +152,17 @@ def calibrate_options(f):
 def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progress: bool) -> tuple[dict, list[str]]:
     """Measure and, where a candidate meets the target (or --accept-best), record; the result
     and the lines that print it (the table and the outcome)."""
-    from sparsecache.calibrate import (calibrate, calibration_line, other_lines, record, record_of,
-                                       require_documents, summary_line, table_lines)
-    from sparsecache.kvstore import KVStore
+    from sparsecache.kvstore.view import KVStore
+    from sparsecache.query.calibrate import (
+        calibrate,
+        calibration_line,
+        other_lines,
+        record,
+        record_of,
+        require_documents,
+        summary_line,
+        table_lines,
+    )
     from sparsecache.query.session import Session
 
     kv = KVStore.open(store)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import click
 
-from .options import library_errors, model_option
 from sparsecache.query import cheap, methods
 from sparsecache.query.config import DEFAULT_METHOD
-from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
+from sparsecache.vllm.server import (
+    CPU_MAX_NUM_SEQS,
+    KV_CACHE_SHARE,
+    MAX_TOP_K,
+    ServeConfig,
+)
+
+from .options import library_errors, model_option
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})

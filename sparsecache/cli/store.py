@@ -6,14 +6,20 @@ import json
 
 import click
 
-from sparsecache.index_config import INDEX_KINDS, KIND_HELP
-
 from sparsecache.codec.codes import COEF_DTYPE_NAMES
 from sparsecache.ingest.config import EncodeOptions
-from sparsecache.wrapper_config import DEFAULT_WRAPPER_HELP
+from sparsecache.kvstore.index_config import INDEX_KINDS, KIND_HELP
+from sparsecache.wrapper.config import DEFAULT_WRAPPER_HELP
 
-from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option,
-                         resolve_device)
+from .options import (
+    device_option,
+    emit,
+    exact_omp_option,
+    json_option,
+    library_errors,
+    model_option,
+    resolve_device,
+)
 
 store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 
@@ -107,7 +113,7 @@ def encode_corpus_cmd(corpus, store, model_path, as_json, recalibrate, **options
 def recalibrate_after_publish(store, model_path: str, device: str, progress: bool) -> tuple[dict, list[str]]:
     """`encode-corpus --calibrate`: calibrate again with the last calibration's target, budget,
     questions and k for this device (calibrate's defaults where there is none)."""
-    from sparsecache.calibrate import CalibrateConfig
+    from sparsecache.query.calibrate import CalibrateConfig
     from sparsecache.query.config import DTYPE
     from sparsecache.store import Store
 
@@ -163,7 +169,7 @@ def info_cmd(store, version, as_json):
 @library_errors
 def verify_cmd(store, version, as_json):
     """Read every array chunk (CRC32C-checked) and check the manifest; exit 1 on damage."""
-    from sparsecache.kvstore import verify
+    from sparsecache.kvstore.view import verify
 
     r = verify(store, version)
     lines = [f"version {r['version']}: " + ("ok" if r["ok"] else f"{len(r['problems'])} problem(s)")]
@@ -184,7 +190,7 @@ def verify_cmd(store, version, as_json):
 @library_errors
 def compact_cmd(store, keep, index_kind, as_json):
     """Rewrite the live chunks without tombstones as a new version; then keep the newest --keep versions."""
-    from sparsecache.kvstore import compact
+    from sparsecache.kvstore.view import compact
     from sparsecache.store import read_manifest
 
     read_manifest(store)  # "no store at ..." before a writer would create one
@@ -203,8 +209,8 @@ def compact_cmd(store, keep, index_kind, as_json):
 @library_errors
 def search_cmd(store, question, top_k, version, device, as_json):
     """The chunks the store's index retrieves for QUESTION (id, document, score, text)."""
-    from sparsecache.index import Embedder
-    from sparsecache.kvstore import KVStore
+    from sparsecache.kvstore.index import Embedder
+    from sparsecache.kvstore.view import KVStore
 
     s = KVStore.open(store, version)
     q = Embedder(s.config.embedder, resolve_device(device)).embed([question])[0]

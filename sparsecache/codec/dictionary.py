@@ -14,7 +14,7 @@ import torch
 from .. import __version__
 from ..durable import publish_file, write_atomic
 from ..errors import DictionaryError, DictionaryMismatch
-from ..fingerprint import FINGERPRINT_FIELDS, same_model
+from ..model.fingerprint import FINGERPRINT_FIELDS, same_model
 from .config import DictConfig, check_atoms_dtype
 
 FORMAT_VERSION = 2  # 2: per-layer scales (written only by dictionaries that have them)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from .config import AdaptConfig, DictConfig, TrainConfig  # noqa: F401  (AdaptConfig: learn's API)
 from ..durable import publish_file, write_atomic
 from ..errors import ConfigError
+from .config import AdaptConfig, DictConfig, TrainConfig  # noqa: F401  (AdaptConfig: learn's API)
 from .dictionary import KINDS, Dictionary
 from .omp import batch_omp, reconstruct
 
@@ -242,9 +242,9 @@ def _layer_rows(model, docs, chunk_tokens: int, max_tokens: int, prefix_ids, cac
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
-    from ..model import extract_kv
+    from ..model.kvmodel import extract_kv
     from ..paths import cache_root
-    from ..text import interleaved_chunks
+    from ..text.documents import interleaved_chunks
 
     chunks = interleaved_chunks(docs, model.tokenizer, chunk_tokens)
     kept, total = [], 0
@@ -322,7 +322,7 @@ def learn_dict(model, texts=("builtin",), config: DictConfig = DictConfig(), tcf
 
     With `init`, continues from that dictionary: its atoms, layer grouping and per-layer scales
     are kept, and `config` may change only the sparsity (see `init_config`)."""
-    from ..text import read_documents
+    from ..text.documents import read_documents
 
     train_docs = read_documents(list(texts), split="train")
     if list(texts) == ["builtin"]:
@@ -373,7 +373,7 @@ def learn_documents(model, train_docs, held_docs, config: DictConfig = DictConfi
                     out: str | Path = "dictionary", device="cpu", resume: bool = False, progress: bool = True,
                     init: Dictionary | None = None, texts: list[str] = ()) -> Dictionary:
     """`learn_dict` on documents already read (text.Document)."""
-    from ..model import default_prefix_ids
+    from ..model.kvmodel import default_prefix_ids
 
     if init is not None:
         init.check_model(model.fingerprint())

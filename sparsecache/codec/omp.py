@@ -38,7 +38,6 @@ import torch
 
 from ..errors import ConfigError
 
-
 # G rows gathered per signal dominate memory: batch * sparsity * atoms * 4 bytes.
 _GATHER_BUDGET_BYTES = 64 << 20
 # The GEMM form holds ~3 [batch, atoms] fp32 tensors (α⁰, α, scores); a GPU wants thousands

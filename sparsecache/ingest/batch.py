@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..codec.coding import Codec
-from ..model import KVModel, extract_kv
+from ..model.kvmodel import KVModel, extract_kv
 
 
 def code_batch(model: KVModel, codec: Codec, token_lists: list[list[int]], prefix: list[int], batch_tokens: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..index_config import INDEX_KINDS
+from ..kvstore.index_config import INDEX_KINDS
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import numpy as np
 from ..codec.omp import Screening
 from ..errors import SparseCacheError
 from ..failpoints import kill_worker, start_failure
-from .corpus import chunks
+from ..text.corpus import chunks
 
 RETRIES = 2  # restarts of a dead actor, and retries of its region, before the job fails
 STARTUP_ATTEMPTS = 3  # tries at an actor's start-up (loading model, dictionary, embedder) while it fails transiently
@@ -107,9 +107,9 @@ class RegionEncoder:
 
     def _load(self, store: str, generation: str, model: str, device: str, screening: Screening | None) -> None:
         from ..codec.coding import Codec
-        from ..index import Embedder
-        from ..model import load_model, use_soft_tokens
-        from ..kvstore import KVStore
+        from ..kvstore.index import Embedder
+        from ..kvstore.view import KVStore
+        from ..model.kvmodel import load_model, use_soft_tokens
         from ..store.layout import open_group
 
         start_failure()
@@ -136,9 +136,9 @@ class RegionEncoder:
         and the seconds of each phase."""
         import zarr
 
-        from .batch import code_batch
         from ..stopwatch import Stopwatch
         from ..store.writer import write_codes
+        from .batch import code_batch
 
         attempt = self._attempt(region)
         kill_worker(region.doc_ids, attempt)
@@ -222,8 +222,8 @@ def encode_distributed(run, ray) -> None:
     at a time however large the corpus is."""
     from tqdm.auto import tqdm
 
-    from ..model import chunk_context_ids
-    from ..wrapper import store_wrapping
+    from ..model.kvmodel import chunk_context_ids
+    from ..wrapper.apply import store_wrapping
 
     w, timer, config = run.writer, run.timer, run.config
     hashes = {s.id: s.hash for s in run.plan.work}

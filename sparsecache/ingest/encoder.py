@@ -23,14 +23,20 @@ from ..codec.dictionary import Dictionary
 from ..codec.learn import AdaptConfig
 from ..codec.omp import EXACT, Screening
 from ..errors import ConfigError
-from ..index import Embedder, FaissIndexer
-from ..model import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
+from ..kvstore.index import Embedder, FaissIndexer
+from ..model.kvmodel import (
+    KVModel,
+    chunk_context_ids,
+    extract_kv,
+    prefix_ids,
+    use_soft_tokens,
+)
 from ..stopwatch import Stopwatch
 from ..store import StoreConfig, Writer
-from ..wrapper import Wrapper, store_wrapping
+from ..text.corpus import Chunk, Source, chunks, scan
+from ..wrapper.apply import Wrapper, store_wrapping
 from .batch import code_batch
 from .config import EncodeOptions
-from .corpus import Chunk, Source, chunks, scan
 
 
 @dataclass
@@ -105,10 +111,10 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOpt
     model only when there is something to encode and passes it through the model gate
     (`check.ensure_checked`: a model whose K/V would be stored wrongly is refused), then runs
     `encode_with`. The store is opened once."""
-    from ..check import ensure_checked
-    from ..model import load_model, resolve_device
+    from ..model.check import ensure_checked
+    from ..model.kvmodel import load_model, resolve_device
     from ..store import config_for, open_backend
-    from ..wrapper import wrapper_for
+    from ..wrapper.apply import wrapper_for
 
     backend = open_backend(store)
     wrapper = wrapper_for(backend, options.wrapper, options.model)
@@ -136,7 +142,7 @@ def dictionary_for(store, given: str | None = None, model_path: str = "default")
     "default" is the model's shipped one), or with none given the store's own copy where the
     store exists (a re-index keeps its dictionary), else the one shipped for the model."""
     from ..codec.dictionary import shipped_dictionary
-    from ..model import DEFAULT, model_fingerprint
+    from ..model.kvmodel import DEFAULT, model_fingerprint
     from ..store import existing_dictionary
 
     if given in (None, "default"):
@@ -222,7 +228,7 @@ def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg
     """`dictionary` adapted on documents drawn at random (seeded) from `sources`, read until
     they hold about acfg.tokens tokens."""
     from ..codec.learn import adapt
-    from ..text import Document
+    from ..text.documents import Document
 
     order = np.random.default_rng(acfg.seed).permutation(len(sources))
     docs, chars = [], 0

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import torch
 
-    from ..kvstore import KVStore
-    from ..model import KVModel
+    from ..kvstore.view import KVStore
+    from ..model.kvmodel import KVModel
     from .overlap import Rates
     from .raw import RawKV
 

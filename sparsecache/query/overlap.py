@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model import KVModel, cache_heads, model_inputs
-from .blend import Context, assemble, layout, with_header
+from ..model.cache import Context, assemble, layout
+from ..model.kvmodel import KVModel, cache_heads, model_inputs
+from .blend import with_header
 
 
 def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_per_s: float) -> int:

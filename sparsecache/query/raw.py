@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 
 from ..durable import publish_file
-from ..kvstore import KVStore
+from ..kvstore.view import KVStore
+from ..model.cache import Context
 from ..paths import cache_root
 from ..stopwatch import Stopwatch
-from .blend import Context, DecodedChunks, stored_chunks
+from .blend import DecodedChunks, stored_chunks
 
 
 def default_raw_dir(store: KVStore) -> Path:
@@ -63,7 +64,7 @@ class RawKV:
         header) those not there yet with `model`."""
         from safetensors.torch import save_file
 
-        from ..model import extract_kv
+        from ..model.kvmodel import extract_kv
 
         prefix = store.encoded_after()
         files = self.files(ids)

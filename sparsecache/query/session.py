@@ -19,15 +19,20 @@ import torch
 
 from .. import OPENMP_SPINS
 from ..errors import ConfigError, VersionGone
-from ..kvstore import KVStore
-from ..model import KVModel, load_model, query_dtype, use_soft_tokens
+from ..kvstore.view import KVStore
+from ..model.cache import truncate
+from ..model.generate import (
+    forced_logprobs,
+    greedy_continue,
+    question_ids,
+    top1_agreement,
+)
+from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap, methods
-from .blend import question_ids, truncate
 from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig, calibrated
 from .context import QueryContext, Reuse
-from .generate import forced_logprobs, greedy_continue, top1_agreement
 from .methods.cacheclip import Selectors
 from .overlap import Rates
 from .raw import RawKV
@@ -116,7 +121,7 @@ class Session:
     @property
     def embedder(self):
         if self._embedder is None:
-            from ..index import Embedder
+            from ..kvstore.index import Embedder
 
             self._embedder = Embedder(self.store.config.embedder, self.device)
         return self._embedder

@@ -47,10 +47,20 @@ from __future__ import annotations
 
 from .backend import Backend, LocalBackend, ObjectBackend, is_url, open_backend
 from .compact import compact
-from .layout import CODE_ARRAYS, FORMAT_VERSION, StoreConfig, compressors, config_for as _config_for
-from .reader import ChunkCodes, ChunkInfo, Store, plain_chunks, read_spans_direct, read_zarr
+from .layout import CODE_ARRAYS, FORMAT_VERSION, StoreConfig, compressors
+from .layout import config_for as _config_for
+from .reader import (
+    ChunkCodes,
+    ChunkInfo,
+    Store,
+    plain_chunks,
+    read_spans_direct,
+    read_zarr,
+)
 from .verify import verify
-from .versions import Lease, Lock, Manifest, VersionPoller, read_manifest as _read_manifest, versions as _versions
+from .versions import Lease, Lock, Manifest, VersionPoller
+from .versions import read_manifest as _read_manifest
+from .versions import versions as _versions
 from .writer import Writer
 
 

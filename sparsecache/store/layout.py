@@ -11,14 +11,18 @@ Format-2 generations still read (and are appended to in their own layout).
 from __future__ import annotations
 
 import asyncio
-
 import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import numpy as np
 
-from ..codec.codes import COEF_DTYPE_NAMES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
+from ..codec.codes import (
+    COEF_DTYPE_NAMES,
+    INDEX_CODINGS,
+    STORAGE_DTYPES,
+    index_row_bytes,
+)
 from ..errors import ConfigError, StoreError
 from .backend import Backend
 
@@ -121,7 +125,7 @@ def compressors(name: str):
 
 class Indexer(Protocol):
     """The search index a version publishes beside its manifest. The store keeps its bytes
-    and never reads them; `sparsecache.index.FaissIndexer` is the one sparsecache uses."""
+    and never reads them; `sparsecache.kvstore.index.FaissIndexer` is the one sparsecache uses."""
 
     def build(self, embeddings: np.ndarray, rows: np.ndarray) -> tuple[bytes, str]:
         """The index file over the live rows' `embeddings` [n, dim], answering with `rows`,

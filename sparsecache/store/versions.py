@@ -15,7 +15,8 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, fields as dataclass_fields
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np

@@ -9,7 +9,7 @@ Load it out of tree (vLLM is not in the default install: `bash scripts/setup.sh 
 
 A request opts in with `kv_transfer_params={"sparsecache": {"chunks": [ids...]}}` and a
 prompt laid out as the store's prefix, those chunks' tokens, then anything else (the
-question); `sparsecache.serving.RagPrompts` builds both.
+question); `sparsecache.vllm.serving.RagPrompts` builds both.
 
 Scheduler side: the prompt's leading tokens are checked token for token against the store
 (prefix + the named chunks' token ids, at the version the request names, as RagPrompts does,
@@ -85,20 +85,21 @@ from vllm.model_executor.models.utils import extract_layer_index
 
 from ..codec import numba_pool
 from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
-from ..kvstore import KVStore
-from ..model import Rope, compute_parameters, config_fingerprint
-from ..query.blend import decode_chunks, recompute_many
+from ..kvstore.view import KVStore
+from ..model.cache import recompute_many
+from ..model.kvmodel import Rope, compute_parameters, config_fingerprint
 from ..query import cheap
+from ..query.blend import decode_chunks
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
 from ..query.raw import RawKV, read_raw
-from ..serving import PARAMS_KEY, context_ids
 from ..stopwatch import Stopwatch
 from ..store import VersionPoller, open_backend
 from ..store.backend import unavailable_kind
-from ..wrapper import placeholder_id
-from .plugin import loaded_model
+from ..wrapper.apply import placeholder_id
 from .config import ServeConfig
+from .plugin import loaded_model
+from .serving import PARAMS_KEY, context_ids
 from .stack import UnsupportedModel, VLLMStack
 
 if TYPE_CHECKING:

@@ -53,7 +53,7 @@ from ..query.config import QueryConfig, calibrated, served_config
 from .config import ServeConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
-    from ..serving import RagRequest
+    from .serving import RagRequest
 
 MAX_TOP_K = 64
 FIELD = "sparsecache"  # the request's options and the response's sources, in the body
@@ -120,11 +120,10 @@ class Rag:
     per-request options checked, and the server's own Prometheus metrics."""
 
     def __init__(self, cfg: ServeConfig):
+        import torch
         from prometheus_client import REGISTRY, Counter, Histogram
 
-        from ..serving import RagPrompts
-
-        import torch
+        from .serving import RagPrompts
 
         self.cfg = cfg
         self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM runs: whose calibration applies
@@ -327,7 +326,9 @@ class RagHandler:
         return await self._serve(request, raw_request, self._inner.create_completion)
 
     async def _serve(self, request, raw_request, call):
-        from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+        from vllm.entrypoints.serve.exception_handling.error_response import (
+            create_error_response,
+        )
 
         rag, endpoint = self._rag, self._endpoint
         try:
@@ -386,10 +387,13 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
     sized by `kv_cache_bytes` on a CPU. Settings that cannot start raise ConfigError here, before
     any engine process exists."""
     import torch
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.cli_args import (
+        make_arg_parser,
+        validate_parsed_serve_args,
+    )
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from ..gguf import model_dir
+    from ..model.gguf import model_dir
 
     connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
@@ -462,7 +466,10 @@ def cpu_memory() -> tuple[int, int]:
     """(NUMA node, bytes available on it) for the node vLLM's CPU worker allocates from: the node
     of the first CPU this process may run on, read as vLLM reads it (cgroup limits included)."""
     try:
-        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+        from vllm.utils.cpu_resource_utils import (
+            get_allowed_cpu_list,
+            get_memory_node_info,
+        )
 
         node = get_allowed_cpu_list()[0].numa_node
         return node, int(get_memory_node_info(node).available_memory)

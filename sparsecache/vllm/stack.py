@@ -1,4 +1,4 @@
-"""The model vLLM loaded, as the `Stack` blending runs on (`sparsecache.query.stack`).
+"""The model vLLM loaded, as the `Stack` blending runs on (`sparsecache.model.stack`).
 
 vLLM's decoder models share one shape: `model.model.embed_input_ids(ids)` (a wrapped store's
 soft tokens, ids < 0, are the store's embeddings instead: `model.embed_soft`), then each layer
@@ -19,8 +19,8 @@ import functools
 
 import torch
 
-from ..model import Rope, embed_soft
-from ..query.stack import Pass, Stack
+from ..model.kvmodel import Rope, embed_soft
+from ..model.stack import Pass, Stack
 
 
 class UnsupportedModel(Exception):

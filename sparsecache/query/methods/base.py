@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from ...model.cache import Context
     from ...stopwatch import Stopwatch
-    from ..blend import Context
     from ..context import QueryContext
     # ("QueryConfig" is query.config's, which imports this module: named, not imported)
 
@@ -144,8 +144,8 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
     `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the
     model itself) over its first `cfg.selector_layers` layers (default: a quarter of them).
     With `reuse` (`context.Reuse`), a scorer's scores of this question are computed once."""
+    from ...model.stack import as_stack
     from ..blend import select
-    from ..stack import as_stack
     from . import get
 
     stack = as_stack(model)
@@ -162,8 +162,8 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
 def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["QueryConfig"], model) -> list:
     """`choose` for several contexts; those scored by the question's attention at the same
     layer run their questions through the layers together (`blend.attention_scores_many`)."""
+    from ...model.stack import as_stack
     from ..blend import attention_scores_many, select
-    from ..stack import as_stack
     from . import get
 
     stack = as_stack(model)
@@ -189,9 +189,9 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     `choose`'s."""
     import torch
 
+    from ...model.cache import recompute
+    from ...model.generate import prefill
     from ...stopwatch import Stopwatch
-    from ..blend import recompute
-    from ..generate import prefill
 
     watch = watch if watch is not None else Stopwatch(model.device)
     positions = torch.zeros(0, dtype=torch.long)

@@ -15,8 +15,8 @@ class CacheClip(Scorer):
     in_ttft_bench = False  # a full-context pass: slower than full prefill's quarter, measured apart
 
     def scores(self, ctx, q_ids, cfg, stack, selector=None):
+        from ...model.stack import as_stack
         from ..blend import selector_scores
-        from ..stack import as_stack
 
         sel = as_stack(selector) if selector is not None else None
         n = cfg.selector_layers or (sel.n_layers if sel else max(1, stack.n_layers // 4))
@@ -35,7 +35,7 @@ class Selectors:
         if path is None:
             return None
         if path not in self._loaded:
-            from ...model import load_model
+            from ...model.kvmodel import load_model
 
             if self.wrapped:
                 raise ConfigError("--selector-model cannot read this store's wrapper (its soft tokens are the main "

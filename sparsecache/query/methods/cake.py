@@ -11,7 +11,7 @@ class Cake(Method):
     options = ("cake_split",)
 
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
-        from ..generate import prefill
+        from ...model.generate import prefill
         from ..overlap import cake_context
 
         lengths = [qc.store.chunk(c).token_length for c in ids]

@@ -10,7 +10,7 @@ class Full(Method):
     baseline = True
 
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
-        from ..generate import full_prefill
+        from ...model.generate import full_prefill
 
         with watch.step("read"):
             seq = text_ids(qc.store, ids) + q_ids

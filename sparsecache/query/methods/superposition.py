@@ -60,8 +60,8 @@ def path_scores(chunks, q_ids: list[int], model) -> tuple[list[float], list]:
     cache, after the chunk."""
     import torch
 
-    from ..blend import assemble
-    from ..stack import Batch, Pass, as_stack
+    from ...model.cache import assemble
+    from ...model.stack import Batch, Pass, as_stack
 
     stack = as_stack(model)
     ctxs = [assemble(chunks.prefix_ids, chunks.prefix_kv, [t], [kv], model) for t, kv in zip(chunks.tokens, chunks.kv)]

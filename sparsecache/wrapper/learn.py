@@ -27,12 +27,18 @@ from pathlib import Path
 
 import torch
 
-from .query.blend import question_ids, truncate
-from .durable import write_atomic
-from .query.generate import forced_agreement, full_prefill, greedy_continue, prefill
-from .model import KVModel, default_prefix_ids, kv_cache
-from .wrapper import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
-from .wrapper_config import WrapperConfig
+from ..durable import write_atomic
+from ..model.cache import truncate
+from ..model.generate import (
+    forced_agreement,
+    full_prefill,
+    greedy_continue,
+    prefill,
+    question_ids,
+)
+from ..model.kvmodel import KVModel, default_prefix_ids, kv_cache
+from .apply import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
+from .config import WrapperConfig
 
 CHUNK_TOKENS = 512  # a suite document is one chunk of at most this many tokens
 TEXT_PIECE = 256  # tokens per chunk of a running-text prompt
@@ -53,7 +59,7 @@ def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split:
     """Question prompts of the fidelity suite's `split` (as `make_suite(out, (k,), n, split=split)`
     makes them, with more entities where n needs them), chunks in the order a query lays them out
     (retrieval order reversed: the best chunk next to the question)."""
-    from .bench.fidelity import make_suite
+    from ..measure.suite import make_suite
 
     entities = max(40, cfg.k + 2, -(-n // 5))  # 40 below 200 questions, as `bench fidelity` makes them
     suite = make_suite(out, (cfg.k,), n, entities=entities, seed=seed, split=split)[cfg.k][:first]
@@ -65,7 +71,7 @@ def _suite_prompts(model: KVModel, out: Path, n: int, cfg: WrapperConfig, split:
 def _chunked(model: KVModel, corpus: Path) -> dict[str, list[int]]:
     """Each document's token ids as a store holds them (`corpus.chunks`: a store's chunking and
     tokenisation, which full prefill's answers are sensitive to); a suite document is one chunk."""
-    from .ingest.corpus import chunks, scan
+    from ..text.corpus import chunks, scan
 
     out = {}
     for source in scan([str(corpus)]):
@@ -79,7 +85,7 @@ def _chunked(model: KVModel, corpus: Path) -> dict[str, list[int]]:
 def _text_prompts(model: KVModel, n: int, cfg: WrapperConfig, split: str = "train") -> list[dict]:
     """Running-text prompts: k consecutive pieces of the built-in calibration text (its `split`
     part: train for training, heldout for the learning curve) and the `text_tokens` that follow them."""
-    from .text import builtin_documents
+    from ..text.documents import builtin_documents
 
     rng = random.Random(f"{cfg.seed}-text")
     docs = builtin_documents(split)
@@ -110,7 +116,7 @@ def training_prompts(model: KVModel, out: Path, cfg: WrapperConfig) -> list[dict
             if n_questions else []
         prompts += _text_prompts(model, n_text, cfg)
     else:  # sources no evaluation draws from (#69): specimen logs, cloze over the calibration text's train part
-        from .wrapper_data import cloze_prompts, specimen_prompts
+        from .data import cloze_prompts, specimen_prompts
 
         windows = _text_prompts(model, 10 ** 6, cfg)  # every window of the train part
         cloze = cloze_prompts(lambda ids: model.tokenizer.decode(ids), windows, n_questions // 2, cfg.seed)
@@ -222,7 +228,7 @@ def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: lis
     and with `texts` (held-out running text) its continuation against full prefill's (`text_full`)."""
     from tqdm import tqdm
 
-    from .bench.fidelity import contains
+    from ..measure.answers import contains
 
     right, agree = [], []
     for q, f in tqdm(list(zip(questions, full)), desc="dev questions", leave=False, disable=not progress):
@@ -244,7 +250,7 @@ def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: lis
 def full_answers(model: KVModel, prefix: list[int], questions: list[dict], progress: bool = False) -> list[dict]:
     from tqdm import tqdm
 
-    from .bench.fidelity import contains
+    from ..measure.answers import contains
 
     out = []
     for q in tqdm(questions, desc="full prefill (dev questions)", leave=False, disable=not progress):
@@ -295,7 +301,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     if ckpt.exists() and not resume:
-        from .errors import ConfigError
+        from ..errors import ConfigError
         raise ConfigError(f"{out} holds a checkpoint: pass --resume to continue it, or choose another --out")
     for p in model.hf.parameters():
         p.requires_grad_(False)
@@ -309,7 +315,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
     if resume and ckpt.exists():
         saved = torch.load(ckpt)
         if saved["config"] != cfg.__dict__:
-            from .errors import ConfigError
+            from ..errors import ConfigError
             raise ConfigError(f"{ckpt} was made with other settings: {saved['config']}")
         with torch.no_grad():
             header.copy_(saved["header"])

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from .durable import write_atomic
-from .errors import ConfigError
-from .fingerprint import same_model
-from .model import KVModel, kv_taps, kv_cache, use_soft_tokens
-from .wrapper_config import DEFAULT_WRAPPERS
+from ..durable import write_atomic
+from ..errors import ConfigError
+from ..model.fingerprint import same_model
+from ..model.kvmodel import KVModel, kv_cache, kv_taps, use_soft_tokens
+from .config import DEFAULT_WRAPPERS
 
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/; a wheel holds the default
 # model's alone, as it does its dictionary), found by the model's fingerprint (`--wrapper shipped`); a new
@@ -100,7 +100,7 @@ class Wrapper:
 
 def _shipped(names: tuple[str, ...], fingerprint: dict) -> Path | None:
     """The directory of the first of the shipped wrappers `names` learned for the model `fingerprint` describes."""
-    from .codec.dictionary import SHIPPED_DIR
+    from ..codec.dictionary import SHIPPED_DIR
 
     for name in names:
         meta = SHIPPED_DIR / name / META_FILE
@@ -135,8 +135,8 @@ def wrapper_for(store, given: str | None, model_path: str = "default") -> Wrappe
     ('none': no wrapper; 'shipped' or a `learn-wrapper` directory), or with none given the store's
     own where it exists (None here: the store holds its soft tokens), else the model's default
     (`default_wrapper`). 'none' for a store built with a wrapper is refused, as any contradiction is."""
-    from .model import model_fingerprint
-    from .store import config_for, store_exists
+    from ..model.kvmodel import model_fingerprint
+    from ..store import config_for, store_exists
 
     if given == "none":
         own = config_for(store).wrapper  # None where there is no store yet
@@ -249,7 +249,7 @@ def store_wrapping(backend, model: KVModel) -> tuple[list[int], tuple[int, ...]]
     """The header ids (every chunk is encoded after them, following the prefix) and trailer ids
     (appended to every chunk) of the store on `backend`, its soft tokens loaded into `model`;
     ([], ()) for a store without a wrapper."""
-    from .store.layout import open_group
+    from ..store.layout import open_group
 
     g = open_group(backend, "prefix")
     if "soft" not in g:

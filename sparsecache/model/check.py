@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .durable import write_atomic
-from .errors import ModelError
-from .model import KVModel, default_prefix_ids, extract_kv, layer_windows
-from .paths import cache_root
+from ..durable import write_atomic
+from ..errors import ModelError
+from ..paths import cache_root
+from .kvmodel import KVModel, default_prefix_ids, extract_kv, layer_windows
 
 TOLERANCE = 1e-4  # relative: fp32 through a different order of the same operations stays ~1e-6
 QUESTION = "What is this passage about?"
@@ -67,7 +67,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def _sample_ids(model: KVModel, tokens: int) -> list[int]:
-    from .text import builtin_documents
+    from ..text.documents import builtin_documents
 
     text = " ".join(d.text for d in builtin_documents("heldout"))
     # tokenise a prefix, not the whole held-out set (~22K tokens): a token is rarely 16 characters
@@ -79,8 +79,8 @@ def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
     """Run checks (a) to (c) on `model` (see the module docstring). Where the model has
     sliding-window layers, the sample is longer than the shortest window (up to
     `MAX_SAMPLE` tokens), so the windows really cut the assembled context."""
-    from .query.blend import assemble, question_ids, recompute
-    from .query.generate import full_prefill, prefill
+    from .cache import assemble, recompute
+    from .generate import full_prefill, prefill, question_ids
 
     shortest = min((w for w in layer_windows(model.config) if w), default=None)
     if shortest is not None and shortest + WINDOW_OVERHANG <= MAX_SAMPLE:

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, TextError
+from ..errors import ConfigError, TextError
 
 BUILTIN = "builtin"
 _HELDOUT_PERCENT = 10

@@ -3,7 +3,7 @@ so that neither is used with another (`model.config_fingerprint` makes one)."""
 
 from __future__ import annotations
 
-from .errors import DictionaryMismatch
+from ..errors import DictionaryMismatch
 
 # The fingerprint fields that must match for K/V to mean the same; "name" is for messages.
 FINGERPRINT_FIELDS = ("config_hash", "layers", "m")

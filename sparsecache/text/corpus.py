@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TextError
-from ..text import builtin_documents
+from .documents import builtin_documents
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst"}
 HTML_SUFFIXES = {".html", ".htm"}

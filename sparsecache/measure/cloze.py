@@ -19,7 +19,7 @@ import random
 import re
 
 from ..errors import ConfigError
-from .fidelity import SPLITS, Question
+from .suite import SPLITS, Question
 
 # The kinds of span a question may blank out, most distinctive first: a sentence is asked about
 # its first kind that occurs exactly once in it.

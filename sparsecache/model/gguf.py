@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .durable import publish_dir
-from .errors import ModelError
-from .paths import cache_root
+from ..durable import publish_dir
+from ..errors import ModelError
+from ..paths import cache_root
 
 DEFAULT = "default"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"

@@ -94,7 +94,7 @@ def cloze_prompts(decode, windows: list[dict], n: int, seed: int = 0) -> list[di
     calibration text's train part): a blankable sentence of one of a window's k pieces, asked
     as `bench.cloze` asks, with the window's pieces as the chunks; fewer if the windows hold
     fewer such sentences. `decode(ids)` gives text."""
-    from .bench.cloze import BLANK, QUESTION, blank, sentences
+    from ..measure.cloze import BLANK, QUESTION, blank, sentences
 
     found = [(w, made) for w, window in enumerate(windows) for piece in window["chunks"]
              for s in sentences(decode(piece))[1:-1]  # the first and last may be cut at the piece's edge

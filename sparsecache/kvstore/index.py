@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .durable import publish_dir
-from .errors import ModelError
+from ..durable import publish_dir
+from ..errors import ModelError
+from ..paths import cache_root
 from .index_config import INDEX_KINDS, IVF_CODES, IVF_NPROBE, pick_kind
-from .paths import cache_root
 
 DEFAULT = "default"
 DEFAULT_NAME = "all-MiniLM-L6-v2"

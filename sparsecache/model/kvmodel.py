@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError
 from .gguf import DEFAULT, DEFAULT_NAME, model_dir
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
@@ -174,7 +174,7 @@ def query_dtype(name: str, device: str | torch.device) -> torch.dtype:
     """The dtype a query runs the model in: one of `dtypes.DTYPES`, where "auto" is float32
     on a CPU (the reference) and bfloat16 on a GPU (BENCHMARKS.md, "On a GPU": its answers
     against float32's). A store's K/V are always computed in float32."""
-    from .dtypes import DTYPES
+    from ..dtypes import DTYPES
 
     if name not in DTYPES:
         raise ModelError(f"unknown dtype {name!r}: one of {', '.join(DTYPES)}")
@@ -406,7 +406,9 @@ class Rope:
         import importlib
 
         _check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        )
 
         causal_lm = getattr(importlib.import_module("transformers"), MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
         module = importlib.import_module(causal_lm.__module__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..model import KVModel
+from .kvmodel import KVModel
 
 
 @torch.inference_mode()
@@ -83,3 +83,20 @@ def forced_agreement(logits: torch.Tensor, cache: DynamicCache, position: int, r
 def top1_agreement(logprobs: torch.Tensor, reference: list[int]) -> int:
     """How many steps of `logprobs` [len(reference), vocab] pick `reference`'s token as their top-1."""
     return int((logprobs.argmax(-1).cpu() == torch.tensor(reference)).sum()) if reference else 0
+
+QUESTION_MARKER = "\u2063Q\u2063"
+
+
+def question_ids(model, question: str, answer_prefix: str = "") -> list[int]:
+    """Tokens that follow the chunks: the question, the end of the user turn, the assistant
+    header, and `answer_prefix` (the start of the answer, as RULER-style tasks give it).
+    `model` is a KVModel or just its tokenizer (a serving client needs no weights)."""
+    tok = getattr(model, "tokenizer", model)
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": QUESTION_MARKER + "\n\n" + question}],
+                                       tokenize=False, add_generation_prompt=True)
+        suffix = text.split(QUESTION_MARKER, 1)[1]
+    else:
+        suffix = "\n\nQuestion: " + question + "\nAnswer:"
+    return tok(suffix + answer_prefix, add_special_tokens=False)["input_ids"]
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # Shipped wrappers (dictionaries/, `wrapper.SHIPPED_WRAPPERS`) a new store of their model is encoded
 # with unless told otherwise (`encode-corpus --wrapper none`): found by the model's fingerprint

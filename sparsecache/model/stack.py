@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from ..model import KVModel, Rope, embed_ids, layer_windows
+from .kvmodel import KVModel, Rope, embed_ids, layer_windows
 
 
 @dataclass

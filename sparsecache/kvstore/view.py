@@ -14,14 +14,14 @@ import threading
 import numpy as np
 import torch
 
-from . import store as storage
-from .codec.coding import Codec
-from .codec.dictionary import Dictionary
-from .errors import StoreCorrupt
+from .. import store as storage
+from ..codec.coding import Codec
+from ..codec.dictionary import Dictionary
+from ..errors import StoreCorrupt
+from ..stopwatch import Stopwatch
+from ..store import ChunkCodes, ChunkInfo, Manifest
+from ..store.reader import INFO_COLUMNS
 from .index import FaissIndexer, LiveRows, index_ids, load_index_file, search_segments
-from .stopwatch import Stopwatch
-from .store import ChunkCodes, ChunkInfo, Manifest
-from .store.reader import INFO_COLUMNS
 
 SEARCH_COLUMNS = ("chunk_id", *INFO_COLUMNS)  # what `search` reads for each hit (`Store.chunks_at`)
 

@@ -44,9 +44,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .errors import ConfigError, StoreError
-from .query import methods
-from .query.config import TOP_K, QueryConfig, calibration_line
+from ..errors import ConfigError, StoreError
+from . import methods
+from .config import TOP_K, QueryConfig, calibration_line
 
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
 OTHER_RATIO = 0.15  # the other scorers' (CacheBlend's constant): one each, so `calibrate --questions 100` fits 15 min
@@ -116,7 +116,7 @@ def grid(wrapped: bool) -> list[Candidate]:
 def parse_candidates(spec: str, wrapped: bool) -> list[Candidate]:
     """`--candidates` (`bench fidelity --methods` syntax, no `@wrapped`: the store is what it is);
     full prefill is always one."""
-    from .bench.ruler import parse_methods
+    from .spec import parse_methods
 
     if "@" in spec:
         raise ConfigError("--candidates: calibrate measures the store as it is encoded; no @wrapped")
@@ -137,7 +137,7 @@ def _machine(device) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from .bench.machine import cpu_model
+    from ..measure.machine import cpu_model
 
     return f"{cpu_model()}, {torch.get_num_threads()} threads"
 
@@ -148,7 +148,12 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     Records nothing (`record` does)."""
     from tqdm import tqdm
 
-    from .bench.fidelity import CONFIDENT_MARGIN, contains, value_positions, value_reference
+    from ..measure.answers import (
+        CONFIDENT_MARGIN,
+        contains,
+        value_positions,
+        value_reference,
+    )
 
     store = session.store
     require_documents(store)
@@ -158,7 +163,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
                           "wrapped one takes 'shipped' or a learn-wrapper directory")
     twin_wrapper = None  # the other variant's wrapper, loaded (or refused) before anything is measured
     if cfg.compare_wrapper not in (None, "none"):
-        from .wrapper import load_wrapper
+        from ..wrapper.apply import load_wrapper
 
         twin_wrapper = load_wrapper(cfg.compare_wrapper, session.model.fingerprint())
     candidates = parse_candidates(cfg.candidates, wrapped) if cfg.candidates else grid(wrapped)
@@ -283,9 +288,9 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
     import json
     import tempfile
 
-    from .bench.passkey import chunk_ids_by_doc
-    from .ingest.encoder import encode_with
-    from .query.session import Session
+    from ..ingest.encoder import encode_with
+    from ..measure.suite import chunk_ids_by_doc
+    from .session import Session
 
     store = session.store
     wrapped = store.header() is not None
@@ -322,7 +327,7 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
 def can_reach(kept: int, remaining: int, confident: int, target: float) -> bool:
     """Whether a candidate that kept `kept` so far could still reach `target` with its lower
     bound over all `confident` questions: were it to keep every one of the `remaining`."""
-    from .bench.ruler import wilson
+    from ..measure.stats import wilson
 
     return wilson(kept + remaining, confident)[0] >= target
 
@@ -349,8 +354,8 @@ def questions(session, cfg: CalibrateConfig) -> list:
     retrieval misses is left out (full prefill could not answer it either). Seeded."""
     import random
 
-    from .bench.cloze import cloze_candidates, distinctive_first
-    from .bench.fidelity import Question
+    from ..measure.cloze import cloze_candidates, distinctive_first
+    from ..measure.suite import Question
 
     pool = cloze_candidates(session.store, session.model.tokenizer, "continue")
     rng = random.Random(f"calibrate-{cfg.seed}")
@@ -393,9 +398,9 @@ def full_answers(session, ids: list[str], qs: list, extra_tokens: int) -> list[d
     the same context again for every question."""
     import torch
 
-    from .query.blend import question_ids, truncate
-    from .query.generate import full_prefill, greedy_continue, prefill
-    from .query.methods.full import text_ids
+    from ..model.cache import truncate
+    from ..model.generate import full_prefill, greedy_continue, prefill, question_ids
+    from .methods.full import text_ids
 
     model = session.model
     context = text_ids(session.store, ids[::-1] if QueryConfig().order == "reverse" else ids)
@@ -415,7 +420,7 @@ def full_answers(session, ids: list[str], qs: list, extra_tokens: int) -> list[d
 
 
 def _value_figures(ref: dict, reference_logprobs) -> dict:
-    from .bench.fidelity import value_figures
+    from ..measure.answers import value_figures
 
     return value_figures(ref, reference_logprobs)
 
@@ -423,8 +428,8 @@ def _value_figures(ref: dict, reference_logprobs) -> dict:
 def _row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
     """A candidate's line of the table: its settings, TTFT against full prefill's, and (where
     measured) kept with its interval and the value tokens' agreement and KL."""
-    from .bench.fidelity import summarise_values
-    from .bench.ruler import wilson
+    from ..measure.answers import summarise_values
+    from ..measure.stats import wilson
 
     out = {"label": c.label, **c.settings, "exact": c.exact, "ttft_ms": round(sum(c.ttft_ms) / len(c.ttft_ms), 1),
            "ttft_vs_full": round(c.ratio, 3), "within_budget": c.ratio <= cfg.ttft_budget}
@@ -443,7 +448,7 @@ def _row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
 def record_of(result: dict, label: str) -> dict:
     """What the store keeps of a calibration for `label` (a row of `result`): the configuration,
     its figures and where, when and at which version they were measured."""
-    from . import __version__
+    from .. import __version__
 
     row = next(r for r in result["rows"] if r["label"] == label)
     keep = ("method", "recompute_ratio", "label", "exact", "kept", "kept_ci95", "confident", "value_agreement",
@@ -458,12 +463,12 @@ def record_of(result: dict, label: str) -> dict:
 def record(where, result: dict, label: str) -> int:
     """Publish the store's latest version again with `label`'s record as this device's
     calibration (the other devices' kept); returns the new version."""
-    from .store import Writer
+    from ..store import Writer
 
     rec = record_of(result, label)
     with Writer(where) as w:
-        from .store.calibration import read_calibration
-        from .store.versions import read_manifest
+        from ..store.calibration import read_calibration
+        from ..store.versions import read_manifest
 
         latest = read_manifest(w.backend)
         devices = {**read_calibration(w.backend, latest.version), result["device"]: rec}

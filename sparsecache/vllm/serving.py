@@ -23,14 +23,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .query.blend import question_ids
-from .errors import ConfigError
-from .gguf import DEFAULT, DEFAULT_NAME, model_dir
-from .model import config_fingerprint
-from .query.config import ORDERS, QueryConfig
-from .kvstore import KVStore
-from .store import VersionPoller, open_backend
-from .wrapper import placeholder_id, with_placeholders
+from ..errors import ConfigError
+from ..kvstore.view import KVStore
+from ..model.generate import question_ids
+from ..model.gguf import DEFAULT, DEFAULT_NAME, model_dir
+from ..model.kvmodel import config_fingerprint
+from ..query.config import ORDERS, QueryConfig
+from ..store import VersionPoller, open_backend
+from ..wrapper.apply import placeholder_id, with_placeholders
 
 PARAMS_KEY = "sparsecache"  # kv_transfer_params[PARAMS_KEY] = {"chunks": [...], "version": N}
 
@@ -123,10 +123,10 @@ class RagPrompts:
 
     def retrieve(self, question: str, top_k: int, documents: list[str] | None = None,
                  store: KVStore | None = None) -> list[dict]:
-        from .query.session import retrieve
+        from ..query.session import retrieve
 
         if self._embedder is None:
-            from .index import Embedder
+            from ..kvstore.index import Embedder
 
             self._embedder = Embedder(self.store.config.embedder, self.device)
         return retrieve(store or self.current(), self._embedder, question, top_k, documents)
@@ -141,7 +141,7 @@ class RagPrompts:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if not question.strip():
             raise ConfigError("the question is empty")
-        from .query.session import given_hits
+        from ..query.session import given_hits
 
         store = self.current()
         if chunks is None:
