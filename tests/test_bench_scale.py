@@ -31,7 +31,7 @@ def test_a_stopped_run_resumes_from_the_phase_after_the_last_finished(tmp_path, 
 
     from sparsecache.bench import scale
 
-    calls, killed, real = [], [], scale._in_child
+    calls, killed, real = [], [], scale.in_fresh_process
 
     def child(fn, *args):
         calls.append(fn.__name__)
@@ -40,11 +40,11 @@ def test_a_stopped_run_resumes_from_the_phase_after_the_last_finished(tmp_path, 
             raise RuntimeError("killed in the first nightly publish")
         return real(fn, *args)
 
-    monkeypatch.setattr(scale, "_in_child", child)
+    monkeypatch.setattr(scale, "in_fresh_process", child)
     cfg = scale.ScaleConfig(sizes=(2000,), queries=3)
     with pytest.raises(RuntimeError, match="killed"):
         scale.run(tmp_path, cfg)
     calls.clear()
     row, = scale.run(tmp_path, cfg, resume=True)["rows"]
-    assert "_build" not in calls and calls.count("_nightly") == 2  # built once; both publishes measured
+    assert "build_store" not in calls and calls.count("_nightly") == 2  # built once; both publishes measured
     assert all(f in row for f in FIELDS) and "_phases" not in row and row["after_live_chunks"] == 1980

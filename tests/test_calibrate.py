@@ -378,7 +378,7 @@ def test_the_fidelity_pass_stops_only_candidates_that_can_no_longer_be_chosen(mo
         c.ratio = ratio
         candidates.append(c)
     bar = SimpleNamespace(set_description=lambda *a: None, refresh=lambda: None, update=lambda: None, total=0)
-    cal._fidelity(Scripted(), suite, refs, list(range(n)), candidates, 0.9, bar)
+    cal.measure_candidates(Scripted(), suite, refs, list(range(n)), candidates, 0.9, bar)
     # half lost: it cannot reach 0.9 from the first check on; `good` keeps all and is sure to meet 0.9 once
     # its kept alone give a lower bound of 0.9 over 80 (at 73 of 80), so `dear` (costlier) stops there
     assert asked["cheap-bad"] == cal.LOOK and asked["good"] == n

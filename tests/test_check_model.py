@@ -39,7 +39,7 @@ def test_a_model_whose_keys_are_captured_in_the_wrong_place_fails(tmp_path, monk
 
     model = load_model(str(tiny("Qwen3", tmp_path / "qwen3")))
     assert check_model(model).passed
-    monkeypatch.setattr(model_module, "_key_value_modules", lambda attn: [
+    monkeypatch.setattr(model_module, "key_value_modules", lambda attn: [
         (attn.k_proj, lambda out: {"k": out}), (attn.v_proj, lambda out: {"v": out})])
     capture = check_model(model).checks[0]
     assert capture.name == "capture" and not capture.passed and capture.error > 1e-2
@@ -124,8 +124,8 @@ def test_the_sample_is_longer_than_the_shortest_sliding_window(tmp_path, monkeyp
     import sparsecache.model.check as check
 
     asked = []
-    real = check._sample_ids
-    monkeypatch.setattr(check, "_sample_ids", lambda model, tokens: asked.append(tokens) or real(model, tokens))
+    real = check.sample_ids
+    monkeypatch.setattr(check, "sample_ids", lambda model, tokens: asked.append(tokens) or real(model, tokens))
     gemma3 = load_model(str(tiny("Gemma3", tmp_path / "gemma3", **{**GEMMA3, "sliding_window": 200})))
     assert check_model(gemma3).passed and asked == [200 + check.WINDOW_OVERHANG]
     llama = load_model(str(tiny("Llama", tmp_path / "llama")))

@@ -149,12 +149,12 @@ def test_cpu_decode_kernel_equals_embedding_bag(atoms_dtype, L):
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 40), st.sampled_from([300, 8192]), st.integers(1, 6), st.data())
 def test_compiled_elias_fano_unpack_equals_the_numpy_one(count, universe, rows, data):
-    from sparsecache.codec.coding import _unpack_sorted_cpu
+    from sparsecache.codec.coding import unpack_sorted_cpu
 
     values = [sorted(data.draw(st.sets(st.integers(0, universe - 1), min_size=count, max_size=count)))
               for _ in range(rows)]
     packed = pack_sorted_rows(np.array(values), universe)
-    got = _unpack_sorted_cpu(torch.from_numpy(packed), count, universe)
+    got = unpack_sorted_cpu(torch.from_numpy(packed), count, universe)
     assert np.array_equal(got.numpy(), unpack_sorted_rows(packed, count, universe))
     assert got.tolist() == values
 

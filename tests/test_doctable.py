@@ -132,20 +132,20 @@ def test_publishing_changes_and_deletions_keeps_the_table_counts_and_live_rows_a
     """`Writer.publish(changed, deleted)` against a dict model over nights of upserts (new rows),
     deletions, an id both deleted and changed (the change wins), an entry republished as it
     is (no change) and a deletion of an id the store never had."""
-    from sparsecache.bench.scale import ScaleConfig, _append, _build
+    from sparsecache.bench.scale import ScaleConfig, append_documents, build_store
     from sparsecache.kvstore.index import FaissIndexer
     from sparsecache.store import Writer, read_manifest, verify
 
     cfg = ScaleConfig(index="flat")
     path = tmp_path / "store"
-    _build(str(path), 300, cfg)
+    build_store(str(path), 300, cfg)
     model = dict(read_manifest(path).documents.items())
     rng = np.random.default_rng(5)
     for night in range(6):
         with Writer(path) as w:
             w.begin()
             fresh = np.sort(rng.choice(400, 20, replace=False))  # ids < 300 exist, the others are new
-            changed = dict(_append(w, fresh, f"n{night}", cfg, night).items())
+            changed = dict(append_documents(w, fresh, f"n{night}", cfg, night).items())
             gone = [f"doc/{i:09d}" for i in rng.choice(400, 15, replace=False)] + ["never/there"]
             both = next(iter(changed))
             same = next(k for k in model if k not in changed and k not in gone)

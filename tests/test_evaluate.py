@@ -5,10 +5,10 @@ import statistics
 import pytest
 import torch
 
-from sparsecache.bench.evaluate import _Tally
+from sparsecache.bench.evaluate import Tally
 
 
-def add_passage(tally: _Tally, p: float, tokens: int = 8, agree: int | None = None) -> None:
+def add_passage(tally: Tally, p: float, tokens: int = 8, agree: int | None = None) -> None:
     """A passage of `tokens` target tokens (id 0) that the exact model gives probability 1/2 and
     the reconstructed one p (1/3 < p < 0.49), so Δnll = log(1/2) - log p per token; the first
     `agree` tokens keep the exact argmax (0), the others move it to token 1."""
@@ -19,7 +19,7 @@ def add_passage(tally: _Tally, p: float, tokens: int = 8, agree: int | None = No
 
 
 def test_interval_is_the_passage_standard_error():
-    tally = _Tally(n_layers=1)
+    tally = Tally(n_layers=1)
     ps = [0.45, 0.40, 0.48, 0.35, 0.44]
     for p in ps:
         add_passage(tally, p)
@@ -31,10 +31,10 @@ def test_interval_is_the_passage_standard_error():
 
 
 def test_identical_passages_have_no_spread_and_one_passage_no_interval():
-    one = _Tally(n_layers=1)
+    one = Tally(n_layers=1)
     add_passage(one, 0.4)
     assert one.report()["ppl_change_ci95"] is None and one.report()["top1_ci95"] is None
-    same = _Tally(n_layers=1)
+    same = Tally(n_layers=1)
     for _ in range(3):
         add_passage(same, 0.4, agree=6)
     lo, hi = same.report()["ppl_change_ci95"]
@@ -45,7 +45,7 @@ def test_identical_passages_have_no_spread_and_one_passage_no_interval():
 def test_top1_interval_clusters_by_passage():
     """Two passages, one all agreeing and one all disagreeing: 50% agreement, and the interval
     is as wide as two clusters make it (a token-level binomial would claim ±12 points)."""
-    tally = _Tally(n_layers=1)
+    tally = Tally(n_layers=1)
     add_passage(tally, 0.4, tokens=32, agree=32)
     add_passage(tally, 0.4, tokens=32, agree=0)
     lo, hi = tally.report()["top1_ci95"]

@@ -31,8 +31,8 @@ def test_check_model_passes_with_a_sample_the_window_cuts(gemma, monkeypatch):
     assert model.n_layers == 18 and model.n_kv_heads == 1 and model.head_dim == 256
     assert sorted(set(layer_windows(model.config)), key=str) == [512, None]
     asked = []
-    real = check._sample_ids
-    monkeypatch.setattr(check, "_sample_ids", lambda m, tokens: asked.append(tokens) or real(m, tokens))
+    real = check.sample_ids
+    monkeypatch.setattr(check, "sample_ids", lambda m, tokens: asked.append(tokens) or real(m, tokens))
     result = check.check_model(model)
     assert result.passed, result.to_dict()
     assert asked == [512 + check.WINDOW_OVERHANG]

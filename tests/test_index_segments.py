@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsecache.bench.scale import ScaleConfig, _append, _build, embeddings
+from sparsecache.bench.scale import ScaleConfig, append_documents, build_store, embeddings
 from sparsecache.kvstore.index import FaissIndexer, build_index, index_kind, index_to_bytes, load_index_bytes
 from sparsecache.kvstore import KVStore
 from sparsecache.store import Writer, verify
@@ -35,13 +35,13 @@ def _publish(path, deleted: list[str]) -> None:
 def test_segments_are_capped_rebuilt_when_mostly_dead_and_searched_as_exact(tmp_path, monkeypatch):
     monkeypatch.setattr(writer_mod, "INDEX_SEGMENT_ROWS", 1000)
     path = tmp_path / "store"
-    _build(str(path), 2500, CFG)
+    build_store(str(path), 2500, CFG)
     first = read_manifest(path).index_segments
     assert [(r["lo"], r["hi"], r["rows"]) for r in first] == [(0, 1000, 1000), (1000, 2000, 1000), (2000, 2500, 500)]
 
     with Writer(path) as w:  # 40 new chunks: a small segment of their own (500 > 2 x 40: no merge)
         w.begin()
-        w.publish(_append(w, np.arange(3000, 3040), "n", CFG, 9), (), FaissIndexer(CFG.index), "test")
+        w.publish(append_documents(w, np.arange(3000, 3040), "n", CFG, 9), (), FaissIndexer(CFG.index), "test")
     second = read_manifest(path).index_segments
     assert second[:3] == first and [(r["lo"], r["hi"], r["rows"]) for r in second[3:]] == [(2500, 2540, 40)]
 

@@ -82,13 +82,13 @@ def _patch_config(d, **changes):
 
 def test_a_conversion_without_architectures_is_redone(tmp_path):
     """Caches converted before vLLM support (no `architectures`, lm_head only) are not reused."""
-    from sparsecache.model.gguf import _is_standard_dir
+    from sparsecache.model.gguf import is_standard_dir
 
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    assert not _is_standard_dir(tmp_path)
+    assert not is_standard_dir(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
-    assert _is_standard_dir(tmp_path)
+    assert is_standard_dir(tmp_path)
 
 
 def test_a_gguf_file_or_a_directory_holding_one_is_a_model(tiny_gguf, tmp_path):
@@ -113,10 +113,10 @@ def test_gemma3_is_refused_with_a_transformers_that_computes_it_wrongly(monkeypa
     import transformers
 
     from sparsecache.errors import ModelError
-    from sparsecache.model import _check_config
+    from sparsecache.model import check_config
 
     config = transformers.Gemma3TextConfig(num_hidden_layers=2)
-    _check_config(config, "here")  # the installed transformers (>= 5.19, as pyproject pins)
+    check_config(config, "here")  # the installed transformers (>= 5.19, as pyproject pins)
     monkeypatch.setattr(transformers, "__version__", "5.17.0")
     with pytest.raises(ModelError, match="Gemma 3 needs transformers >= 5.19"):
-        _check_config(config, "here")
+        check_config(config, "here")

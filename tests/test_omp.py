@@ -5,17 +5,17 @@ from sklearn.linear_model import orthogonal_mp_gram
 
 from hypothesis import given, settings, strategies as st
 
-from sparsecache.codec._omp_cpu import _kth_largest
-from sparsecache.codec.omp import (EXACT, Screening, omp_block, _omp_block_cpu, omp_block_gemm, batch_omp, gram,
+from sparsecache.codec._omp_cpu import kth_largest
+from sparsecache.codec.omp import (EXACT, Screening, omp_block, omp_block_cpu, omp_block_gemm, batch_omp, gram,
                              reconstruct, reference_omp)
 from tests.conftest import DEVICES, unit_atoms
 
 # Every formulation as f(Y [B, m], D [m, n], s) -> (indices, coefficients) on Y's device, CPU results.
 BLOCKS = {
-    "numba": lambda Y, D, s: _omp_block_cpu(Y @ D, gram(D), s),
+    "numba": lambda Y, D, s: omp_block_cpu(Y @ D, gram(D), s),
     # a quarter of the atoms as candidates, screened again every other step: exactly sparse
     # signals keep their atoms among the candidates, so this must find what exact OMP finds
-    "numba-screened": lambda Y, D, s: _omp_block_cpu(Y @ D, gram(D), s, Screening(D.shape[1] // 4, 2)),
+    "numba-screened": lambda Y, D, s: omp_block_cpu(Y @ D, gram(D), s, Screening(D.shape[1] // 4, 2)),
     "torch": lambda Y, D, s: omp_block(Y @ D, gram(D), s),
     "gemm": lambda Y, D, s: omp_block_gemm(Y, D, gram(D), s),
     "gemm-fp16": lambda Y, D, s: omp_block_gemm(Y, D, gram(D), s, "float16"),
@@ -138,7 +138,7 @@ def test_triton_atom_choice_equals_torch(dtype, n):
 def test_graphed_blocks_equal_eager_blocks():
     """The CUDA-graph replay codes like the eager loop, for full and zero-padded batches,
     and a second dictionary gets its own graph."""
-    from sparsecache.codec.omp import _GRAPHS
+    from sparsecache.codec.omp import GRAPHS
 
     for seed in (0, 1):
         D, Y, _ = sparse_problem(n=1000, count=70, seed=seed)
@@ -148,7 +148,7 @@ def test_graphed_blocks_equal_eager_blocks():
         graphed = batch_omp(Y, D, 5, G, batch_size=32, graphed=True)  # 32 + 32 + 6 padded
         assert torch.equal(eager[0], graphed[0])
         torch.testing.assert_close(eager[1], graphed[1])
-        assert any(k[0] == D.data_ptr() for k in _GRAPHS)
+        assert any(k[0] == D.data_ptr() for k in GRAPHS)
 
 
 def dense_problem(m=384, n=2048, count=48, seed=5):
@@ -166,9 +166,9 @@ def residual(Y, D, idx, coef) -> float:
 
 def test_screening_every_atom_is_exact_batch_omp():
     D, Y = dense_problem()
-    exact = _omp_block_cpu(Y @ D, gram(D), 24, EXACT)
+    exact = omp_block_cpu(Y @ D, gram(D), 24, EXACT)
     for screening in (Screening(D.shape[1], 4), Screening(D.shape[1] + 1, 1)):
-        idx, coef = _omp_block_cpu(Y @ D, gram(D), 24, screening)
+        idx, coef = omp_block_cpu(Y @ D, gram(D), 24, screening)
         assert torch.equal(idx, exact[0]) and torch.equal(coef, exact[1])
 
 
@@ -180,13 +180,13 @@ def test_screened_codes_are_least_squares_on_distinct_atoms_close_to_exact(candi
     default model's K/V at the default screening, +0.1%: BENCHMARKS.md)."""
     D, Y = dense_problem()
     s = 48
-    idx, coef = _omp_block_cpu(Y @ D, gram(D), s, Screening(candidates, refresh))
+    idx, coef = omp_block_cpu(Y @ D, gram(D), s, Screening(candidates, refresh))
     assert all(len(set(r.tolist())) == s for r in idx)
     for i in range(Y.shape[0]):
         Ds = D[:, idx[i]].double()
         ls = torch.linalg.lstsq(Ds, Y[i].double()[:, None]).solution[:, 0]
         torch.testing.assert_close(coef[i].double(), ls, atol=1e-4, rtol=1e-3)
-    exact = _omp_block_cpu(Y @ D, gram(D), s, EXACT)
+    exact = omp_block_cpu(Y @ D, gram(D), s, EXACT)
     assert residual(Y, D, idx, coef) <= residual(Y, D, *exact) * 1.02
 
 
@@ -210,7 +210,7 @@ def test_bad_screening_is_a_config_error():
 def test_kth_largest_is_the_sorted_value(values, data):
     a = np.array(values, np.float32)
     k = data.draw(st.integers(1, len(a)))
-    assert _kth_largest(a.copy(), k) == np.sort(a)[::-1][k - 1]
+    assert kth_largest(a.copy(), k) == np.sort(a)[::-1][k - 1]
 
 
 def test_on_block_reports_every_coded_signal():

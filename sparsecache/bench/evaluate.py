@@ -50,7 +50,7 @@ def compression_ratio(model: KVModel, codec: Codec, tokens: int) -> dict:
             "tokens": tokens}
 
 
-class _Tally:
+class Tally:
     """Running sums of one method's fidelity over passages (the logits' sums kept per passage,
     which the intervals need)."""
 
@@ -116,7 +116,7 @@ def fidelity(model: KVModel, methods: dict, windows: list[list[int]], prefix_tok
     same passages; the exact K/V and logits of a passage are computed once for all methods."""
     prefix = default_prefix_ids(model)
     P0, P = len(prefix), prefix_tokens
-    tallies = {name: _Tally(model.n_layers) for name in methods}
+    tallies = {name: Tally(model.n_layers) for name in methods}
     (pk, pv), = extract_kv(model, [prefix])  # the shared prefix, exact, as a store keeps it
     pos = torch.arange(P0 + P)
 
@@ -184,3 +184,41 @@ def record_eval(d: Dictionary, report: dict, where) -> None:
     d.meta["eval"]["domains"] = {name: {k: v for k, v in x.items() if not k.endswith("per_layer")}
                                  for name, x in report["domains"].items()}
     d.save(where)
+
+
+def eval_dict(dictionary: str, model: str = "default", texts=("builtin",), cfg: EvalConfig = EvalConfig(),
+              record: bool = False, device: str = "cpu") -> dict:
+    """`sparsecache eval-dict`: load the dictionary at `dictionary` and the model, refuse a
+    dictionary of another model, `evaluate_dictionary`, and with `record` keep the report in the
+    dictionary's metadata (`record_eval`); the report."""
+    from ..codec.dictionary import dictionary_dir
+    from ..model.kvmodel import load_model
+
+    d = Dictionary.load(dictionary)
+    loaded = load_model(model, device=device)
+    d.check_model(loaded.fingerprint())
+    r = evaluate_dictionary(loaded, d, texts, cfg)
+    if record:
+        record_eval(d, r, dictionary_dir(dictionary))
+    return r
+
+
+def report_lines(r: dict) -> list[str]:
+    """`eval_dict`'s report as the CLI prints it: per domain where there are several, then the totals."""
+    per_domain = [f"{name:>16}: ppl {100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):+.1f}%{_ci(x)}   "
+                  f"top-1 {100 * x['top1_agreement']:.1f}%   nmse k/v {x['nmse_k']:.3f}/{x['nmse_v']:.3f}   "
+                  f"worst layer v {x['worst_layer_nmse_v']:.3f}" for name, x in r["domains"].items()]
+    return (per_domain + [f"worst domain: {r['worst_domain']}"] if len(r["domains"]) > 1 else []) + [
+        f"nmse_k {r['nmse_k']:.4f}   nmse_v {r['nmse_v']:.4f}",
+        f"ppl exact {r['ppl_exact']:.3f}   reconstructed {r['ppl_reconstructed']:.3f}   "
+        f"({100 * (r['ppl_reconstructed'] / r['ppl_exact'] - 1):+.2f}%{_ci(r)})",
+        f"top-1 agreement {100 * r['top1_agreement']:.1f}%   KL {r['kl']:.4f}",
+        f"ratio {r['ratio']['theoretical_excl_dict']:.2f}x (codes only), {r['ratio']['theoretical_incl_dict']:.2f}x "
+        f"with dictionaries, over {r['tokens']} tokens",
+    ]
+
+
+def _ci(report: dict) -> str:
+    """' [95%: +a … +b%]' for a report's perplexity change, '' when it has no interval."""
+    ci = report.get("ppl_change_ci95")
+    return "" if ci is None else f" [95%: {100 * ci[0]:+.1f} … {100 * ci[1]:+.1f}%]"

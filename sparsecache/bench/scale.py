@@ -91,7 +91,7 @@ def _rows(ids: np.ndarray, tag: str) -> list[dict]:
              "meta": "", "ordinal": 0, "token_length": 1} for i in ids.tolist()]
 
 
-def _append(w, ids: np.ndarray, tag: str, cfg: ScaleConfig, seed: int):
+def append_documents(w, ids: np.ndarray, tag: str, cfg: ScaleConfig, seed: int):
     """Append one chunk per document id in `ids` (ascending; one token, zero codes, a synthetic
     embedding, made batch by batch: 10M embeddings at once would be 15 GB); the documents'
     table (columns, as the writer keeps it: 10M entries as dicts would be ~5 GB)."""
@@ -116,7 +116,7 @@ def _append(w, ids: np.ndarray, tag: str, cfg: ScaleConfig, seed: int):
                      "token_offset": offsets})
 
 
-def _build(path: str, n: int, cfg: ScaleConfig) -> dict:
+def build_store(path: str, n: int, cfg: ScaleConfig) -> dict:
     from ..kvstore.index import FaissIndexer
     from ..store import StoreConfig, Writer
 
@@ -125,7 +125,7 @@ def _build(path: str, n: int, cfg: ScaleConfig) -> dict:
         w.create(StoreConfig(coef_dtype="float16"), _SyntheticDictionary(), {"name": "synthetic", "layers": 1, "m": 2},
                  [0], (np.zeros((1, 1, 2), np.float32), np.zeros((1, 1, 2), np.float32)), DIM, FaissIndexer(cfg.index))
         w.begin()
-        w.publish(_append(w, np.arange(n), "a", cfg, cfg.seed), (), FaissIndexer(cfg.index), "scale: build")
+        w.publish(append_documents(w, np.arange(n), "a", cfg, cfg.seed), (), FaissIndexer(cfg.index), "scale: build")
     return {"build_s": time.perf_counter() - t0}
 
 
@@ -142,7 +142,7 @@ def _nightly(path: str, n: int, cfg: ScaleConfig, delete: bool) -> dict:
         if delete:
             w.publish({}, [f"doc/{i:09d}" for i in picked.tolist()], FaissIndexer(cfg.index), "scale: nightly")
         else:
-            w.publish(_append(w, picked, "c", cfg, cfg.seed + 7), (), FaissIndexer(cfg.index), "scale: nightly")
+            w.publish(append_documents(w, picked, "c", cfg, cfg.seed + 7), (), FaissIndexer(cfg.index), "scale: nightly")
     return {"s": time.perf_counter() - t0}
 
 
@@ -243,7 +243,7 @@ def _written(before: dict, after: dict) -> int:
     return sum(size for p, (size, mtime) in after.items() if before.get(p) != (size, mtime))
 
 
-def _in_child(fn, *args) -> tuple[dict, float]:
+def in_fresh_process(fn, *args) -> tuple[dict, float]:
     """fn(*args) in a fresh process: (its result, its peak resident memory in GB)."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
@@ -275,28 +275,28 @@ def measure(workdir: Path, n: int, cfg: ScaleConfig, progress=print, resume: boo
 
     if todo("build"):
         progress(f"scale: N = {n:,}: building")
-        built, writer_peak = _in_child(_build, str(path), n, cfg)
+        built, writer_peak = in_fresh_process(build_store, str(path), n, cfg)
         row.update({"chunks": n, **built, "writer_peak_gb": writer_peak})
         progress(f"scale: N = {n:,}: built in {built['build_s']:.1f} s; opening and searching")
-        _in_child(_make_queries, str(path), cfg)
+        in_fresh_process(_make_queries, str(path), cfg)
         done("build")
     if todo("read"):
-        read, reader_peak = _in_child(_open_and_search, str(path), cfg)
-        read["recall_at_8"] = _in_child(_recall, str(path), cfg, read.pop("hits"))[0]
+        read, reader_peak = in_fresh_process(_open_and_search, str(path), cfg)
+        read["recall_at_8"] = in_fresh_process(_recall, str(path), cfg, read.pop("hits"))[0]
         row.update({**read, "reader_peak_gb": reader_peak, "store_bytes": sum(s for s, _ in _bytes(path).values())})
         done("read")
     for name, delete in (("publish_1pct", False), ("publish_delete_1pct", True)):
         if todo(name):
             before = _bytes(path)
-            out, peak = _in_child(_nightly, str(path), n, cfg, delete)
+            out, peak = in_fresh_process(_nightly, str(path), n, cfg, delete)
             row[f"{name}_s"], row[f"{name}_bytes"] = out["s"], _written(before, _bytes(path))
             row[f"{name}_peak_gb"] = peak
             row["writer_peak_gb"] = max(row["writer_peak_gb"], peak)
             progress(f"scale: N = {n:,}: {name} {out['s']:.1f} s, {row[f'{name}_bytes'] / 1e6:.1f} MB written")
             done(name)
     row["publish_bytes"] = row["publish_1pct_bytes"]
-    after, reader_peak = _in_child(_open_and_search, str(path), cfg)
-    after["recall_at_8"] = _in_child(_recall, str(path), cfg, after.pop("hits"))[0]
+    after, reader_peak = in_fresh_process(_open_and_search, str(path), cfg)
+    after["recall_at_8"] = in_fresh_process(_recall, str(path), cfg, after.pop("hits"))[0]
     row.update({f"after_{k}": v for k, v in after.items()})
     row["reader_peak_gb"] = max(row["reader_peak_gb"], reader_peak)
     row.pop("_phases", None)

@@ -333,7 +333,7 @@ def quality_cmd(model_path, texts, configs, dicts, no_baselines, skip_needles, p
     Quality results are cached per method under the user cache, so a re-run only evaluates
     what is new; dictionaries missing from dictionaries/ and the cache are learned first.
     """
-    from sparsecache.bench.frontier import SPARSE_CONFIGS, plot_frontier, run_frontier
+    from sparsecache.bench.frontier import SPARSE_CONFIGS, plot_frontier, quality_lines, run_frontier
     from sparsecache.model.kvmodel import load_model
 
     parsed = tuple(tuple(int(x) for x in c.split(",")) for c in configs) or (() if dicts else SPARSE_CONFIGS)
@@ -346,48 +346,7 @@ def quality_cmd(model_path, texts, configs, dicts, no_baselines, skip_needles, p
                      log=lambda msg: click.echo(msg, err=True), needles=not skip_needles, dictionaries=dicts)
     if plot:
         plot_frontier(r, plot)
-    fusion = cfg.fusion
-    lines = [f"{'method':<22}{'ratio':>7}{'total':>7}{'nmse_k':>8}{'nmse_v':>8}{'ppl':>8}{'KL':>7}{'top1':>7}"
-             f"{'needle':>8}{fusion[:6] + ' r' + format(cfg.recompute_ratio, 'g'):>12}"]
-    for row in sorted(r["rows"], key=lambda x: x["ratio_total"]):
-        needle = row["needle"] or {}
-        lines.append(f"{row['method']:<22}{row['ratio']:>7.2f}{row['ratio_total']:>7.2f}{row['nmse_k']:>8.4f}"
-                     f"{row['nmse_v']:>8.4f}{100 * (row['ppl_reconstructed'] / row['ppl_exact'] - 1):>+7.1f}%"
-                     f"{row['kl']:>7.3f}{100 * row['top1_agreement']:>6.1f}%{_num(needle.get('none')):>8}"
-                     f"{_num(needle.get(fusion)):>12}")
-    full = (r["needle_full_prefill"] or {}).get("full")
-    lines.append(f"full prefill needle accuracy {_num(full)}; dictionaries: "
-                 + "; ".join(f"{k} {v}" for k, v in r["dictionaries"].items()))
-    t = r["targets"]
-    for d in t["dominance"]:
-        lines.append(f"{d['baseline']} ({d['ratio']:.1f}x) dominated by: {', '.join(d['dominated_by']) or 'NONE'}")
-    if "high" in t:
-        h = t["high"]
-        lines.append(f">=10x best {h['method']} ({h['ratio']:.1f}x): top-1 {100 * h['top1']:.1f}%, ppl {100 * h['ppl']:+.1f}%, "
-                     f"needle vs exact " + ", ".join(f"{k} {v:.2f}" for k, v in h["needle_vs_exact"].items() if v is not None)
-                     + ("  met" if h["met"] else "  NOT met"))
-    if "low" in t:
-        lo = t["low"]
-        for k, what in (("equal_ratio", f">= KIVI-int4's {lo['kivi_int4_ratio']:.1f}x"), ("any_ratio", "any ratio")):
-            if k in lo:
-                b = lo[k]
-                lines.append(f"<=4x at {what}: best {b['method']} ({b['ratio']:.1f}x) top-1 {100 * b['top1']:.1f}% vs "
-                             f"KIVI-int4 {100 * lo['kivi_int4_top1']:.1f}% ({b['gap_points']:+.1f} points)")
-        lines.append("<=4x target " + ("met" if lo["met"] else "NOT met") + " (at KIVI-int4's ratio or above)")
-    if "default" in t:
-        p = t["default"]
-        layer_v = "-" if p["worst_layer_nmse_v"] is None else f"{p['worst_layer_nmse_v']:.2f}"
-        lines.append(f"default (best worst-domain top-1 at >= 20x, ties within one standard error broken by the mean): "
-                     f"{p['method']} ({p['ratio']:.1f}x), worst domain {p['worst_domain']}: top-1 "
-                     f"{100 * p['worst_top1']:.1f}%, ppl {100 * p['worst_ppl']:+.1f}%, worst layer V NMSE {layer_v}"
-                     + ("  met" if p["met"] else "  NOT met"))
-        lines.append(f"  leader on the worst domain {p['leader']}; band {100 * p['tie_band']:.1f} points; "
-                     f"tied: {', '.join(p['tied'])}")
-    emit(r, as_json, lines)
-
-
-def _num(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
+    emit(r, as_json, quality_lines(r, cfg))
 
 
 @bench.command("scale")

@@ -122,33 +122,12 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     --prefix-tokens tokens whose K/V go through encode+decode, then --continuation-tokens
     tokens scored with the exact vs the reconstructed context.
     """
-    from sparsecache.bench.evaluate import evaluate_dictionary, record_eval
-    from sparsecache.codec.dictionary import Dictionary, dictionary_dir
-    from sparsecache.model.kvmodel import load_model
+    from sparsecache.bench.evaluate import eval_dict, report_lines
 
-    d = Dictionary.load(dictionary)
-    model = load_model(model_path, device=resolve_device(device))
-    d.check_model(model.fingerprint())
     cfg = EvalConfig(passages=passages, prefix_tokens=prefix_tokens, continuation_tokens=continuation_tokens,
                      coef_dtype=coef, screening=screening(exact_omp))
-    r = evaluate_dictionary(model, d, texts, cfg)
-    if record:
-        record_eval(d, r, dictionary_dir(dictionary))
-    per_domain = [f"{name:>16}: ppl {100 * (x['ppl_reconstructed'] / x['ppl_exact'] - 1):+.1f}%{_ci(x)}   "
-                  f"top-1 {100 * x['top1_agreement']:.1f}%   nmse k/v {x['nmse_k']:.3f}/{x['nmse_v']:.3f}   "
-                  f"worst layer v {x['worst_layer_nmse_v']:.3f}" for name, x in r["domains"].items()]
-    emit(r, as_json, (per_domain + [f"worst domain: {r['worst_domain']}"] if len(r["domains"]) > 1 else []) + [
-        f"nmse_k {r['nmse_k']:.4f}   nmse_v {r['nmse_v']:.4f}",
-        f"ppl exact {r['ppl_exact']:.3f}   reconstructed {r['ppl_reconstructed']:.3f}   ({100 * (r['ppl_reconstructed'] / r['ppl_exact'] - 1):+.2f}%{_ci(r)})",
-        f"top-1 agreement {100 * r['top1_agreement']:.1f}%   KL {r['kl']:.4f}",
-        f"ratio {r['ratio']['theoretical_excl_dict']:.2f}x (codes only), {r['ratio']['theoretical_incl_dict']:.2f}x with dictionaries, over {r['tokens']} tokens",
-    ])
-
-
-def _ci(report: dict) -> str:
-    """' [95%: +a … +b%]' for a report's perplexity change, '' when it has no interval."""
-    ci = report.get("ppl_change_ci95")
-    return "" if ci is None else f" [95%: {100 * ci[0]:+.1f} … {100 * ci[1]:+.1f}%]"
+    r = eval_dict(dictionary, model_path, texts, cfg, record=record, device=resolve_device(device))
+    emit(r, as_json, report_lines(r))
 
 
 W = WrapperConfig()

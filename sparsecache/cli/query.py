@@ -149,42 +149,6 @@ def calibrate_options(f):
     return f
 
 
-def run_calibration(store, cfg, model_path: str, device: str, dtype: str, progress: bool) -> tuple[dict, list[str]]:
-    """Measure and, where a candidate meets the target (or --accept-best), record; the result
-    and the lines that print it (the table and the outcome)."""
-    from sparsecache.kvstore.view import KVStore
-    from sparsecache.query.calibrate import (
-        calibrate,
-        calibration_line,
-        other_lines,
-        record,
-        record_of,
-        require_documents,
-        summary_line,
-        table_lines,
-    )
-    from sparsecache.query.session import Session
-
-    kv = KVStore.open(store)
-    require_documents(kv)  # before the model loads
-    session = Session(kv, model_path, resolve_device(device), dtype=dtype)
-    result = calibrate(session, cfg, progress=progress)
-    label = result["chosen"] or (result["best"] if cfg.accept_best else None)
-    secs = result["seconds"]
-    lines = table_lines(result) + other_lines(result) + [
-        "", summary_line(result), f"measured in {sum(secs.values()) / 60:.1f} min (full prefill's answers "
-        f"{secs['reference']:.0f} s, TTFT {secs['ttft']:.0f} s, fidelity {secs['fidelity']:.0f} s"
-        + (f", the other variant {secs['other_variant']:.0f} s" if "other_variant" in secs else "") + ")"]
-    if label is not None:
-        result["recorded_version"] = record(store, result, label)
-        result["recorded"] = record_of(result, label)
-        lines.append(f"recorded as version {result['recorded_version']} for {result['device']}: "
-                     + calibration_line(result["recorded"]))
-    else:
-        lines.append("nothing recorded (--accept-best records the best candidate anyway)")
-    return result, lines
-
-
 @click.command("calibrate")
 @click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 @calibrate_options
@@ -213,7 +177,8 @@ def calibrate_cmd(store, model_path, device, dtype, as_json, **options):
     stopped after 20). A target the questions can reach keeps the candidates that can still reach it
     answering every confident question: `--target 0.8` took 28 min there, the CPU shared.
     """
-    # the options map onto CalibrateConfig by name
-    result, lines = run_calibration(store, CalibrateConfig(**fields_of(CalibrateConfig, options)), model_path, device,
-                                    dtype, not as_json)
-    emit(result, as_json, lines)
+    from sparsecache.query.calibrate import calibrate_store, report_lines
+
+    cfg = CalibrateConfig(**fields_of(CalibrateConfig, options))  # the options map onto CalibrateConfig by name
+    result = calibrate_store(store, cfg, model_path, resolve_device(device), dtype, progress=not as_json)
+    emit(result, as_json, report_lines(result))

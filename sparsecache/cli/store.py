@@ -113,16 +113,10 @@ def encode_corpus_cmd(corpus, store, model_path, as_json, recalibrate, **options
 def recalibrate_after_publish(store, model_path: str, device: str, progress: bool) -> tuple[dict, list[str]]:
     """`encode-corpus --calibrate`: calibrate again with the last calibration's target, budget,
     questions and k for this device (calibrate's defaults where there is none)."""
-    from sparsecache.query.calibrate import CalibrateConfig
-    from sparsecache.query.config import DTYPE
-    from sparsecache.store import Store
+    from sparsecache.query.calibrate import recalibrate, report_lines
 
-    from .query import run_calibration
-
-    device = resolve_device(device)
-    last = Store.open(store).calibration().get(device.split(":")[0], {})
-    cfg = CalibrateConfig(**{k: last[k] for k in ("target", "ttft_budget", "questions", "top_k") if k in last})
-    return run_calibration(store, cfg, model_path, device, DTYPE, progress)
+    result = recalibrate(store, model_path, resolve_device(device), progress)
+    return result, report_lines(result)
 
 
 @click.command("info")

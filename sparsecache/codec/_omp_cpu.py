@@ -120,7 +120,7 @@ def _screen(a0, k, Gs, xs, M, cand, aC, chosen, alpha, scratch):
         scratch[i] = v
         if v > best:
             best, j = v, i
-    thr = _kth_largest(scratch, M)
+    thr = kth_largest(scratch, M)
     c = 0
     for i in range(n):  # strictly above the threshold, then ties at it, in atom order
         if not chosen[i] and abs(alpha[i]) > thr:
@@ -139,7 +139,7 @@ def _screen(a0, k, Gs, xs, M, cand, aC, chosen, alpha, scratch):
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _kth_largest(a, k):
+def kth_largest(a, k):
     """The k-th largest value of `a` (1-based), by quickselect in place (a is scratch)."""
     lo, hi, target = 0, a.shape[0] - 1, a.shape[0] - k
     while lo < hi:

@@ -138,7 +138,7 @@ class Codec:
         G, T, nb = packed.shape
         rows, s = packed.reshape(-1, nb), self.config.sparsity
         if self.indices == "elias-fano" and dev.type == "cpu" and self.cpu_kernel:
-            idx = _unpack_sorted_cpu(rows, s, self.config.atoms)
+            idx = unpack_sorted_cpu(rows, s, self.config.atoms)
         elif self.indices == "elias-fano":
             idx = unpack_sorted_rows_torch(rows, s, self.config.atoms)
         else:
@@ -190,7 +190,7 @@ class Codec:
             rows = torch.arange(s, dtype=torch.int32)[None]
             self._reconstruct_cpu(rows, torch.zeros(1, s), (1, 1), kind, slice(0, 1))
         if self.indices == "elias-fano":
-            _unpack_sorted_cpu(torch.from_numpy(pack_sorted_rows(np.arange(s)[None], self.config.atoms)), s,
+            unpack_sorted_cpu(torch.from_numpy(pack_sorted_rows(np.arange(s)[None], self.config.atoms)), s,
                                self.config.atoms)
 
     def _cpu_tiles(self, kind: str) -> np.ndarray:
@@ -223,7 +223,7 @@ class Codec:
         return self.decode(self.encode(kv, kind), kind)
 
 
-def _unpack_sorted_cpu(rows: torch.Tensor, count: int, universe: int) -> torch.Tensor:
+def unpack_sorted_cpu(rows: torch.Tensor, count: int, universe: int) -> torch.Tensor:
     """`unpack_sorted_rows_torch` for CPU tensors, as one compiled pass over the rows (int32)."""
     from ._decode_cpu import ef_decode
 

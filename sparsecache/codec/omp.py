@@ -122,7 +122,7 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     for start in range(0, signals.shape[0], step):
         y = signals[start : start + step].float()
         if fused:
-            i, c = _omp_block_cpu(y @ D, G, sparsity, screening)
+            i, c = omp_block_cpu(y @ D, G, sparsity, screening)
         elif graphed and y.device.type == "cuda" and D.data_ptr() == atoms.data_ptr():
             # (atoms that had to be copied or cast here are not the caller's tensor: no cache key)
             i, c = _graphed_block(D, G, sparsity, select_dtype, step)(y)
@@ -138,7 +138,7 @@ def batch_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int,
     return torch.cat(idx), torch.cat(coef)
 
 
-def _omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int,
+def omp_block_cpu(alpha0: torch.Tensor, G: torch.Tensor, s: int,
                    screening: Screening = EXACT) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as `omp_block` (exact, or screened: `Screening`), as the fused numba loop of `_omp_cpu`."""
     idx = torch.empty(alpha0.shape[0], s, dtype=torch.long)
@@ -223,19 +223,19 @@ class _GraphedBlock:
         return self.idx[:n].clone(), self.coef[:n].clone()
 
 
-_GRAPHS: dict[tuple, _GraphedBlock] = {}
-_GRAPHS_KEPT = 2  # one K and one V dictionary; each graph keeps ~1 GB of intermediates
+GRAPHS: dict[tuple, _GraphedBlock] = {}
+GRAPHS_KEPT = 2  # one K and one V dictionary; each graph keeps ~1 GB of intermediates
 
 
 def _graphed_block(D: torch.Tensor, G: torch.Tensor, s: int, select_dtype: str, B: int) -> _GraphedBlock:
     """The cached graph for these exact atom and Gram tensors (kept alive by the graph, so a
     pointer in the key cannot be reused by another tensor while the entry exists)."""
     key = (D.data_ptr(), tuple(D.shape), G.data_ptr(), s, select_dtype, B)
-    if key not in _GRAPHS:
-        while len(_GRAPHS) >= _GRAPHS_KEPT:
-            _GRAPHS.pop(next(iter(_GRAPHS)))
-        _GRAPHS[key] = _GraphedBlock(D, G, s, select_dtype, B)
-    return _GRAPHS[key]
+    if key not in GRAPHS:
+        while len(GRAPHS) >= GRAPHS_KEPT:
+            GRAPHS.pop(next(iter(GRAPHS)))
+        GRAPHS[key] = _GraphedBlock(D, G, s, select_dtype, B)
+    return GRAPHS[key]
 
 
 class _CholeskyStep:

@@ -5,11 +5,10 @@
   store config and runs the model gate, then `encode_with`: scan → plan → batch → append →
   index → publish, resumable;
 - `batch`: `code_batch`, one batch of chunks through the model's forward and Batch-OMP;
-- `corpus`: the documents of a corpus (directories, files, HTML, JSONL): ids, hashes, streaming;
 - `distributed`: the same encode on Ray actors.
 
-Text sources and chunking (`sparsecache.text`) stay below the codec: dictionaries are learned
-on the same built-in text the build reads.
+A corpus's documents and their chunking (`sparsecache.text.corpus`) stay below the codec:
+dictionaries are learned on the same built-in text the encode reads.
 
 `encode_corpus` is re-exported here lazily (it imports torch).
 """

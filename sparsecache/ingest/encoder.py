@@ -176,7 +176,7 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
     Batch-OMP; None: the dictionary's default). It is not part of the store: codes from
     either are the same format.
 
-    `wrapper` (a learned chunk wrapper, `wrapper.py`; `config.wrapper` must be its digest) wraps
+    `wrapper` (a learned chunk wrapper, `wrapper/apply.py`; `config.wrapper` must be its digest) wraps
     every chunk of a new store as prefix | header | chunk | trailer: the header's K/V is kept
     once with the prefix's, the trailer's with each chunk's codes. An existing store keeps its own.
     """

@@ -29,7 +29,7 @@ SEARCH_COLUMNS = ("chunk_id", *INFO_COLUMNS)  # what `search` reads for each hit
 class KVStore(storage.Store):
     """A read-only view of one published version that decodes K/V and answers searches."""
 
-    _carried = (*storage.Store._carried, "_dictionary", "_codec", "_index_cache")  # never change over a store's life
+    CARRIED = (*storage.Store.CARRIED, "_dictionary", "_codec", "_index_cache")  # never change over a store's life
     _dictionary: Dictionary | None = None
     _codec: Codec | None = None
     _live = None

@@ -66,7 +66,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
 
 
-def _sample_ids(model: KVModel, tokens: int) -> list[int]:
+def sample_ids(model: KVModel, tokens: int) -> list[int]:
     from ..text.documents import builtin_documents
 
     text = " ".join(d.text for d in builtin_documents("heldout"))
@@ -85,7 +85,7 @@ def check_model(model: KVModel, tokens: int = 96) -> ModelCheck:
     shortest = min((w for w in layer_windows(model.config) if w), default=None)
     if shortest is not None and shortest + WINDOW_OVERHANG <= MAX_SAMPLE:
         tokens = max(tokens, shortest + WINDOW_OVERHANG)
-    ids = _sample_ids(model, tokens)
+    ids = sample_ids(model, tokens)
     prefix = default_prefix_ids(model)
     q = question_ids(model, QUESTION)
     chunks = [ids[i: i + len(ids) // 3] for i in range(0, 3 * (len(ids) // 3), len(ids) // 3)]

@@ -30,7 +30,7 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def default_model_dir() -> Path:
     """Directory of the converted default model, converting the packaged GGUF on first use."""
     out = cache_root() / "models" / DEFAULT_NAME
-    if _is_standard_dir(out):
+    if is_standard_dir(out):
         return out
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
@@ -49,7 +49,7 @@ def model_dir(name_or_path: str | Path = DEFAULT) -> Path:
     if gguf is None:
         return path
     out = cache_root() / "models" / f"{gguf.stem}-{_content_key(gguf)}"
-    return out if _is_standard_dir(out) else convert_gguf(gguf, out, gguf.stem)
+    return out if is_standard_dir(out) else convert_gguf(gguf, out, gguf.stem)
 
 
 def _gguf_file(path: Path) -> Path | None:
@@ -77,7 +77,7 @@ def _content_key(path: Path, sample: int = 1 << 20) -> str:
     return h.hexdigest()[:12]
 
 
-def _is_standard_dir(path: Path) -> bool:
+def is_standard_dir(path: Path) -> bool:
     """A converted directory other engines can load: weights and a config naming its class.
     (Conversions before vLLM support lacked `architectures` and saved only the tied lm_head.)"""
     try:
@@ -111,4 +111,4 @@ def convert_gguf(gguf_path: Path, out: Path, name: str) -> Path:
         tok.save_pretrained(tmp)
         hf.save_pretrained(tmp)  # the tied lm_head is saved once, as model.embed_tokens.weight, as engines expect
 
-    return publish_dir(out, build, _is_standard_dir)
+    return publish_dir(out, build, is_standard_dir)

@@ -32,7 +32,7 @@ _FINGERPRINT_KEYS = (
 )
 
 
-def _check_config(config, where: str) -> None:
+def check_config(config, where: str) -> None:
     if config.model_type not in SUPPORTED_TYPES:
         raise ModelError(
             f"{where}: unsupported architecture {config.model_type!r} "
@@ -93,7 +93,7 @@ class KVModel:
     tokenizer: object
     name: str
     # soft tokens: the input embeddings [n, hidden] that token id -1-i stands for (a wrapped store's
-    # header and trailer, `wrapper.py`); None where no wrapped store is read
+    # header and trailer, `wrapper/apply.py`); None where no wrapped store is read
     soft: torch.Tensor | None = None
 
     @property
@@ -192,7 +192,7 @@ def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
 
     hf_logging.disable_progress_bar()  # ours report progress; a 0.1 s bar per load is noise
     path, config = _hf_config(name_or_path)
-    _check_config(config, str(path))
+    check_config(config, str(path))
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelError(f"{path}: no weights (*.safetensors or *.bin)")
     # SDPA drops attention soft-capping (Gemma 2) without a word; eager computes the model as trained
@@ -306,7 +306,7 @@ def _split_qkv(attn: torch.nn.Module, qkv: torch.Tensor) -> tuple[torch.Tensor, 
     return qkv.split([qkv.shape[-1] - 2 * kv, kv, kv], dim=-1)
 
 
-def _key_value_modules(attn: torch.nn.Module) -> list[tuple[torch.nn.Module, object]]:
+def key_value_modules(attn: torch.nn.Module) -> list[tuple[torch.nn.Module, object]]:
     """(module, fn(output) → {"k"|"v": [B, T, m]}) whose outputs are the keys the attention
     rotates (after any normalisation) and the values it reads."""
     if hasattr(attn, "qkv_proj"):
@@ -324,7 +324,7 @@ def kv_taps(model: KVModel):
     taps: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
     for i, layer in enumerate(model.hf.model.layers):
-        for module, pick in _key_value_modules(layer.self_attn):
+        for module, pick in key_value_modules(layer.self_attn):
             def hook(_mod, _inp, out, i=i, pick=pick):
                 for kind, x in pick(out).items():
                     taps[kind, i] = x
@@ -405,7 +405,7 @@ class Rope:
         """The family's rotary module built from a transformers config alone (no weights)."""
         import importlib
 
-        _check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
+        check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
         from transformers.models.auto.modeling_auto import (
             MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         )

@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigError, StoreError
 from . import methods
-from .config import TOP_K, QueryConfig, calibration_line
+from .config import DTYPE, TOP_K, QueryConfig, calibration_line
 
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
 OTHER_RATIO = 0.15  # the other scorers' (CacheBlend's constant): one each, so `calibrate --questions 100` fits 15 min
@@ -196,7 +196,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
 
     # 4. fidelity of each candidate within the budget (and cheaper than an exact one that is)
     exact = min((c.ratio for c in candidates if c.exact and c.ratio <= cfg.ttft_budget), default=math.inf)
-    _fidelity(session, suite, refs, confident, [c for c in candidates if not c.exact and c.ratio <= min(
+    measure_candidates(session, suite, refs, confident, [c for c in candidates if not c.exact and c.ratio <= min(
         cfg.ttft_budget, exact)], cfg.target, bar)
     seconds["fidelity"] = round(time.perf_counter() - t0, 1)
 
@@ -243,7 +243,7 @@ def _time(session, suite: list, timed: list[int], candidates: list[Candidate], b
             bar.update()
 
 
-def _fidelity(session, suite: list, refs: list, confident: list[int], measured: list[Candidate], target: float, bar,
+def measure_candidates(session, suite: list, refs: list, confident: list[int], measured: list[Candidate], target: float, bar,
               chunks=None) -> None:
     """`measured`'s rows on the confident questions: every candidate on the first LOOK of them,
     then only those that can still reach `target` (were every remaining question kept) and are
@@ -317,7 +317,7 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
         _time(twin, suite, timed, candidates, bar, chunks)
         for c in candidates:
             c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
-        _fidelity(twin, suite, refs, confident, [c for c in candidates if c.ratio <= cfg.ttft_budget], cfg.target, bar,
+        measure_candidates(twin, suite, refs, confident, [c for c in candidates if c.ratio <= cfg.ttft_budget], cfg.target, bar,
                   chunks)
     rows = [_row(c, cfg, len(confident)) for c in candidates]
     chosen, best = choose(rows)
@@ -540,3 +540,48 @@ def _confident_needed(target: float, z: float = 1.96) -> int | str:
 
 __all__ = ["CalibrateConfig", "Candidate", "calibrate", "calibration_line", "grid", "other_lines", "other_variant",
            "record", "record_of", "summary_line", "table_lines"]
+
+
+def calibrate_store(store, cfg: CalibrateConfig = CalibrateConfig(), model: str = "default", device: str = "cpu",
+                    dtype: str = DTYPE, progress: bool = True) -> dict:
+    """`sparsecache calibrate`: open `store` (refused before the model loads where it holds no
+    documents), measure `cfg`'s candidates (`calibrate`) and, where one meets the target (or
+    `cfg.accept_best` names the best), record it (`record`): the result, with `recorded_version`
+    and `recorded` where something was recorded."""
+    from ..kvstore.view import KVStore
+    from .session import Session
+
+    kv = KVStore.open(store)
+    require_documents(kv)  # before the model loads
+    result = calibrate(Session(kv, model, device, dtype=dtype), cfg, progress=progress)
+    label = result["chosen"] or (result["best"] if cfg.accept_best else None)
+    if label is not None:
+        result["recorded_version"] = record(store, result, label)
+        result["recorded"] = record_of(result, label)
+    return result
+
+
+def report_lines(result: dict) -> list[str]:
+    """`calibrate_store`'s result as the CLI prints it: the table, the other variant, the outcome,
+    the time and what was recorded."""
+    secs = result["seconds"]
+    lines = table_lines(result) + other_lines(result) + [
+        "", summary_line(result), f"measured in {sum(secs.values()) / 60:.1f} min (full prefill's answers "
+        f"{secs['reference']:.0f} s, TTFT {secs['ttft']:.0f} s, fidelity {secs['fidelity']:.0f} s"
+        + (f", the other variant {secs['other_variant']:.0f} s" if "other_variant" in secs else "") + ")"]
+    if "recorded" in result:
+        lines.append(f"recorded as version {result['recorded_version']} for {result['device']}: "
+                     + calibration_line(result["recorded"]))
+    else:
+        lines.append("nothing recorded (--accept-best records the best candidate anyway)")
+    return lines
+
+
+def recalibrate(store, model: str = "default", device: str = "cpu", progress: bool = True) -> dict:
+    """`encode-corpus --calibrate`: `calibrate_store` again with the last calibration's target,
+    budget, questions and k for this kind of device (CalibrateConfig's defaults where there is none)."""
+    from ..store import Store
+
+    last = Store.open(store).calibration().get(device.split(":")[0], {})
+    cfg = CalibrateConfig(**{k: last[k] for k in ("target", "ttft_budget", "questions", "top_k") if k in last})
+    return calibrate_store(store, cfg, model, device, progress=progress)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..dtypes import DTYPE, DTYPES  # noqa: F401  (the query's dtype names: the CLI and Session read them here)
 from ..errors import ConfigError
@@ -64,6 +64,11 @@ class QueryConfig:
     # cheap contexts (#69, `cheap.py`): retrieved contexts under this many tokens are prefilled
     # (method full) instead of read from the store; None: the rule by model and device, 0: never
     prefill_under: int | None = None
+    # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
+    # effect (the one given, else the method's own) and whether it recomputes anything.
+    spec: methods.Method = field(init=False, repr=False, compare=False)
+    ratio: float = field(init=False, repr=False, compare=False)
+    recomputes: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.method not in methods.REGISTRY:
@@ -77,6 +82,10 @@ class QueryConfig:
         if self.reorder not in REORDERS:
             raise ConfigError(f"--reorder must be one of {', '.join(REORDERS)}, got {self.reorder!r}")
         spec = methods.get(self.method)
+        ratio = spec.ratio if self.recompute_ratio is None else self.recompute_ratio
+        object.__setattr__(self, "spec", spec)  # a frozen dataclass's derived fields
+        object.__setattr__(self, "ratio", ratio)
+        object.__setattr__(self, "recomputes", spec.recomputes and ratio > 0)
         for name in EXCLUSIVE_OPTIONS:
             if getattr(self, name) is not None and name not in spec.options:
                 owners = [m for m in methods.names() if name in methods.get(m).options]
@@ -93,21 +102,13 @@ class QueryConfig:
         if self.reorder != "none" and not spec.reorders:
             raise ConfigError(f"--reorder {self.reorder} lays out decoded chunks; it does not apply to --method {self.method}")
 
-    @property
-    def ratio(self) -> float:
-        """The recompute ratio in effect: the one given, else the method's own."""
-        return methods.get(self.method).ratio if self.recompute_ratio is None else self.recompute_ratio
-
-    @property
-    def recomputes(self) -> bool:
-        return methods.get(self.method).recomputes and self.ratio > 0
-
     def layer(self, n_layers: int) -> int:
+        """The layer a scorer reads in a model of `n_layers`: --score-layer, else the method's own."""
         if self.score_layer is not None:
             if not 0 <= self.score_layer < n_layers:
                 raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
             return self.score_layer
-        return methods.get(self.method).layer(n_layers)
+        return self.spec.layer(n_layers)
 
 
 def calibrated(records: Mapping, device: str) -> QueryConfig | None:

@@ -30,7 +30,7 @@ from ..model.generate import (
 from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
-from . import cheap, methods
+from . import cheap
 from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig, calibrated
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
@@ -181,7 +181,7 @@ class Session:
         prefilled = cfg.method != "full" and under > 0 and length < under
         if prefilled:  # prefilling these few tokens costs less than the store path (`cheap.py`)
             cfg = QueryConfig(method="full", order=cfg.order, prefill_under=cfg.prefill_under)
-        p = methods.get(cfg.method).prefilled(self.context(), ids, q_ids, cfg, watch)
+        p = cfg.spec.prefilled(self.context(), ids, q_ids, cfg, watch)
         with watch.step("first_token"):
             first = int(p.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}

@@ -4,6 +4,8 @@ store encoded with a learned wrapper."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..errors import ConfigError
 from . import methods
 
@@ -43,7 +45,7 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
             key, eq, value = extra.partition("=")
             if extra == "reorder":
                 cfg["reorder"] = "attention"
-            elif eq and key in QueryConfig.__dataclass_fields__:
+            elif eq and key in {f.name for f in dataclasses.fields(QueryConfig) if f.init}:
                 cfg[key] = _field_value(value)
             else:
                 raise ConfigError(f"--methods: unknown suffix +{extra} in {item!r} (+reorder or +field=value)")

@@ -303,14 +303,14 @@ class Store:
 
     def latest(self) -> "Store":
         """The newest published version of this store; what never changes over a store's life
-        (its shared prefix, and what a subclass keeps in `_carried`) is carried over, not read again."""
+        (its shared prefix, and what a subclass names in `CARRIED`) is carried over, not read again."""
         return self.at(None)
 
     def at(self, version: int | None) -> "Store":
         """Version `version` (None: the newest) of this store, opened through the same backend,
         with what never changes over a store's life carried over (`latest`)."""
         new = type(self).open(self.backend, version)
-        for name in self._carried:
+        for name in self.CARRIED:
             setattr(new, name, getattr(self, name))
         return new
 
@@ -326,7 +326,7 @@ class Store:
         self._prefix_group()
         return self
 
-    _carried = ("_prefix",)
+    CARRIED = ("_prefix",)  # attributes that never change over a store's life: `at` carries them to a newer version
 
     def calibration(self) -> dict:
         """This version's measured query configuration, {device kind: record} ({} where none:

@@ -73,6 +73,11 @@ class Manifest:
                                    f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
         return self._documents
 
+    def hold_live_rows(self, rows: np.ndarray) -> None:
+        """Keep int64 [n_live] `rows` as this version's live rows: what its writer just wrote to the
+        bitmap, so `live_rows` need not read it back."""
+        self._rows = rows
+
     def live_rows(self) -> np.ndarray:
         """int64 [n_live] chunk rows of live documents, ascending."""
         if self._rows is None:

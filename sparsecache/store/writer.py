@@ -369,7 +369,7 @@ class Writer:
         m.segments = appended(self.backend, refs, segment)
         m.live = write_live(self.backend, live)
         m.n_documents, m.live_chunks, m.live_tokens = n_documents, int(live.sum()), int(tokens)
-        m._rows = np.flatnonzero(live).astype(np.int64)
+        m.hold_live_rows(np.flatnonzero(live).astype(np.int64))
 
     def publish_manifest(self, m: Manifest, calibration: dict | None = None) -> None:
         """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending.

@@ -5,7 +5,7 @@ A wrapper is `header` [H, d] and `trailer` [T, d]: vectors in the model's input-
 `prefix | header | chunk | trailer`, and a query lays the wrapped chunks out one after another,
 `prefix | header chunk₁ trailer | header chunk₂ trailer | … | question`, at consecutive global
 positions, so the header's K/V is the same for every chunk (it sees only the prefix and itself).
-The model is never changed: the wrapper is learned by self-distillation (`learn_wrapper.py`)
+The model is never changed: the wrapper is learned by self-distillation (`learn.py`)
 so that the wrapped chunks, read without recomputing anything, answer as full prefill does.
 
 This module holds the artifact (safetensors + JSON, found by the model's fingerprint like a

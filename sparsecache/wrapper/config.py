@@ -30,7 +30,7 @@ class WrapperConfig:
     prompts: int = 400  # distinct training prompts, cycled
     text_share: float = 0.25  # prompts that are running text (continue k chunks of calibration text), not questions
     # where the question prompts come from (#69): "specimens+cloze" (half synthetic specimen logs, a generator
-    # no evaluation uses, half cloze over the calibration text's train part: `wrapper_data.py`) or
+    # no evaluation uses, half cloze over the calibration text's train part: `data.py`) or
     # "fidelity-train" (the entity suite's train split, how the wrapper shipped on 2026-11-28 was learned)
     questions: str = "specimens+cloze"
     answer_tokens: int = 24  # teacher's greedy answer: the tokens the loss is taken on

@@ -1,4 +1,4 @@
-"""Learning a chunk wrapper (`wrapper.py`) by self-distillation, the model frozen (KV Packet).
+"""Learning a chunk wrapper (`apply.py`) by self-distillation, the model frozen (KV Packet).
 
 Teacher: the model's full prefill of `prefix + k chunks + question`, its greedy answer and its
 next-token distributions along that answer (the top `top` log-probabilities per token, kept on
@@ -8,7 +8,7 @@ KL divergence from teacher to student on the answer's tokens. A share of the pro
 running text instead (k consecutive pieces of calibration text and the text that follows them),
 so wrapped chunks also continue text as the concatenation would.
 
-Questions come from sources no evaluation draws from (`wrapper_data.py`, #69): specimen logs
+Questions come from sources no evaluation draws from (`data.py`, #69): specimen logs
 from a generator used nowhere else and cloze over the calibration text's train part (or, with
 `questions="fidelity-train"`, the fidelity suite's generator with the `train` split's own
 pools, how the wrapper shipped on 2026-11-28 was learned); the learning curve is measured on the dev split's first

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from ...model.cache import Context
     from ...stopwatch import Stopwatch
+    from ..config import QueryConfig  # for annotations only: query.config validates against this registry
     from ..context import QueryContext
-    # ("QueryConfig" is query.config's, which imports this module: named, not imported)
 
 # A QueryConfig field that only some methods read: the methods that read it name it in
 # `Method.options`, and QueryConfig refuses it set with any other.
