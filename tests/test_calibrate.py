@@ -188,7 +188,7 @@ def test_a_choice_is_used_only_on_its_kind_of_device_and_follows_publishes(tiny_
     assert s.default_config() == QueryConfig(method="cacheblend", recompute_ratio=0.05)
     assert s.query("When was Velmora founded?", max_new_tokens=1).method == "cacheblend"
     assert s.query("When was Velmora founded?", max_new_tokens=1, method="none").method == "none"
-    assert s.configured({"method": None, "recompute_ratio": 0.25}).recompute_ratio == 0.25  # a ratio given wins
+    assert s.configured(QueryConfig(method=None, recompute_ratio=0.25)).recompute_ratio == 0.25  # a ratio given wins
     # a nightly publish carries it forward; pruning deletes the versions' own
     (tmp_path / "more").mkdir()
     (tmp_path / "more" / "extra.txt").write_text(town("Hollin", 9))

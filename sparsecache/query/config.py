@@ -30,7 +30,8 @@ MAX_NEW_TOKENS = 64  # tokens a query generates
 class QueryConfig:
     """How a query lays out and fuses retrieved chunks; validated on construction.
 
-    - method: a name in the registry (`sparsecache.query.methods`): `none` (decoded KV as is), a
+    - method: a name in the registry (`sparsecache.query.methods`), or None for the store's
+      measured choice (`sparsecache calibrate`), resolved by the session (`over`): `none` (decoded KV as is), a
       scorer (`a3`, `infoflow`, `cacheblend`, `cacheclip`: recompute the tokens it selects),
       `cake` (recompute the first chunks by prefill while the last ones are read and decoded,
       on two threads), `full` (prefill everything, no cache), `raw` (exact fp16 KV), …;
@@ -47,7 +48,7 @@ class QueryConfig:
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
-    method: str = DEFAULT_METHOD  # #69's rule (above), at the method's own ratio (infoflow: 0.1)
+    method: str | None = DEFAULT_METHOD  # #69's rule (above), at the method's own ratio (infoflow: 0.1)
     recompute_ratio: float | None = None  # None: the method's own (`Method.ratio`: infoflow 0.1, superposition 0.5, others 0.25)
     group_window: int = 8
     group_min: int = 0
@@ -65,13 +66,16 @@ class QueryConfig:
     # (method full) instead of read from the store; None: the rule by model and device, 0: never
     prefill_under: int | None = None
     # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
-    # effect (the one given, else the method's own) and whether it recomputes anything.
-    spec: methods.Method = field(init=False, repr=False, compare=False)
-    ratio: float = field(init=False, repr=False, compare=False)
-    recomputes: bool = field(init=False, repr=False, compare=False)
+    # effect (the one given, else the method's own) and whether it recomputes anything; None while the method is.
+    spec: methods.Method | None = field(init=False, repr=False, compare=False)
+    ratio: float | None = field(init=False, repr=False, compare=False)
+    recomputes: bool | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if self.method not in methods.REGISTRY:
+        for name in ("spec", "ratio", "recomputes"):
+            object.__setattr__(self, name, None)  # a frozen dataclass's derived fields
+        # method None (the store's choice): what depends on the method is checked once `over` names it
+        if self.method is not None and self.method not in methods.REGISTRY:
             raise ConfigError(f"--method must be one of {', '.join(methods.names())}, got {self.method!r}")
         if self.recompute_ratio is not None and not 0.0 <= self.recompute_ratio <= 1.0:
             raise ConfigError(f"--recompute-ratio must be in [0, 1], got {self.recompute_ratio}")
@@ -81,16 +85,17 @@ class QueryConfig:
             raise ConfigError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.reorder not in REORDERS:
             raise ConfigError(f"--reorder must be one of {', '.join(REORDERS)}, got {self.reorder!r}")
-        spec = methods.get(self.method)
-        ratio = spec.ratio if self.recompute_ratio is None else self.recompute_ratio
-        object.__setattr__(self, "spec", spec)  # a frozen dataclass's derived fields
-        object.__setattr__(self, "ratio", ratio)
-        object.__setattr__(self, "recomputes", spec.recomputes and ratio > 0)
-        for name in EXCLUSIVE_OPTIONS:
-            if getattr(self, name) is not None and name not in spec.options:
-                owners = [m for m in methods.names() if name in methods.get(m).options]
-                raise ConfigError(f"--{name.replace('_', '-')} applies to --method {' or '.join(owners)}, "
-                                  f"not {self.method}")
+        spec = methods.get(self.method) if self.method is not None else None
+        if spec is not None:
+            ratio = spec.ratio if self.recompute_ratio is None else self.recompute_ratio
+            object.__setattr__(self, "spec", spec)
+            object.__setattr__(self, "ratio", ratio)
+            object.__setattr__(self, "recomputes", spec.recomputes and ratio > 0)
+            for name in EXCLUSIVE_OPTIONS:
+                if getattr(self, name) is not None and name not in spec.options:
+                    owners = [m for m in methods.names() if name in methods.get(m).options]
+                    raise ConfigError(f"--{name.replace('_', '-')} applies to --method {' or '.join(owners)}, "
+                                      f"not {self.method}")
         if self.cake_split is not None and self.cake_split < 0:
             raise ConfigError("--cake-split is a number of chunks >= 0")
         if self.selector_layers is not None and self.selector_layers < 1:
@@ -99,8 +104,16 @@ class QueryConfig:
             raise ConfigError(f"--prefill-under must be a number of tokens >= 0, got {self.prefill_under}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
-        if self.reorder != "none" and not spec.reorders:
+        if spec is not None and self.reorder != "none" and not spec.reorders:
             raise ConfigError(f"--reorder {self.reorder} lays out decoded chunks; it does not apply to --method {self.method}")
+
+    def over(self, base: "QueryConfig") -> "QueryConfig":
+        """This config where it names a method; else `base`'s method (a store's measured choice) with
+        these settings, at this recompute ratio where one is given, else `base`'s."""
+        if self.method is not None:
+            return self
+        ratio = self.recompute_ratio if self.recompute_ratio is not None else base.recompute_ratio
+        return dataclasses.replace(self, method=base.method, recompute_ratio=ratio)
 
     def layer(self, n_layers: int) -> int:
         """The layer a scorer reads in a model of `n_layers`: --score-layer, else the method's own."""

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import functools
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,7 +137,7 @@ class Session:
         (agreement that survives one different word). A method that kept every chunk is compared
         in its own order; one that dropped chunks (superposition) with full prefill of every
         retrieved chunk in the query's order, what answering without sparsecache would read."""
-        cfg = config or self.default_config()
+        cfg = self.configured(config)
         retrieved = [c["id"] for c in answer.chunks]
         kept_all = sorted(answer.context_ids) == sorted(retrieved)
         ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
@@ -160,7 +159,7 @@ class Session:
         `logprobs`, the answer carries the distributions behind its tokens (and the reference's)."""
         if config is None:  # the store's measured choice, unless these changes name a method
             config = QueryConfig() if "method" in changes else self.default_config()
-        cfg = dataclasses.replace(config, **changes)
+        cfg = self.configured(dataclasses.replace(config, **changes))
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
         watch = Stopwatch(self.device)
@@ -218,17 +217,12 @@ class Session:
 
     _warned_at: int | None = None
 
-    def configured(self, fields: Mapping) -> QueryConfig:
-        """A QueryConfig from `fields` (its field names, as the CLI's options give them); where
-        they name no method (absent or None), `default_config`'s method and, unless they set one,
-        its ratio."""
-        fields = dict(fields)
-        if fields.get("method") is None:
-            base = self.default_config()
-            fields["method"] = base.method
-            if fields.get("recompute_ratio") is None:
-                fields["recompute_ratio"] = base.recompute_ratio
-        return QueryConfig(**fields)
+    def configured(self, config: QueryConfig | None = None) -> QueryConfig:
+        """`config` with its method named: None is `default_config`; a config whose method is None
+        takes `default_config`'s method and, unless it sets one, its ratio (`QueryConfig.over`)."""
+        if config is None:
+            return self.default_config()
+        return config if config.method is not None else config.over(self.default_config())
 
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store
@@ -293,18 +287,16 @@ def _hit(c, score: float | None) -> dict:
     return {"id": c.id, "doc_id": c.doc_id, "ordinal": c.ordinal, "score": score}
 
 
-def ask(store: str | Path | KVStore, question: str, config: QueryConfig | Mapping | None = None, *,
-        model: str = "default", device: str = "cpu", dtype: str = DTYPE, compare: bool = False,
-        **query_args) -> tuple[Answer, dict | None]:
-    """One question, as `sparsecache query` asks it: a Session over `store`, its answer under
-    `config` (a QueryConfig, or its fields as options give them: `Session.configured`; None:
-    the store's choice, `Session.default_config`; `Session.query`'s keyword arguments in
-    `query_args`), and with `compare` how it compares with full prefill of the same chunks
-    (`Session.compare`; None without)."""
+def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None = None, *, model: str = "default",
+        device: str = "cpu", dtype: str = DTYPE, top_k: int = TOP_K, chunks: list[str] | None = None,
+        max_new_tokens: int = MAX_NEW_TOKENS, compare: bool = False) -> tuple[Answer, dict | None]:
+    """One question, as `sparsecache query` asks it: a Session over `store` and its answer under
+    `config` (None, or a config whose method is None: the store's measured choice,
+    `Session.configured`) from the `top_k` retrieved chunks (or the given `chunks`), and with
+    `compare` how it compares with full prefill of the same chunks (`Session.compare`; None without)."""
     session = Session(store, model, device, dtype=dtype)
-    if isinstance(config, Mapping):
-        config = session.configured(config)
-    answer = session.query(question, config, **query_args)
+    config = session.configured(config)
+    answer = session.query(question, config, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
     if not compare:
         return answer, None
-    return answer, session.compare(question, answer, config, query_args.get("max_new_tokens", MAX_NEW_TOKENS))
+    return answer, session.compare(question, answer, config, max_new_tokens)

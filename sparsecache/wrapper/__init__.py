@@ -1,16 +1,18 @@
 """The chunk wrapper: learned soft tokens encoded around every chunk so that chunks encoded
-alone read as they would in context (KV Packet). Its settings (`config`), the neutral data it
-learns from (`data`), learning it by self-distillation with the model frozen (`learn`), and
-applying it: loading, encoding wrapped chunks, the placeholders a served prompt carries
-(`apply`)."""
+alone read as they would in context (KV Packet). Its settings (`config`, light: the CLI reads
+them), the neutral data it learns from (`data`), learning it by self-distillation with the model
+frozen (`learn`), and applying it: loading, encoding wrapped chunks, the placeholders a served
+prompt carries (`apply`).
 
-from .apply import (
-    Wrapper,
-    load_wrapper,
-    placeholder_id,
-    store_wrapping,
-    wrapped_kv,
-    wrapper_for,
-)
+`from sparsecache.wrapper import Wrapper` (any name of `apply`) resolves on first use, so
+reading the config does not import torch.
+"""
 
-__all__ = ["Wrapper", "load_wrapper", "placeholder_id", "store_wrapping", "wrapped_kv", "wrapper_for"]
+
+def __getattr__(name: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(f"{__name__}.apply"), name)
+    except AttributeError:
+        raise AttributeError(f"module 'sparsecache.wrapper' has no attribute {name!r}") from None
