@@ -21,36 +21,41 @@ __version__ = "0.1.0"
 # gives the module itself (the same object), with a DeprecationWarning naming where it lives now.
 MOVED = {"calibrate": "query.calibrate", "check": "model.check", "fingerprint": "model.fingerprint",
          "gguf": "model.gguf", "index": "kvstore.index", "index_config": "kvstore.index_config",
-         "learn_wrapper": "wrapper.learn", "serving": "vllm.serving", "text": "text.documents",
+         "learn_wrapper": "wrapper.learn", "serving": "vllm.serving",
          "wrapper_config": "wrapper.config", "wrapper_data": "wrapper.data", "ingest.corpus": "text.corpus",
          "query.generate": "model.generate", "query.stack": "model.stack", "bench.cloze": "measure.cloze",
          "bench.machine": "measure.machine"}
 
 
 class _MovedFinder:
-    """Finds `sparsecache.<former name>` for a module in MOVED and loads the module it became."""
+    """Finds `sparsecache.<former name>` for a module in MOVED and loads the module it became
+    (its own `__spec__`, which the import system overwrites with the former name's, put back)."""
+
+    _specs: dict = {}
 
     @classmethod
     def find_spec(cls, fullname, path=None, target=None):
         import importlib.util
 
         former = fullname.removeprefix(__name__ + ".")
-        if former == fullname or former not in MOVED or former == "text":  # `text` is a package now
+        if former == fullname or former not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, cls)
 
-    @staticmethod
-    def create_module(spec):
+    @classmethod
+    def create_module(cls, spec):
         import importlib
         import warnings
 
         now = f"{__name__}.{MOVED[spec.name.removeprefix(__name__ + '.')]}"
         warnings.warn(f"{spec.name} is now {now}", DeprecationWarning, stacklevel=3)
-        return importlib.import_module(now)
+        module = importlib.import_module(now)
+        cls._specs[now] = module.__spec__
+        return module
 
-    @staticmethod
-    def exec_module(module):
-        pass
+    @classmethod
+    def exec_module(cls, module):
+        module.__spec__ = cls._specs.pop(module.__name__)
 
 
 sys.meta_path.append(_MovedFinder)
