@@ -199,6 +199,7 @@ def encode_with_ray(i, r, corpus: str, url: str, model_dir: str, dict_dir: str):
     return "ran"
 
 
+@pytest.mark.long  # ~80 s; test_distributed.py encodes into a new S3 prefix on a fresh node, one at a time
 def test_two_distributed_encodes_on_a_fresh_node(s3_store, small_model_dir, small_dictionary_dir, tmp_path):
     """Two `--workers 2` encodes of different S3 stores at once on an empty cache: two drivers
     and four actors unpack the embedder and fetch dictionaries together. One round (it starts

@@ -57,6 +57,8 @@ def test_bench_omp_on_real_signals():
     assert min(ic[k] for k in ic if k.endswith("indices_per_s")) > 0
 
 
+@pytest.mark.long  # ~130 s on 2 cores: a quality guard `bench ruler` measures at scale; the real model's
+# default query (infoflow, recomputing) runs in test_the_readmes_python_example_runs and test_serve.py
 def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp_path):
     """Seeded needle task on the real model and the shipped default dictionary: over 10 trials
     of a needle in one of 4 chunks, recomputing 30% (a3, infoflow) is on average at least as

@@ -91,11 +91,14 @@ def test_a_worker_killed_once_is_retried(ray_cluster, encode, corpus, tmp_path, 
     assert_same_live_chunks(tmp_path / "s", tmp_path / "one")
 
 
-# CI kills the driver at a commit between batches and at the publish; the other three points
-# (each ~30 s of Ray start-up and encode) run with -m long
+# CI kills the driver at a commit between batches (where the workers' writes land wherever they land);
+# the other four points (each ~65 s of Ray start-up and encodes on 2 cores) run with -m long. The
+# publish is the driver's own Writer.publish, which a crash tests in one process
+# (test_store_crash.py: killed_encode_resumes_to_the_same_store[publish:1]).
 @pytest.mark.parametrize("point", [pytest.param("commit:1", marks=pytest.mark.long), "commit:2",
                                    pytest.param("commit:4", marks=pytest.mark.long),
-                                   pytest.param("index:1", marks=pytest.mark.long), "publish:1"])
+                                   pytest.param("index:1", marks=pytest.mark.long),
+                                   pytest.param("publish:1", marks=pytest.mark.long)])
 def test_driver_crash_then_corpus_change_converges(ray_cluster, encode, corpus, tmp_path, point):
     """The driver dies at a failpoint (its workers' writes land wherever they land), the corpus
     changes, the rerun (distributed) equals a fresh single-process encode of the final corpus."""
