@@ -12,15 +12,7 @@ import torch
 from ..codec.coding import GRAPH_MAX_DIM
 from ..codec.dictionary import Dictionary
 from ..codec.learn import initial_atoms
-from ..codec.omp import (
-    batch_omp,
-    batch_size_for,
-    gemm_batch_size_for,
-    gram,
-    omp_block,
-    omp_block_gemm,
-    reconstruct,
-)
+from ..codec.omp import batch_omp, batch_size_for, gemm_batch_size_for, gram, omp_block, omp_block_gemm, reconstruct
 
 
 def _heldout_signals(kind: str, count: int, layers: int = 1) -> torch.Tensor:
@@ -156,17 +148,8 @@ def bench_index_coding(idx, bits: int, atoms: int) -> dict:
     """Bits per index and CPU decode speed (indices/s) of the index codings on the same codes:
     13-bit packed rows, Elias–Fano sorted-set rows (the store's; numpy and the codec's torch
     path beside packed's torch path), and variable-length Rice-coded sorted sets."""
-    from ..codec.bitpack import (
-        pack_rows,
-        pack_sorted_rows,
-        rice_decode,
-        rice_encode,
-        rice_parameter,
-        unpack_rows,
-        unpack_rows_torch,
-        unpack_sorted_rows,
-        unpack_sorted_rows_torch,
-    )
+    from ..codec.bitpack import (pack_rows, pack_sorted_rows, rice_decode, rice_encode, rice_parameter, unpack_rows,
+                                 unpack_rows_torch, unpack_sorted_rows, unpack_sorted_rows_torch)
 
     rows, s = idx.shape
     packed = pack_rows(idx, bits)

@@ -18,13 +18,7 @@ from tqdm import tqdm
 from ..codec.coding import Codec
 from ..codec.dictionary import Dictionary
 from ..errors import TextError
-from ..model.kvmodel import (
-    KVModel,
-    continuation_logits,
-    default_prefix_ids,
-    extract_kv,
-    rotate_keys,
-)
+from ..model.kvmodel import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
 from ..text.documents import read_documents, token_chunks
 from .config import EvalConfig
 

@@ -47,15 +47,8 @@ from pathlib import Path
 
 from ..durable import write_atomic
 from ..errors import ConfigError
-from ..measure.answers import (
-    CONFIDENT_MARGIN,
-    answer_span,
-    contains,
-    summarise_values,
-    value_figures,
-    value_positions,
-    value_reference,
-)
+from ..measure.answers import (CONFIDENT_MARGIN, answer_span, contains, summarise_values, value_figures,
+                               value_positions, value_reference)
 from ..measure.stats import bootstrap, mean, wilson
 from ..measure.suite import Question
 

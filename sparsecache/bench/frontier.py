@@ -29,14 +29,7 @@ import torch
 from tqdm import tqdm
 
 from ..codec.bitpack import rice_bits, rice_parameter
-from ..codec.coding import (
-    COEF_DTYPES,
-    COEF_FORMATS,
-    INDEX_CODINGS,
-    Codec,
-    coefficient_roundtrip,
-    index_row_bytes,
-)
+from ..codec.coding import COEF_DTYPES, COEF_FORMATS, INDEX_CODINGS, Codec, coefficient_roundtrip, index_row_bytes
 from ..codec.dictionary import META_FILE, SHIPPED_DIR, DictConfig, Dictionary
 from ..codec.learn import TrainConfig, learn_dict
 from ..durable import locked, write_atomic

@@ -35,14 +35,7 @@ from ..errors import ConfigError, TextError
 from ..measure.stats import wilson
 from ..measure.suite import chunk_ids_by_doc
 from ..query.spec import WRAPPED
-from .passkey import (
-    ANSWER_PREFIX,
-    KEYS,
-    NEEDLE,
-    QUESTION,
-    filler_passages,
-    insert_sentence,
-)
+from .passkey import ANSWER_PREFIX, KEYS, NEEDLE, QUESTION, filler_passages, insert_sentence
 
 TASKS = ("single", "multikey", "multivalue", "vartrack", "cwe")
 

@@ -210,14 +210,7 @@ def _layouts(store, ids, repeats: int, out) -> list[dict]:
 
     import zarr
 
-    from ..store import (
-        CODE_ARRAYS,
-        LocalBackend,
-        compressors,
-        plain_chunks,
-        read_spans_direct,
-        read_zarr,
-    )
+    from ..store import CODE_ARRAYS, LocalBackend, compressors, plain_chunks, read_spans_direct, read_zarr
 
     m = store.manifest
     spans = store.spans(ids)

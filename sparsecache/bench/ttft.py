@@ -6,12 +6,7 @@ import contextlib
 import sys
 
 from ..errors import StoreError
-from ..measure.machine import (
-    COMPETING_LOAD,
-    competing_load,
-    drop_page_cache,
-    median_time,
-)
+from ..measure.machine import COMPETING_LOAD, competing_load, drop_page_cache, median_time
 from ..query import methods
 from ..query.config import DTYPE
 

@@ -9,16 +9,8 @@ from sparsecache.kvstore.index_config import INDEX_KINDS
 from sparsecache.measure.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
 from sparsecache.measure.suite import ENTITIES, FILLER_SENTENCES, SPLITS
 
-from .options import (
-    device_option,
-    dtype_option,
-    emit,
-    int_list,
-    json_option,
-    library_errors,
-    model_option,
-    resolve_device,
-)
+from .options import (device_option, dtype_option, emit, int_list, json_option, library_errors, model_option,
+                      resolve_device)
 
 
 @click.group()

@@ -9,16 +9,8 @@ from sparsecache.codec.codes import COEF_DTYPE_NAMES
 from sparsecache.codec.config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
 from sparsecache.wrapper.config import QUESTION_SOURCES, WrapperConfig
 
-from .options import (
-    device_option,
-    emit,
-    exact_omp_option,
-    json_option,
-    library_errors,
-    model_option,
-    resolve_device,
-    screening,
-)
+from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option, resolve_device,
+                      screening)
 
 
 @click.command("check-model")

@@ -6,25 +6,10 @@ import click
 
 from sparsecache.query import cheap, methods
 from sparsecache.query.calibrate import CalibrateConfig
-from sparsecache.query.config import (
-    MAX_NEW_TOKENS,
-    METHODS,
-    ORDERS,
-    REORDERS,
-    TOP_K,
-    QueryConfig,
-)
+from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
 
-from .options import (
-    device_option,
-    dtype_option,
-    emit,
-    fields_of,
-    json_option,
-    library_errors,
-    model_option,
-    resolve_device,
-)
+from .options import (device_option, dtype_option, emit, fields_of, json_option, library_errors, model_option,
+                      resolve_device)
 
 
 @click.command("query")

@@ -6,12 +6,7 @@ import click
 
 from sparsecache.query import cheap, methods
 from sparsecache.query.config import DEFAULT_METHOD
-from sparsecache.vllm.server import (
-    CPU_MAX_NUM_SEQS,
-    KV_CACHE_SHARE,
-    MAX_TOP_K,
-    ServeConfig,
-)
+from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
 from .options import library_errors, model_option
 

@@ -11,15 +11,7 @@ from sparsecache.ingest.config import EncodeOptions
 from sparsecache.kvstore.index_config import INDEX_KINDS, KIND_HELP
 from sparsecache.wrapper.config import DEFAULT_WRAPPER_HELP
 
-from .options import (
-    device_option,
-    emit,
-    exact_omp_option,
-    json_option,
-    library_errors,
-    model_option,
-    resolve_device,
-)
+from .options import device_option, emit, exact_omp_option, json_option, library_errors, model_option, resolve_device
 
 store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 

@@ -20,10 +20,7 @@ INDEX_CODINGS = ("packed", "elias-fano")
 
 def index_row_bytes(config, indices: str) -> int:
     """Bytes of one signal's atom indices for a DictConfig under an index coding."""
-    from .bitpack import (  # torch: not needed for the names above (the CLI's choices)
-        ef_row_bytes,
-        row_bytes,
-    )
+    from .bitpack import ef_row_bytes, row_bytes  # torch: not needed for the names above (the CLI's choices)
 
     if indices == "elias-fano":
         return ef_row_bytes(config.sparsity, config.atoms)

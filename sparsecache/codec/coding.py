@@ -14,13 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .bitpack import (
-    ef_low_bits,
-    pack_rows,
-    pack_sorted_rows,
-    unpack_rows_torch,
-    unpack_sorted_rows_torch,
-)
+from .bitpack import ef_low_bits, pack_rows, pack_sorted_rows, unpack_rows_torch, unpack_sorted_rows_torch
 from .codes import COEF_DTYPE_NAMES, INDEX_CODINGS, Codes, index_row_bytes
 from .dictionary import Dictionary
 from .omp import Screening, batch_omp, gram, reconstruct

@@ -24,13 +24,7 @@ from ..codec.learn import AdaptConfig
 from ..codec.omp import EXACT, Screening
 from ..errors import ConfigError
 from ..kvstore.index import Embedder, FaissIndexer
-from ..model.kvmodel import (
-    KVModel,
-    chunk_context_ids,
-    extract_kv,
-    prefix_ids,
-    use_soft_tokens,
-)
+from ..model.kvmodel import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store import StoreConfig, Writer
 from ..text.corpus import Chunk, Source, chunks, scan

@@ -406,9 +406,7 @@ class Rope:
         import importlib
 
         check_config(config, getattr(config, "_name_or_path", "") or config.model_type)
-        from transformers.models.auto.modeling_auto import (
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        )
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         causal_lm = getattr(importlib.import_module("transformers"), MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
         module = importlib.import_module(causal_lm.__module__)

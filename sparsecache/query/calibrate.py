@@ -148,12 +148,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     Records nothing (`record` does)."""
     from tqdm import tqdm
 
-    from ..measure.answers import (
-        CONFIDENT_MARGIN,
-        contains,
-        value_positions,
-        value_reference,
-    )
+    from ..measure.answers import CONFIDENT_MARGIN, contains, value_positions, value_reference
 
     store = session.store
     require_documents(store)

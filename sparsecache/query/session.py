@@ -20,12 +20,7 @@ from .. import OPENMP_SPINS
 from ..errors import ConfigError, VersionGone
 from ..kvstore.view import KVStore
 from ..model.cache import truncate
-from ..model.generate import (
-    forced_logprobs,
-    greedy_continue,
-    question_ids,
-    top1_agreement,
-)
+from ..model.generate import forced_logprobs, greedy_continue, question_ids, top1_agreement
 from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS

@@ -49,14 +49,7 @@ from .backend import Backend, LocalBackend, ObjectBackend, is_url, open_backend
 from .compact import compact
 from .layout import CODE_ARRAYS, FORMAT_VERSION, StoreConfig, compressors
 from .layout import config_for as _config_for
-from .reader import (
-    ChunkCodes,
-    ChunkInfo,
-    Store,
-    plain_chunks,
-    read_spans_direct,
-    read_zarr,
-)
+from .reader import ChunkCodes, ChunkInfo, Store, plain_chunks, read_spans_direct, read_zarr
 from .verify import verify
 from .versions import Lease, Lock, Manifest, VersionPoller
 from .versions import read_manifest as _read_manifest

@@ -5,15 +5,7 @@ from __future__ import annotations
 from ..codec.config import DictConfig
 from ..errors import ConfigError
 from ..failpoints import failpoint
-from .layout import (
-    CODE_ARRAYS,
-    TABLE_STR,
-    Indexer,
-    create_generation,
-    now,
-    put,
-    store_config,
-)
+from .layout import CODE_ARRAYS, TABLE_STR, Indexer, create_generation, now, put, store_config
 from .reader import Store
 from .versions import Manifest, read_manifest
 from .writer import Writer

@@ -17,12 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..codec.codes import (
-    COEF_DTYPE_NAMES,
-    INDEX_CODINGS,
-    STORAGE_DTYPES,
-    index_row_bytes,
-)
+from ..codec.codes import COEF_DTYPE_NAMES, INDEX_CODINGS, STORAGE_DTYPES, index_row_bytes
 from ..errors import ConfigError, StoreError
 from .backend import Backend
 

@@ -19,18 +19,8 @@ from ..errors import StoreCorrupt, StoreError, VersionGone
 from ..model.fingerprint import check_same_model
 from .backend import Backend, open_backend
 from .calibration import read_calibration
-from .layout import (
-    CODE_ARRAYS,
-    TABLE_STR,
-    legacy_strings,
-    open_group,
-    read_rows,
-    read_strings,
-    root_attrs,
-    store_config,
-    text_arrays,
-    zarr_points,
-)
+from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_rows, read_strings, root_attrs,
+                     store_config, text_arrays, zarr_points)
 from .versions import READ_ATTEMPTS, Manifest, manifest_key, read_manifest, versions
 
 INFO_COLUMNS = ("doc_id", "ordinal", "token_offset", "token_length")  # a ChunkInfo's, beside its id

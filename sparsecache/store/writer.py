@@ -25,34 +25,10 @@ from ..model.fingerprint import check_same_model
 from .backend import Backend, open_backend
 from .calibration import FOLDER as CALIBRATION
 from .calibration import read_calibration, write_calibration
-from .layout import (
-    ATTR,
-    CODE_ARRAYS,
-    FORMAT_VERSION,
-    MARKER,
-    TABLE_INT,
-    TABLE_STR,
-    DictionaryCopy,
-    Indexer,
-    StoreConfig,
-    compressors,
-    create_generation,
-    legacy_strings,
-    now,
-    open_group,
-    put,
-    root_attrs,
-    store_config,
-    write_strings,
-)
-from .versions import (
-    Manifest,
-    manifest_key,
-    publish,
-    read_manifest,
-    versions,
-    writer_lock,
-)
+from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, DictionaryCopy, Indexer,
+                     StoreConfig, compressors, create_generation, legacy_strings, now, open_group, put, root_attrs,
+                     store_config, write_strings)
+from .versions import Manifest, manifest_key, publish, read_manifest, versions, writer_lock
 
 PENDING = "pending.json"
 INDEX_MERGE_RATIO = 2  # merge the newest index segment into the one before while that one holds at most 2x its rows

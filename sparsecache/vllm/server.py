@@ -326,9 +326,7 @@ class RagHandler:
         return await self._serve(request, raw_request, self._inner.create_completion)
 
     async def _serve(self, request, raw_request, call):
-        from vllm.entrypoints.serve.exception_handling.error_response import (
-            create_error_response,
-        )
+        from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
         rag, endpoint = self._rag, self._endpoint
         try:
@@ -387,10 +385,7 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
     sized by `kv_cache_bytes` on a CPU. Settings that cannot start raise ConfigError here, before
     any engine process exists."""
     import torch
-    from vllm.entrypoints.launchers.cli_args import (
-        make_arg_parser,
-        validate_parsed_serve_args,
-    )
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from ..model.gguf import model_dir
@@ -466,10 +461,7 @@ def cpu_memory() -> tuple[int, int]:
     """(NUMA node, bytes available on it) for the node vLLM's CPU worker allocates from: the node
     of the first CPU this process may run on, read as vLLM reads it (cgroup limits included)."""
     try:
-        from vllm.utils.cpu_resource_utils import (
-            get_allowed_cpu_list,
-            get_memory_node_info,
-        )
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
 
         node = get_allowed_cpu_list()[0].numa_node
         return node, int(get_memory_node_info(node).available_memory)

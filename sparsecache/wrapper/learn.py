@@ -29,13 +29,7 @@ import torch
 
 from ..durable import write_atomic
 from ..model.cache import truncate
-from ..model.generate import (
-    forced_agreement,
-    full_prefill,
-    greedy_continue,
-    prefill,
-    question_ids,
-)
+from ..model.generate import forced_agreement, full_prefill, greedy_continue, prefill, question_ids
 from ..model.kvmodel import KVModel, default_prefix_ids, kv_cache
 from .apply import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
 from .config import WrapperConfig
