@@ -4,13 +4,13 @@ the cheapest query configuration that meets a stated target, kept with the store
 How much recomputation a corpus needs to give full prefill's answers depends on the model, the
 corpus and the device, so it is measured here rather than fixed once:
 
-1. **Questions** (`bench.cloze`, style `continue`): sentences of the store's own chunks that
+1. **Questions** (`measure.cloze`, style `continue`): sentences of the store's own chunks that
    hold a distinctive span (an RFC, a version, an identifier, a number); the answer is begun
    with the sentence up to the span and the model continues it. Each is asked with retrieval
    over the store (`top_k` chunks), as a user's question is. No labels are needed.
 2. **The reference**: full prefill of the retrieved chunks answers every question. It is
    *confident* of an answer holding the span when, at every token of the span, its chosen token
-   is at least 4x as likely as the runner-up (`fidelity.CONFIDENT_MARGIN`, #69's rule).
+   is at least 4x as likely as the runner-up (`measure.answers.CONFIDENT_MARGIN`, #69's rule).
 3. **TTFT**: every candidate and full prefill on the first `timing_questions` questions,
    interleaved (one warm-up first), on this device; a candidate slower than `ttft_budget` x full
    prefill's cannot be chosen and is not measured further.

@@ -421,7 +421,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         """`sparsecache query`'s fusion of the step's blending requests, on vLLM's layers: decode
         each one's chunks and place them at their positions, let each question's attention choose
         its tokens and recompute them through every layer, then write each whole context. The
-        requests share each run through the layers (`methods.base.choose_many`, `blend.recompute_many`),
+        requests share each run through the layers (`methods.base.choose_many`, `model.cache.recompute_many`),
         each attending over its own context. A request that fails falls back as a failed load does
         (nothing of it written, its blocks reported, vLLM recomputes them); if the shared runs
         fail, each request is blended again alone, so one request cannot fail the others."""
@@ -458,7 +458,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
                 self._served(spec, int(chosen.numel()))
 
     def _context(self, spec: LoadSpec):
-        """The request's prefix and chunks decoded into a blend.Context at their positions."""
+        """The request's prefix and chunks decoded into a model.cache.Context at their positions."""
         store = self._store(spec.version)
         if spec.source == "raw":
             chunks = self._raw(store).chunks(store, spec.chunks).to(self.device)

@@ -20,7 +20,7 @@ QUESTION_SOURCES = ("specimens+cloze", "fidelity-train")
 
 @dataclass(frozen=True)
 class WrapperConfig:
-    """The wrapper's lengths and its self-distillation recipe (`learn_wrapper.learn_wrapper`)."""
+    """The wrapper's lengths and its self-distillation recipe (`learn.learn_wrapper`)."""
 
     header: int = 16  # soft tokens before every chunk (KV Packet's 8 + 8 in count)
     trailer: int = 0  # soft tokens after every chunk: none, since a trailer hurts the text after the last chunk

@@ -5,7 +5,7 @@ format. So the default model's wrapper learns from three sources no fidelity for
 from, each made here:
 
 - running text: continuations of the built-in calibration text's train part
-  (`learn_wrapper._text_prompts`, unchanged);
+  (`learn._text_prompts`, unchanged);
 - cloze over the same train part (`cloze_prompts`): a sentence of one of k consecutive pieces
   with a distinctive span blanked, asked as `bench fidelity --format cloze` asks (whose
   questions come from the *held-out* part, the demo corpus, instead);
@@ -90,9 +90,9 @@ def specimen_prompts(tokenize, n: int, k: int, seed: int = 0) -> list[dict]:
 
 
 def cloze_prompts(decode, windows: list[dict], n: int, seed: int = 0) -> list[dict]:
-    """`n` cloze prompts over running-text windows (`learn_wrapper._text_prompts`'s, of the
+    """`n` cloze prompts over running-text windows (`learn._text_prompts`'s, of the
     calibration text's train part): a blankable sentence of one of a window's k pieces, asked
-    as `bench.cloze` asks, with the window's pieces as the chunks; fewer if the windows hold
+    as `measure.cloze` asks, with the window's pieces as the chunks; fewer if the windows hold
     fewer such sentences. `decode(ids)` gives text."""
     from ..measure.cloze import BLANK, QUESTION, blank, sentences
 
