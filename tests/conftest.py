@@ -55,9 +55,9 @@ def _isolated_cache(tmp_path_factory):
     from sparsecache.paths import cache_root
 
     real = cache_root()
+    (real / "models").mkdir(parents=True, exist_ok=True)  # a fresh machine's first run converts into it too
     os.environ["SPARSECACHE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    (Path(os.environ["SPARSECACHE_CACHE"]) / "models").symlink_to(real / "models", target_is_directory=True) \
-        if (real / "models").exists() else None
+    (Path(os.environ["SPARSECACHE_CACHE"]) / "models").symlink_to(real / "models", target_is_directory=True)
     yield
 
 
@@ -142,6 +142,15 @@ def tiny_model(tiny_model_dir):
     from sparsecache.model import load_model
 
     return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The packaged default model converted (once per cache: its first conversion reports its
+    progress, which a test of a command's one-line output must not catch)."""
+    from sparsecache.model.gguf import model_dir
+
+    return model_dir()
 
 
 @pytest.fixture(scope="session")

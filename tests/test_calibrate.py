@@ -159,7 +159,8 @@ def test_bad_input_is_one_line_and_exit_1(tiny_store, tiny_model_dir, args, mess
     assert r.exit_code == 1 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
-def test_an_empty_store_a_missing_one_and_another_models_are_refused(tiny_store, tiny_model_dir, tmp_path):
+def test_an_empty_store_a_missing_one_and_another_models_are_refused(tiny_store, tiny_model_dir, default_model_dir,
+                                                                      tmp_path):
     run = CliRunner().invoke
     empty = copy(tiny_store / "store", tmp_path / "empty")
     (empty / "manifests" / "v000002.json").unlink()  # as a first encode that stopped after creating the store
