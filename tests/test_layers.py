@@ -275,3 +275,13 @@ print(len(sparsecache.MOVED))
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert int(r.stdout) >= 15
+
+
+def test_a_command_module_imports_no_other_command_module():
+    """The CLI's command modules share only `cli.options`; what two commands both need is a library
+    call (`encode-corpus --calibrate` calls `query.calibrate.recalibrate`, not `calibrate`'s command).
+    `cli.main` assembles them."""
+    graph = import_graph()
+    reaches = {m: sorted(d for d in deps if d.startswith("sparsecache.cli.") and d != "sparsecache.cli.options")
+               for m, deps in graph.items() if m.startswith("sparsecache.cli.") and m != "sparsecache.cli.main"}
+    assert {m: d for m, d in reaches.items() if d} == {}
