@@ -148,6 +148,47 @@ def test_an_unreachable_target_records_nothing_unless_told(tiny_store, tiny_mode
     assert r.exit_code == 0 and out["best"] is None and "recorded_version" not in out
 
 
+def test_a_lower_bound_just_under_the_target_misses_it():
+    """60 of 67 kept: the Wilson lower bound is 0.79969, reported as 0.8, and it does not meet 0.8
+    (it was compared rounded, #79)."""
+    from sparsecache.measure.stats import wilson
+    from sparsecache.query.calibrate import Candidate, candidate_row, can_reach
+
+    assert wilson(60, 67)[0] == 0.8 and wilson(60, 67, digits=None)[0] < 0.8
+    assert not can_reach(60, 0, 67, 0.8) and can_reach(61, 0, 67, 0.8)
+    c = Candidate("infoflow:0.1", {"method": "infoflow", "recompute_ratio": 0.1})
+    c.ttft_ms, c.ratio, c.rows = [1.0], 0.3, [{"kept": i < 60} for i in range(67)]
+    r = candidate_row(c, CalibrateConfig(target=0.8), 67)
+    assert r["kept_ci95"][0] == 0.8 and r["meets_target"] is False
+
+
+def test_a_choice_that_missed_its_target_says_so_wherever_it_shows(tiny_store, tiny_model, tmp_path, caplog):
+    """`calibrate --accept-best` records the best candidate when none met the target: `info`, a query
+    that uses it and `serve` say it missed (#79)."""
+    import logging
+
+    from sparsecache.query.session import Session
+    from sparsecache.store import Writer
+    from sparsecache.vllm.server import ServeConfig, served_calibration
+
+    store = copy(tiny_store / "store", tmp_path / "store")
+    record = {"method": "cacheblend", "recompute_ratio": 0.15, "label": "cacheblend:0.15", "exact": False,
+              "kept": 0.7, "kept_ci95": (0.55, 0.82), "confident": 40, "ttft_vs_full": 0.4, "met_target": False,
+              "target": 0.95, "ttft_budget": 0.5, "questions": 100, "top_k": 8, "device": "cpu",
+              "machine": "a test", "measured": "2026-12-04T00:00:00+00:00", "measured_at": 2}
+    with Writer(store) as w:
+        w.publish_calibration({"cpu": record}, note="calibrated (cpu), the best candidate")
+    shown = CliRunner().invoke(cli, ["info", str(store)])
+    assert shown.exit_code == 0 and "cacheblend:0.15" in shown.output and "MISSED its target" in shown.output
+    with pytest.warns(UserWarning, match="cacheblend:0.15: it MISSED its target"):
+        assert Session(store, tiny_model).default_config().method == "cacheblend"
+    with caplog.at_level(logging.WARNING):
+        assert served_calibration({"cpu": record}, "cpu", ServeConfig(store="x")).method == "cacheblend"
+    assert "MISSED its target" in caplog.text
+    met = CliRunner().invoke(cli, ["info", str(copy(tiny_store / "store", tmp_path / "plain"))])
+    assert "MISSED" not in met.output
+
+
 @pytest.mark.parametrize("args,message", [
     (["--target", "0"], "--target must be in (0, 1]"),
     (["--target", "1.2"], "--target must be in (0, 1]"),

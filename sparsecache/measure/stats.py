@@ -25,10 +25,12 @@ def bootstrap(items: list, statistic, resamples: int = BOOTSTRAP) -> tuple[float
 
 
 
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a binomial proportion."""
+def wilson(correct: int, n: int, z: float = 1.96, digits: int | None = 3) -> tuple[float, float]:
+    """The 95% Wilson score interval of a binomial proportion, rounded to `digits` for a report
+    (None: unrounded, which is what a comparison with a target must use: 0.79969 is not 0.8)."""
     p = correct / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)
+    lo, hi = max(0.0, centre - half), min(1.0, centre + half)
+    return (lo, hi) if digits is None else (round(lo, digits), round(hi, digits))
 

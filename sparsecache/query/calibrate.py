@@ -196,7 +196,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     seconds["fidelity"] = round(time.perf_counter() - t0, 1)
 
     # 5. the choice
-    rows = [_row(c, cfg, len(confident)) for c in candidates]
+    rows = [candidate_row(c, cfg, len(confident)) for c in candidates]
     chosen, best = choose(rows)
     result = {"questions": len(suite), "confident": len(confident), "full_correct": sum(r["correct"] for r in refs),
               "timing_questions": len(timed), "full_ttft_ms": round(full_ms, 1), "target": cfg.target,
@@ -314,7 +314,7 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
             c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
         measure_candidates(twin, suite, refs, confident, [c for c in candidates if c.ratio <= cfg.ttft_budget], cfg.target, bar,
                   chunks)
-    rows = [_row(c, cfg, len(confident)) for c in candidates]
+    rows = [candidate_row(c, cfg, len(confident)) for c in candidates]
     chosen, best = choose(rows)
     return {"wrapper": cfg.compare_wrapper, "chunks": len(ids), "chosen": chosen, "best": best, "rows": rows}
 
@@ -324,7 +324,7 @@ def can_reach(kept: int, remaining: int, confident: int, target: float) -> bool:
     bound over all `confident` questions: were it to keep every one of the `remaining`."""
     from ..measure.stats import wilson
 
-    return wilson(kept + remaining, confident)[0] >= target
+    return wilson(kept + remaining, confident, digits=None)[0] >= target
 
 
 def choose(rows: list[dict]) -> tuple[str | None, str | None]:
@@ -420,7 +420,7 @@ def _value_figures(ref: dict, reference_logprobs) -> dict:
     return value_figures(ref, reference_logprobs)
 
 
-def _row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
+def candidate_row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
     """A candidate's line of the table: its settings, TTFT against full prefill's, and (where
     measured) kept with its interval and the value tokens' agreement and KL."""
     from ..measure.answers import summarise_values
@@ -434,7 +434,7 @@ def _row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
         n, kept = len(c.rows), sum(r["kept"] for r in c.rows)
         out |= {"confident": n, "kept": round(kept / n, 4), "kept_ci95": wilson(kept, n), **summarise_values(c.rows),
                 "stopped": n < confident}  # after it could no longer reach the target
-        out["meets_target"] = out["kept_ci95"][0] >= cfg.target
+        out["meets_target"] = wilson(kept, n, digits=None)[0] >= cfg.target  # unrounded: 0.79969 misses 0.8
     else:
         out["meets_target"] = False
     return out

@@ -143,7 +143,16 @@ def calibration_line(record: Mapping) -> str:
     return (f"{record['label']}: {kept}, TTFT {record['ttft_vs_full']:.2f}x full prefill's; target {record['target']:g} "
             f"within {record['ttft_budget']:g}x, {record['questions']} cloze questions at k = {record['top_k']}; "
             f"measured on {record['machine']} ({record['device']}), {record['measured'][:10]}, version "
-            f"{record['measured_at']}")
+            f"{record['measured_at']}" + (f"; {MISSED}" if missed_target(record) else ""))
+
+
+MISSED = "it MISSED its target (recorded with --accept-best: the best candidate, not one that met it)"
+
+
+def missed_target(record: Mapping) -> bool:
+    """Whether a stored choice did not meet its target (`calibrate --accept-best` recorded the best
+    candidate anyway); records from before `met_target` was kept count as met."""
+    return record.get("met_target") is False
 
 
 # The QueryConfig fields a served request (the server's `sparsecache` option, the vLLM

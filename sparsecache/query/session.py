@@ -25,7 +25,7 @@ from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap
-from .config import DTYPE, MAX_NEW_TOKENS, TOP_K, QueryConfig, calibrated
+from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, missed_target
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
 from .overlap import Rates
@@ -203,11 +203,16 @@ class Session:
         warning says so, once per version)."""
         records = self.store.calibration()
         chosen = calibrated(records, self.device.type)
-        if chosen is None and records and self._warned_at != self.store.version:
-            self._warned_at = self.store.version
-            warnings.warn(f"{self.store.backend}: calibrated on {', '.join(sorted(records))}, not on "
-                          f"{self.device.type}; using the default ({QueryConfig().method}). Run `sparsecache calibrate "
-                          f"--device {self.device.type}` to measure this device's choice.", stacklevel=3)
+        if self._warned_at != self.store.version:
+            if chosen is None and records:
+                self._warned_at = self.store.version
+                warnings.warn(f"{self.store.backend}: calibrated on {', '.join(sorted(records))}, not on "
+                              f"{self.device.type}; using the default ({QueryConfig().method}). Run `sparsecache "
+                              f"calibrate --device {self.device.type}` to measure this device's choice.", stacklevel=3)
+            elif chosen is not None and missed_target(records[self.device.type]):
+                self._warned_at = self.store.version
+                warnings.warn(f"{self.store.backend}: the calibrated choice for {self.device.type}, "
+                              f"{records[self.device.type]['label']}: {MISSED}", stacklevel=3)
         return chosen or QueryConfig()
 
     _warned_at: int | None = None

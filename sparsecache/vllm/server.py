@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import logging
 import os
 import socket
 import threading
@@ -49,7 +50,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
-from ..query.config import QueryConfig, calibrated, served_config
+from ..query.config import MISSED, QueryConfig, calibrated, missed_target, served_config
 from .config import ServeConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
@@ -270,6 +271,10 @@ def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | 
     chosen = calibrated(records, device)
     if chosen is None:
         return None
+    record = records[device.split(":")[0]]
+    if missed_target(record):  # said once per version served (`Rag.base` keeps the choice per version)
+        logging.getLogger(__name__).warning("the store's calibrated choice for %s, %s: %s", device, record["label"],
+                                            MISSED)
     if chosen.method == "full":
         return served_config({"prefill_under": PREFILL_ALL}, cfg.blend, "the store's calibration")
     ratio = cfg.recompute_ratio if cfg.recompute_ratio is not None else chosen.recompute_ratio  # a ratio given wins
