@@ -57,20 +57,16 @@ from .options import (device_option, dtype_option, emit, fields_of, json_option,
 @dtype_option
 @json_option
 @library_errors
-def query_cmd(store, question, top_k, method, recompute_ratio, group_window, group_min, score_layer, max_new_tokens,
-              chunk_list, order, reorder, cake_split, selector_model, selector_layers, paths, prefill_under, compare,
-              model_path, device, dtype, as_json):
+def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model_path, device, dtype, as_json,
+              **options):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
     Prints the answer, the chunks used and where the time to first token went.
     """
     from sparsecache.query.session import ask
 
-    # no --method: the store's calibrated choice (`Session.configured`)
-    cfg = QueryConfig(method=method, recompute_ratio=recompute_ratio, group_window=group_window, group_min=group_min,
-                      score_layer=score_layer, order=order, reorder=reorder, cake_split=cake_split,
-                      selector_model=selector_model, selector_layers=selector_layers, paths=paths,
-                      prefill_under=prefill_under)
+    # the options map onto QueryConfig by name; no --method: None, the store's calibrated choice (`Session.configured`)
+    cfg = QueryConfig(**fields_of(QueryConfig, options))
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a, ref = ask(store, question, cfg, model=model_path, device=resolve_device(device), dtype=dtype, top_k=top_k,
                  chunks=chunks, max_new_tokens=max_new_tokens, compare=compare)
