@@ -17,6 +17,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
+def names_from(package: str, *modules: str):
+    """A package's module `__getattr__` that finds a name in `modules` (its own, in order) on first
+    use, so importing the package, or a light module of it, imports none of the heavy ones."""
+    import importlib
+
+    def __getattr__(name: str):
+        for module in modules:
+            found = importlib.import_module(f"{package}.{module}")
+            if hasattr(found, name):
+                return getattr(found, name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
 # Modules that moved into the package of their stage (#81), by their former names: importing one
 # gives the module itself (the same object), with a DeprecationWarning naming where it lives now.
 MOVED = {"calibrate": "query.calibrate", "check": "model.check", "fingerprint": "model.fingerprint",

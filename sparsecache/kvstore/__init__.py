@@ -9,10 +9,6 @@ resolves on first use, so the light `index_config` imports neither FAISS nor tor
 """
 
 
-def __getattr__(name: str):
-    import importlib
+from .. import names_from
 
-    try:
-        return getattr(importlib.import_module(f"{__name__}.view"), name)
-    except AttributeError:
-        raise AttributeError(f"module 'sparsecache.kvstore' has no attribute {name!r}") from None
+__getattr__ = names_from(__name__, "view")

@@ -9,11 +9,6 @@ resolves on first use, so importing a light part (`fingerprint`, `gguf`) does no
 """
 
 
-def __getattr__(name: str):
-    import importlib
+from .. import names_from
 
-    for part in ("kvmodel", "gguf"):
-        module = importlib.import_module(f"{__name__}.{part}")
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise AttributeError(f"module 'sparsecache.model' has no attribute {name!r}")
+__getattr__ = names_from(__name__, "kvmodel", "gguf")

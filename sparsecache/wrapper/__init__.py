@@ -9,10 +9,6 @@ reading the config does not import torch.
 """
 
 
-def __getattr__(name: str):
-    import importlib
+from .. import names_from
 
-    try:
-        return getattr(importlib.import_module(f"{__name__}.apply"), name)
-    except AttributeError:
-        raise AttributeError(f"module 'sparsecache.wrapper' has no attribute {name!r}") from None
+__getattr__ = names_from(__name__, "apply")
