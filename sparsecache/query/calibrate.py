@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigError, StoreError
 from . import methods
-from .config import DTYPE, TOP_K, QueryConfig, calibration_line
+from .config import DTYPE, TOP_K, QueryConfig, calibration_line, device_record
 
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
 OTHER_RATIO = 0.15  # the other scorers' (CacheBlend's constant): one each, so `calibrate --questions 100` fits 15 min
@@ -577,6 +577,6 @@ def recalibrate(store, model: str = "default", device: str = "cpu", progress: bo
     budget, questions and k for this kind of device (CalibrateConfig's defaults where there is none)."""
     from ..store import Store
 
-    last = Store.open(store).calibration().get(device.split(":")[0], {})
+    last = device_record(Store.open(store).calibration(), device) or {}
     cfg = CalibrateConfig(**{k: last[k] for k in ("target", "ttft_budget", "questions", "top_k") if k in last})
     return calibrate_store(store, cfg, model, device, progress=progress)

@@ -129,10 +129,15 @@ def calibrated(records: Mapping, device: str) -> QueryConfig | None:
     `cuda`) and stored with the version (`Store.calibration()`: {device kind: record}), or None
     where it measured none for it (a choice measured on another device is not used) or named a
     method this sparsecache does not have."""
-    record = records.get(device.split(":")[0])
+    record = device_record(records, device)
     if not record or record.get("method") not in methods.REGISTRY:
         return None
     return QueryConfig(method=record["method"], recompute_ratio=record.get("recompute_ratio"))
+
+
+def device_record(records: Mapping, device: str) -> Mapping | None:
+    """The stored calibration record for this kind of device (`cuda:1` reads `cuda`'s), or None."""
+    return records.get(device.split(":")[0])
 
 
 def calibration_line(record: Mapping) -> str:

@@ -25,7 +25,7 @@ from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap
-from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, missed_target
+from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, device_record, missed_target
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
 from .overlap import Rates
@@ -202,17 +202,17 @@ class Session:
         QueryConfig's defaults. A choice measured only on another kind of device is not used (a
         warning says so, once per version)."""
         records = self.store.calibration()
-        chosen = calibrated(records, self.device.type)
+        chosen, record = calibrated(records, self.device.type), device_record(records, self.device.type)
         if self._warned_at != self.store.version:
             if chosen is None and records:
                 self._warned_at = self.store.version
                 warnings.warn(f"{self.store.backend}: calibrated on {', '.join(sorted(records))}, not on "
                               f"{self.device.type}; using the default ({QueryConfig().method}). Run `sparsecache "
                               f"calibrate --device {self.device.type}` to measure this device's choice.", stacklevel=3)
-            elif chosen is not None and missed_target(records[self.device.type]):
+            elif chosen is not None and missed_target(record):
                 self._warned_at = self.store.version
                 warnings.warn(f"{self.store.backend}: the calibrated choice for {self.device.type}, "
-                              f"{records[self.device.type]['label']}: {MISSED}", stacklevel=3)
+                              f"{record['label']}: {MISSED}", stacklevel=3)
         return chosen or QueryConfig()
 
     _warned_at: int | None = None

@@ -50,7 +50,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
-from ..query.config import MISSED, QueryConfig, calibrated, missed_target, served_config
+from ..query.config import MISSED, QueryConfig, calibrated, device_record, missed_target, served_config
 from .config import ServeConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
@@ -271,7 +271,7 @@ def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | 
     chosen = calibrated(records, device)
     if chosen is None:
         return None
-    record = records[device.split(":")[0]]
+    record = device_record(records, device)
     if missed_target(record):  # said once per version served (`Rag.base` keeps the choice per version)
         logging.getLogger(__name__).warning("the store's calibrated choice for %s, %s: %s", device, record["label"],
                                             MISSED)
