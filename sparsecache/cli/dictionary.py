@@ -21,7 +21,8 @@ from .options import (device_option, emit, exact_omp_option, json_option, librar
 def check_model_cmd(model_path, device, as_json):
     """Check that sparsecache captures and places MODEL's K/V correctly (run it before learn-dict).
 
-    MODEL is 'default' or a local HuggingFace model directory. Three checks, fp32, on a short
+    MODEL is 'default', a packaged model's name (qwen2.5-coder-0.5b), a local HuggingFace model
+    directory or a .gguf file, as --model takes. Three checks, fp32, on a short
     held-out text: (a) captured keys, rotated to their positions, and values equal the model's
     own cache; (b) per-chunk K/V at global positions with every chunk token recomputed equals
     full prefill's logits; (c) one chunk's K/V after the prefix, nothing recomputed, equals

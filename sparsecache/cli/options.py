@@ -12,9 +12,14 @@ from sparsecache.query.config import DTYPE, DTYPES
 
 
 def model_option(f):
+    from sparsecache.model.gguf import DEFAULT_NAME
+    from sparsecache.model.packaged import PACKAGED
+
+    named = ", ".join(f"'{m.name}' ({m.directory}; `{m.setup}`)" for m in PACKAGED.values())
     return click.option("--model", "model_path", default="default", show_default=True,
-                        help="'default' (SmolLM2-135M-Instruct, packaged), a local HuggingFace model directory, or a "
-                             ".gguf file (or a directory holding one), converted once into the user cache.")(f)
+                        help=f"'default' ({DEFAULT_NAME}) or a packaged model: {named}, each checked against its "
+                             "pinned hashes and converted once into the user cache; or a local HuggingFace model "
+                             "directory, or a .gguf file (or a directory holding one), converted once the same way.")(f)
 
 
 def device_option(f):

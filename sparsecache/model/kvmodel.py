@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, ModelError
-from .gguf import DEFAULT, DEFAULT_NAME, model_dir
+from .gguf import DEFAULT, model_dir, model_name
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 # RoPE variants whose angle depends on the position alone; "dynamic" and "longrope"
@@ -203,11 +203,7 @@ def load_model(name_or_path: str = DEFAULT, device: str | torch.device = "cpu",
     except (OSError, ValueError) as e:
         raise ModelError(f"{path}: cannot load model: {str(e).splitlines()[0]}") from e
     hf.to(device).eval()
-    return KVModel(hf=hf, tokenizer=tok, name=_model_name(name_or_path, config, path))
-
-
-def _model_name(name_or_path, config, path: Path) -> str:
-    return DEFAULT_NAME if name_or_path == DEFAULT else Path(str(config._name_or_path or path.name)).name
+    return KVModel(hf=hf, tokenizer=tok, name=model_name(name_or_path, config, path))
 
 
 def _hf_config(name_or_path) -> tuple[Path, object]:
@@ -226,7 +222,7 @@ def model_fingerprint(name_or_path: str = DEFAULT) -> dict:
     """The fingerprint `load_model(name_or_path).fingerprint()` gives, from the config alone
     (a GGUF file is converted first, as `load_model` would)."""
     path, config = _hf_config(name_or_path)
-    return config_fingerprint(config, _model_name(name_or_path, config, path))
+    return config_fingerprint(config, model_name(name_or_path, config, path))
 
 
 def default_prefix_ids(model: KVModel) -> list[int]:

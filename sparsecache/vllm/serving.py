@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..kvstore.view import KVStore
 from ..model.generate import question_ids
-from ..model.gguf import DEFAULT, DEFAULT_NAME, model_dir
+from ..model.gguf import DEFAULT, model_dir, model_name
 from ..model.kvmodel import config_fingerprint
 from ..query.config import ORDERS, QueryConfig
 from ..store import VersionPoller, open_backend
@@ -94,7 +94,7 @@ class RagPrompts:
         self.store = store if isinstance(store, KVStore) else KVStore.open(open_backend(store, timeout_s))
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
-        self.store.check_model(config_fingerprint(config, DEFAULT_NAME if model == DEFAULT else path.name))
+        self.store.check_model(config_fingerprint(config, model_name(model, config, path)))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model_config = config
         self.placeholder = placeholder_id(config)

