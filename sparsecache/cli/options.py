@@ -17,7 +17,8 @@ def model_option(f):
 
     named = ", ".join(f"'{m.name}' ({m.directory}; `{m.setup}`)" for m in PACKAGED.values())
     return click.option("--model", "model_path", default="default", show_default=True,
-                        help=f"'default' ({DEFAULT_NAME}) or a packaged model: {named}, each checked against its "
+                        help=f"'default' ({DEFAULT_NAME}; for a command reading or re-indexing a store, the "
+                             f"store's own packaged model) or a packaged model: {named}, each checked against its "
                              "pinned hashes and converted once into the user cache; or a local HuggingFace model "
                              "directory, or a .gguf file (or a directory holding one), converted once the same way.")(f)
 

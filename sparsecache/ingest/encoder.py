@@ -106,11 +106,16 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOpt
     (`check.ensure_checked`: a model whose K/V would be stored wrongly is refused), then runs
     `encode_with`. The store is opened once."""
     from ..model.check import ensure_checked
+    from ..model.gguf import for_recorded
     from ..model.kvmodel import load_model, resolve_device
-    from ..store import config_for, open_backend
+    from ..store import config_for, open_backend, store_exists
+    from ..store.layout import root_attrs
     from ..wrapper.apply import wrapper_for
 
     backend = open_backend(store)
+    # a re-index with no --model keeps the store's own packaged model, as a query of it does
+    options = replace(options, model=for_recorded(options.model, root_attrs(backend)["model"])) \
+        if store_exists(backend) else options
     wrapper = wrapper_for(backend, options.wrapper, options.model)
     config = config_for(backend, **options.store_fields(), wrapper=wrapper.digest() if wrapper else None)
     dictionary = dictionary_for(backend, options.dictionary, options.model)

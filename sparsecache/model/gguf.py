@@ -69,6 +69,18 @@ def model_dir(name_or_path: str | Path = DEFAULT) -> Path:
     return out if is_standard_dir(out) else convert_gguf(gguf, out, gguf.stem)
 
 
+def for_recorded(name_or_path: str | Path, recorded: dict | None) -> str | Path:
+    """`--model` as a command that reads or re-indexes a store takes it: `default` means the
+    store's own model where the store recorded a packaged one (`recorded`: the fingerprint in its
+    attributes), so a store encoded with `--model qwen2.5-coder-0.5b` is queried, served,
+    calibrated and re-indexed with that model without saying so again; anything else as given
+    (a model other than the store's is still refused, by the fingerprint check)."""
+    if str(name_or_path) != DEFAULT or not recorded:
+        return name_or_path
+    named = [m.name for m in PACKAGED.values() if m.directory == recorded.get("name")]
+    return named[0] if named else name_or_path
+
+
 def model_name(name_or_path, config, path: Path) -> str:
     """The name records and messages give a model: a packaged model's directory name (the
     default's for `default`), else the name its config carries or its directory's."""

@@ -21,6 +21,7 @@ from ..errors import ConfigError, VersionGone
 from ..kvstore.view import KVStore
 from ..model.cache import truncate
 from ..model.generate import forced_logprobs, greedy_continue, question_ids, top1_agreement
+from ..model.gguf import for_recorded
 from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
@@ -96,8 +97,8 @@ class Session:
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
         self.device = torch.device(device)
         # `dtype` (model.query_dtype) applies to a model loaded here; a KVModel given keeps its own
-        self.model = model if isinstance(model, KVModel) else \
-            load_model(model, device=self.device, dtype=query_dtype(dtype, self.device))
+        self.model = model if isinstance(model, KVModel) else load_model(
+            for_recorded(model, self.store.attrs.get("model")), device=self.device, dtype=query_dtype(dtype, self.device))
         self.store.check_model(self.model.fingerprint())
         use_soft_tokens(self.model, self.store.soft())
         if self.device.type == "cpu":

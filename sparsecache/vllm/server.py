@@ -393,7 +393,7 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from ..model.gguf import model_dir
+    from ..model.gguf import for_recorded, model_dir
 
     connector = {"kv_connector": "SparsecacheConnector", "kv_connector_module_path": "sparsecache.vllm",
                  "kv_role": "kv_consumer", "kv_load_failure_policy": "recompute",
@@ -406,7 +406,8 @@ def vllm_args(cfg: ServeConfig, store, model_config=None):
     if dtype == "auto" and not on_gpu:
         dtype = "float32"
     name = cfg.served_model_name or store.attrs["model"].get("name") or "default"
-    argv = ["--model", str(model_dir(cfg.model)), "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,
+    path = model_dir(for_recorded(cfg.model, store.attrs["model"]))  # `default`: the store's own packaged model
+    argv = ["--model", str(path), "--host", cfg.host, "--port", str(cfg.port), "--dtype", dtype,
             "--served-model-name", name, "--kv-transfer-config", json.dumps(connector)]
     if cfg.api_key:
         argv += ["--api-key", cfg.api_key]

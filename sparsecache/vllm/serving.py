@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..kvstore.view import KVStore
 from ..model.generate import question_ids
-from ..model.gguf import DEFAULT, model_dir, model_name
+from ..model.gguf import DEFAULT, for_recorded, model_dir, model_name
 from ..model.kvmodel import config_fingerprint
 from ..query.config import ORDERS, QueryConfig
 from ..store import VersionPoller, open_backend
@@ -92,6 +92,7 @@ class RagPrompts:
         from transformers import AutoConfig, AutoTokenizer
 
         self.store = store if isinstance(store, KVStore) else KVStore.open(open_backend(store, timeout_s))
+        model = for_recorded(model, self.store.attrs.get("model"))
         path = model_dir(model)
         config = AutoConfig.from_pretrained(path)
         self.store.check_model(config_fingerprint(config, model_name(model, config, path)))
