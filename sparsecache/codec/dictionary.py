@@ -153,7 +153,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "dictionaries"  # sparsecache/dicti
 
 # Each other model's pick, found by its fingerprint (the repository's dictionaries/ only: a wheel
 # carries the default's alone). Gemma 3 270M: bench quality's rule at ≥ 20×, BENCHMARKS.md.
-MODEL_DICTIONARIES = ("gemma-3-270m-n8192-s100-L9",)
+MODEL_DICTIONARIES = ("gemma-3-270m-n8192-s100-L9", "qwen2.5-coder-0.5b-n8192-s64-L12")
 
 
 def default_dictionary() -> Path:
