@@ -41,8 +41,8 @@ def parts(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSECACHE_CACHE", str(tmp_path / "cache"))
     model = PackagedModel(
         name="fake-model", directory="Fake-Model",
-        parts=tuple(Part(f"fake-part{i}", "1.0", f"fake_part{i}", "data/part.bin", len(p), hashlib.sha256(p).hexdigest())
-                    for i, p in enumerate(pieces, 1)),
+        parts=tuple(Part(f"fake-part{i}", "1.0", f"fake_part{i}", "data/part.bin", len(p),
+                         hashlib.sha256(p).hexdigest()) for i, p in enumerate(pieces, 1)),
         sha256=hashlib.sha256(blob).hexdigest(), architecture="llama",
         general_name=_general_name(tiny_gguf), layers=2, tensors=20, setup="pip install fake-part1 ...")
     monkeypatch.setitem(PACKAGED, model.name, model)

@@ -54,9 +54,7 @@ def model_dir(name_or_path: str | Path = DEFAULT) -> Path:
     name (`packaged.PACKAGED`); a local HF directory as given; or a GGUF file (or a directory
     holding one and no config.json), dequantised once into the user cache like the packaged
     models, keyed by the file's content."""
-    if str(name_or_path) == DEFAULT:
-        return default_model_dir()
-    if (named := packaged(str(name_or_path))) is not None:
+    if (named := _named(name_or_path)) is not None:
         return packaged_dir(named)
     path = Path(name_or_path)
     gguf = _gguf_file(path)
@@ -77,18 +75,20 @@ def for_recorded(name_or_path: str | Path, recorded: dict | None) -> str | Path:
     (a model other than the store's is still refused, by the fingerprint check)."""
     if str(name_or_path) != DEFAULT or not recorded:
         return name_or_path
-    named = [m.name for m in PACKAGED.values() if m.directory == recorded.get("name")]
-    return named[0] if named else name_or_path
+    return next((m.name for m in PACKAGED.values() if m.directory == recorded.get("name")), name_or_path)
 
 
 def model_name(name_or_path, config, path: Path) -> str:
     """The name records and messages give a model: a packaged model's directory name (the
     default's for `default`), else the name its config carries or its directory's."""
-    if str(name_or_path) == DEFAULT:
-        return DEFAULT_NAME
-    if (named := packaged(str(name_or_path))) is not None:
+    if (named := _named(name_or_path)) is not None:
         return named.directory
     return Path(str(getattr(config, "_name_or_path", "") or path.name)).name
+
+
+def _named(name_or_path) -> PackagedModel | None:
+    """The packaged model `--model` names (`default` is the default model), or None for a path."""
+    return DEFAULT_MODEL if str(name_or_path) == DEFAULT else packaged(str(name_or_path))
 
 
 def _gguf_file(path: Path) -> Path | None:

