@@ -91,11 +91,14 @@ def test_chunk_order_is_respected(session, chunk_ids):
 
 
 def test_the_query_cache_holds_the_stores_decoded_kv(session, chunk_ids, tiny_model):
-    """One decode path: the context a query assembles is Store.load_kv's K/V, rotated where
-    each chunk lands, bit for bit."""
+    """One decode path: the context a query assembles is Store.load_kv's K/V with layer 0 from
+    the tokens, rotated where each chunk lands, bit for bit."""
+    from sparsecache.query.blend import restore_first_layer
+
     ctx = load_cache(session.store, chunk_ids, tiny_model)
     prefix, pk, pv = session.store.prefix()
     kv = session.store.load_kv(chunk_ids)
+    restore_first_layer(kv, torch.tensor([t for ts in session.store.tokens(chunk_ids) for t in ts]), tiny_model)
     keys = torch.cat([pk] + [k for k, _ in kv], 1)
     values = torch.cat([pv] + [v for _, v in kv], 1)
     keys = tiny_model.rope.rotate_(keys.float(), torch.arange(keys.shape[1]))
@@ -349,3 +352,34 @@ def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, 
             assert a.keys.shape == b.keys.shape  # the questions' K/V did not stay behind
             torch.testing.assert_close(a.keys, b.keys, atol=2e-5, rtol=1e-5)
             torch.testing.assert_close(a.values, b.values, atol=2e-5, rtol=1e-5)
+
+
+def test_layer_0_comes_from_the_tokens_exactly(session, chunk_ids, tiny_model):
+    """Layer 0's pre-RoPE K/V are a function of the token alone: a reader recomputes them from the
+    stored tokens (`first_layer` "tokens", the default) and gets exactly what the encode captured,
+    where the codes were lossy; every other layer is the codes' decode, untouched."""
+    from sparsecache.model import extract_kv
+    from sparsecache.query.blend import decode_chunks
+    from sparsecache.stopwatch import Stopwatch
+
+    store = session.store
+    coded = decode_chunks(store, chunk_ids, "cpu", Stopwatch("cpu"))
+    restored = decode_chunks(store, chunk_ids, "cpu", Stopwatch("cpu"), tiny_model)
+    exact = extract_kv(tiny_model, store.tokens(chunk_ids), store.encoded_after())
+    for (ck, cv), (rk, rv), (ek, ev) in zip(coded.kv, restored.kv, exact):
+        torch.testing.assert_close(rk[0], ek[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rv[0], ev[0], atol=1e-5, rtol=1e-5)
+        assert (ck[0] - ek[0]).abs().max() > 1e-2  # the tiny random dictionary's codes are far off there
+        assert torch.equal(rk[1:], ck[1:]) and torch.equal(rv[1:], cv[1:])
+
+
+def test_first_layer_is_a_query_setting(session, chunk_ids):
+    """The default reads layer 0 from the tokens; `first_layer="codes"` reads the codes as before,
+    and gives other logits on a lossy dictionary; anything else is refused."""
+    assert QueryConfig().first_layer == "tokens"
+    tokens = first_logits(session, chunk_ids, "none")
+    codes = first_logits(session, chunk_ids, "none", first_layer="codes")
+    assert not torch.allclose(tokens, codes, atol=1e-3)
+    torch.testing.assert_close(first_logits(session, chunk_ids, "none", first_layer="tokens"), tokens)
+    with pytest.raises(ConfigError, match="first_layer"):
+        QueryConfig(first_layer="exact")

@@ -34,6 +34,21 @@ def test_eval_dict_json(tiny_model, tiny_model_dir, tmp_path):
     assert fp8["nmse_v"] > out["nmse_v"]
 
 
+def test_eval_dict_reads_layer_0_as_a_store_reader_does(tiny_model, tiny_model_dir, tmp_path):
+    """By default layer 0 is exact, as queries recompute it from the tokens; --first-layer codes
+    measures the codes' error there too."""
+    d = Dictionary(unit_atoms(32, 128, 1), unit_atoms(32, 128, 2), DictConfig(128, 4, 1), tiny_model.fingerprint())
+    d.save(tmp_path / "d")
+    args = ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir), "--passages", 1, "--prefix-tokens", 32,
+            "--continuation-tokens", 8, "--json"]
+    default, codes = (json.loads(CliRunner().invoke(cli, args + extra).stdout)
+                      for extra in ([], ["--first-layer", "codes"]))
+    assert default["config"]["first_layer"] == "tokens" and codes["config"]["first_layer"] == "codes"
+    assert default["nmse_k_per_layer"][0] == 0 and default["nmse_v_per_layer"][0] == 0
+    assert codes["nmse_k_per_layer"][0] > 0.01 and codes["nmse_v_per_layer"][0] > 0.01
+    assert default["nmse_k_per_layer"][1:] == codes["nmse_k_per_layer"][1:]
+
+
 def test_eval_dict_for_another_model_is_refused(tiny_model_dir, tmp_path):
     fp = {"name": "other", "config_hash": "abc", "layers": 4, "m": 32}
     Dictionary(unit_atoms(32, 64), unit_atoms(32, 64), DictConfig(64, 4), fp).save(tmp_path / "d")

@@ -41,6 +41,20 @@ def test_attention_scores_match_the_models_own_eager_attention(model):
         torch.testing.assert_close(scores, eager_attention_mass(model, ctx, q, layer), atol=1e-4, rtol=1e-4)
 
 
+def test_first_layer_kv_is_what_the_model_computes_at_layer_0(model):
+    """Layer 0's K/V from the tokens alone (position 0, the run stopped at layer 0's attention)
+    equal the K/V captured in a forward after a prefix: the family's embedding scale, norms,
+    fused projections and k_norm included."""
+    from sparsecache.model.stack import first_layer_kv
+
+    prefix = default_prefix_ids(model)
+    ids = model.tokenizer("The pass statement does nothing at all.", add_special_tokens=False)["input_ids"]
+    (k, v), = extract_kv(model, [ids], prefix)
+    fk, fv = first_layer_kv(model, torch.tensor(ids))
+    torch.testing.assert_close(fk, k[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fv, v[0], atol=1e-5, rtol=1e-5)
+
+
 def test_value_deviation_is_zero_for_one_exact_chunk(model):
     """One chunk's exact V after the prefix is what full-context prefill computes."""
     ctx = exact_context(model, ["The pass statement does nothing at all, and that is its purpose."])

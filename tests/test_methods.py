@@ -143,7 +143,8 @@ def test_superposition_keeps_the_path_that_makes_the_question_likeliest(session,
     from sparsecache.query.blend import decode_chunks
     from sparsecache.stopwatch import Stopwatch
 
-    scores, _ = path_scores(decode_chunks(session.store, chunk_ids, "cpu", Stopwatch("cpu")), q_ids, session.model)
+    chunks = decode_chunks(session.store, chunk_ids, "cpu", Stopwatch("cpu"), session.model)  # as queries read them
+    scores, _ = path_scores(chunks, q_ids, session.model)
     assert scores == pytest.approx(want, abs=1e-3)
 
 

@@ -33,3 +33,4 @@ class EvalConfig:
     continuation_tokens: int = 64
     coef_dtype: str = "float16"
     screening: object = None  # an omp.Screening; None: as the CPU encoder codes by default (omp.EXACT: exact Batch-OMP)
+    first_layer: str = "tokens"  # as a store is read (QueryConfig.first_layer): layer 0 exact, from the tokens; or "codes"

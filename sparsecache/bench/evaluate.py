@@ -132,6 +132,21 @@ def fidelity(model: KVModel, methods: dict, windows: list[list[int]], prefix_tok
     return {name: t.report() for name, t in tallies.items()}
 
 
+class FirstLayerExact:
+    """A codec as a store's reader sees it (`QueryConfig.first_layer` "tokens"): every layer from
+    the codes but layer 0, which a reader recomputes from the tokens. That recomputation is exact
+    (`model.stack.first_layer_kv`, tested equal to the captured layer 0), so here layer 0 is the
+    exact K/V the passage already has."""
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+
+    def roundtrip(self, kv: torch.Tensor, kind: str) -> torch.Tensor:
+        out = self.codec.roundtrip(kv, kind)
+        out[0] = kv[0]
+        return out
+
+
 def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin",),
                         cfg: EvalConfig = EvalConfig()) -> dict:
     """The fidelity report of `dictionary` on `texts` (see the module docstring for the keys).
@@ -144,7 +159,8 @@ def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin"
     domains = {}
     for text in texts:
         windows = passages(model, [text], cfg)
-        report = fidelity(model, {"codec": codec}, windows, cfg.prefix_tokens)["codec"]
+        read = FirstLayerExact(codec) if cfg.first_layer == "tokens" else codec
+        report = fidelity(model, {"codec": read}, windows, cfg.prefix_tokens)["codec"]
         domains[domain_name(text)] = {**report, "passages": len(windows),
                                       "worst_layer_nmse_v": max(report["nmse_v_per_layer"]),
                                       "worst_layer_nmse_k": max(report["nmse_k_per_layer"])}

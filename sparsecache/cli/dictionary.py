@@ -102,13 +102,16 @@ def learn_dict_cmd(model_path, texts, init_dict, out, resume, device, **settings
 @click.option("--continuation-tokens", default=EvalConfig.continuation_tokens, show_default=True)
 @click.option("--coef", type=click.Choice(COEF_DTYPE_NAMES), default=EvalConfig.coef_dtype, show_default=True,
               help="Coefficient format the codes are rounded to (a store writes float8 by default).")
+@click.option("--first-layer", type=click.Choice(["tokens", "codes"]), default=EvalConfig.first_layer,
+              show_default=True, help="Layer 0's K/V as a store's reader gets it: from the tokens (exact; what queries "
+                                      "do) or decoded from the codes like every other layer.")
 @click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
 @exact_omp_option
 @device_option
 @json_option
 @library_errors
-def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, coef, record, exact_omp,
-                  device, as_json):
+def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, coef, first_layer,
+                  record, exact_omp, device, as_json):
     """Fidelity of a dictionary: NMSE, perplexity, KL and top-1 agreement on held-out text.
 
     Each passage is the model's chat prefix (kept exact, as a store keeps it), then
@@ -118,7 +121,7 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     from sparsecache.bench.evaluate import eval_dict, report_lines
 
     cfg = EvalConfig(passages=passages, prefix_tokens=prefix_tokens, continuation_tokens=continuation_tokens,
-                     coef_dtype=coef, screening=screening(exact_omp))
+                     coef_dtype=coef, screening=screening(exact_omp), first_layer=first_layer)
     r = eval_dict(dictionary, model_path, texts, cfg, record=record, device=resolve_device(device))
     emit(r, as_json, report_lines(r))
 

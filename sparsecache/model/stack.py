@@ -177,6 +177,33 @@ def probe_many(stack: Stack, runs: list[tuple[DynamicCache, torch.Tensor, torch.
     raise RuntimeError(f"the pass never reached layer {layer}'s attention")
 
 
+class _FirstLayer:
+    """A pass that keeps layer 0's keys and values and stops the run there."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def __call__(self, layer, q, k, v, scale, window=None, softcap=None):
+        self.k, self.v = k, v
+        raise Probed
+
+
+@torch.inference_mode()
+def first_layer_kv(model: "KVModel | Stack", ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer 0's pre-RoPE keys and values, each float32 [T, m], of tokens `ids` [T] (soft ids < 0
+    included): a function of each token alone, since no attention comes before them, computed by
+    the engine's own embedding, norm and projections (and k_norm). Every token runs at position 0,
+    where RoPE is the identity, and the run stops at layer 0's attention."""
+    stack = as_stack(model)
+    ids = ids.to(stack.device, torch.long)
+    rec = _FirstLayer()
+    try:
+        stack.run(ids, torch.zeros_like(ids), rec, n_layers=1)
+    except Probed:
+        return tuple(x[0].transpose(0, 1).flatten(-2).float() for x in (rec.k, rec.v))  # (1, H, T, D) -> [T, H·D]
+    raise RuntimeError("the run never reached layer 0's attention")
+
+
 def as_stack(model: "KVModel | Stack") -> Stack:
     """A Stack as is; a KVModel as its `HFStack`, built once per model (it registers an
     attention function and reads the model's rotary tables)."""

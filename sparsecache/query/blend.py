@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from ..model.cache import Context, as_ids, assemble, truncate
 from ..model.kvmodel import KVModel
-from ..model.stack import Stack, as_stack, attention_probs, probe, probe_many
+from ..model.stack import Stack, as_stack, attention_probs, first_layer_kv, probe, probe_many
 from ..stopwatch import Stopwatch
 
 # ---------------------------------------------------------------- assembly
@@ -44,7 +44,7 @@ def load_cache(store, chunk_ids: list[str], model: KVModel, device=None) -> Cont
     """
     dev = torch.device(device) if device is not None else model.device
     watch = Stopwatch(dev)
-    chunks = decode_chunks(store, chunk_ids, dev, watch)
+    chunks = decode_chunks(store, chunk_ids, dev, watch, model)
     with watch.step("reconstruct"):
         ctx = chunks.assemble(model)
     ctx.timings_ms = dict(watch, bytes_read=chunks.nbytes)
@@ -75,14 +75,35 @@ class DecodedChunks:
                              [self.tokens[i] for i in order], [self.kv[i] for i in order], self.nbytes)
 
 
-def decode_chunks(store, chunk_ids: list[str], device, watch: Stopwatch) -> DecodedChunks:
-    """Read and decode `chunk_ids` (and the prefix), timing read, transfer and reconstruct."""
+def decode_chunks(store, chunk_ids: list[str], device, watch: Stopwatch,
+                  first_layer: "KVModel | Stack | None" = None) -> DecodedChunks:
+    """Read and decode `chunk_ids` (and the prefix), timing read, transfer and reconstruct; with
+    `first_layer` (a model), layer 0 of the chunks comes from their tokens (`restore_first_layer`)."""
     with watch.step("read"):
         codes = store.read_codes(list(chunk_ids))
         prefix_ids, pk, pv = store.prefix()
     kv = store.decode_codes(codes, device, watch)
     tokens = [t.tolist() for t in torch.from_numpy(codes.tokens).split(codes.lengths)]
+    if first_layer is not None:
+        with watch.step("reconstruct"):
+            restore_first_layer(kv, torch.from_numpy(codes.tokens), first_layer)
     return stored_chunks(store, prefix_ids, (pk, pv), list(chunk_ids), tokens, kv, int(codes.nbytes))
+
+
+@torch.inference_mode()
+def restore_first_layer(kv: list[tuple[torch.Tensor, torch.Tensor]], tokens: torch.Tensor,
+                        model: "KVModel | Stack") -> None:
+    """Overwrite layer 0 of each chunk's decoded (keys, values) [n_layers, T, m] with the exact
+    K/V of its tokens (`tokens`: the chunks' ids concatenated), in place. Layer 0's pre-RoPE K/V
+    is a function of the token alone, so the codes' error there is avoidable, and it is the
+    layer where some models are most sensitive to it (Qwen2.5: BENCHMARKS.md, "Layer 0 from the
+    tokens"). One run of the embedding and layer 0's projections over all the chunks' tokens."""
+    if not kv:
+        return
+    k0, v0 = first_layer_kv(model, tokens)
+    for (k, v), a, b in zip(kv, k0.split([k.shape[1] for k, _ in kv]), v0.split([v.shape[1] for _, v in kv])):
+        k[0] = a.to(k.device, k.dtype)
+        v[0] = b.to(v.device, v.dtype)
 
 
 def stored_chunks(store, prefix_ids: list[int], prefix_kv, ids: list[str], tokens: list[list[int]],

@@ -15,6 +15,7 @@ from .methods.base import EXCLUSIVE_OPTIONS
 METHODS = methods.names()  # the registry's (`sparsecache.query.methods`), in the order the CLI offers them
 SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
+FIRST_LAYER = ("tokens", "codes")
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
 # #69's rule (BENCHMARKS.md, "Fidelity to full prefill"): among the configurations at <= half of full prefill's
@@ -44,7 +45,10 @@ class QueryConfig:
     - reorder: `attention` lays the chunks out by the question's attention instead, the most
       important next to the question (InfoFlow's reordering; decoded codes only);
     - paths: superposition's chunks kept (None: the method's own default);
-    - prefill_under: contexts of fewer tokens are prefilled instead (`cheap.py`; None: its rule).
+    - prefill_under: contexts of fewer tokens are prefilled instead (`cheap.py`; None: its rule);
+    - first_layer: `tokens` recomputes layer 0's K/V of the decoded chunks from their token ids
+      (exact and nearly free: nothing attends before layer 0's projections), `codes` reads it from
+      the codes like every other layer (what every query did before 2026-12-05).
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
@@ -65,6 +69,8 @@ class QueryConfig:
     # cheap contexts (#69, `cheap.py`): retrieved contexts under this many tokens are prefilled
     # (method full) instead of read from the store; None: the rule by model and device, 0: never
     prefill_under: int | None = None
+    # layer 0 of decoded chunks from their tokens (exact) or from the codes: BENCHMARKS.md, "Layer 0 from the tokens"
+    first_layer: str = "tokens"
     # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
     # effect (the one given, else the method's own) and whether it recomputes anything; None while the method is.
     spec: methods.Method | None = field(init=False, repr=False, compare=False)
@@ -102,6 +108,8 @@ class QueryConfig:
             raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
         if self.prefill_under is not None and (isinstance(self.prefill_under, bool) or self.prefill_under < 0):
             raise ConfigError(f"--prefill-under must be a number of tokens >= 0, got {self.prefill_under}")
+        if self.first_layer not in FIRST_LAYER:
+            raise ConfigError(f"first_layer must be one of {', '.join(FIRST_LAYER)}, got {self.first_layer!r}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if spec is not None and self.reorder != "none" and not spec.reorders:
@@ -164,7 +172,7 @@ def missed_target(record: Mapping) -> bool:
 # connector's kv_transfer_params and extra config) may set, with the types each takes.
 SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),
                  "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None)),
-                 "prefill_under": (int, type(None))}
+                 "prefill_under": (int, type(None)), "first_layer": (str,)}
 
 
 def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:

@@ -19,7 +19,7 @@ import torch
 
 from ..model.cache import Context, assemble, layout
 from ..model.kvmodel import KVModel, cache_heads, model_inputs
-from .blend import with_header
+from .blend import restore_first_layer, with_header
 
 
 def cake_split(context_tokens: int, decode_tokens_per_s: float, prefill_tokens_per_s: float) -> int:
@@ -83,11 +83,13 @@ class _Pointers:
 
 
 @torch.inference_mode()
-def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None = None,
+def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None = None, first_layer: bool = True,
                  ) -> tuple[Context, int, int]:
     """The context of `chunk_ids` with its first chunks recomputed and the rest decoded, both
     at once; (context, chunks recomputed, code bytes read). `split` fixes how many chunks are
-    recomputed (None: the two threads meet where they meet)."""
+    recomputed (None: the two threads meet where they meet); with `first_layer`, the decoded
+    chunks' layer 0 comes from their tokens (`blend.restore_first_layer`, on this thread once the
+    loader is done: the model runs one pass at a time)."""
     prefix_ids, pk, pv = store.prefix()
     tokens, _ = with_header(store, store.tokens(chunk_ids), [])  # a wrapped store's header before each chunk
     n, dev = len(chunk_ids), model.device
@@ -129,6 +131,9 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
     if errors:
         raise errors[0]
     computed = pointers.front
+    if first_layer and computed < n:
+        restore_first_layer([decoded[i] for i in range(computed, n)],
+                            torch.tensor([t for i in range(computed, n) for t in tokens[i]]), model)
     if computed == 0:  # nothing prefilled: exactly `none`'s context, built the same single way
         return assemble(prefix_ids, (pk, pv), tokens, [decoded[i] for i in range(n)], model), 0, nbytes[0]
     if computed < n:  # decoded chunks follow, rotated to where they land

@@ -47,7 +47,7 @@ device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
     recompute_ratio  fraction of chunk tokens recomputed (default: the method's own: infoflow 0.1, others 0.25)
-    group_window, group_min, score_layer, selector_layers
+    group_window, group_min, score_layer, selector_layers, first_layer
                      as `sparsecache query`'s options of those names (QueryConfig's defaults;
                      cacheclip's selector is vLLM's model truncated to selector_layers)
     version_check_s  seconds between looks for a new store version, in a background thread
@@ -82,7 +82,7 @@ from ..kvstore.view import KVStore
 from ..model.cache import recompute_many
 from ..model.kvmodel import Rope, compute_parameters, config_fingerprint
 from ..query import cheap
-from ..query.blend import decode_chunks
+from ..query.blend import decode_chunks, restore_first_layer
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
 from ..query.raw import RawKV, read_raw
@@ -460,11 +460,12 @@ class SparsecacheConnector(KVConnectorBase_V1):
     def _context(self, spec: LoadSpec):
         """The request's prefix and chunks decoded into a model.cache.Context at their positions."""
         store = self._store(spec.version)
+        self.stack.soft = store.soft()  # a wrapped store's soft tokens, where recomputation (and layer 0) picks them
         if spec.source == "raw":
             chunks = self._raw(store).chunks(store, spec.chunks).to(self.device)
         else:
-            chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device))
-        self.stack.soft = store.soft()  # a wrapped store's soft tokens, where recomputation picks them
+            first = self.stack if spec.blend.first_layer == "tokens" else None
+            chunks = decode_chunks(store, spec.chunks, self.device, Stopwatch(self.device), first)
         ctx = chunks.assemble(self.stack)
         if ctx.length != spec.end:
             raise StoreCorrupt(f"{ctx.length} context tokens decoded, {spec.end} claimed")
@@ -493,11 +494,16 @@ class SparsecacheConnector(KVConnectorBase_V1):
         codes = store.read_codes(spec.chunks)
         codec = store.codec()
         L = store.dictionary.config.layers_per_signal
+        # layer 0 from the tokens (`blend.restore_first_layer`), through vLLM's own layer where blending has it
+        first = self.stack if spec.blend.first_layer == "tokens" and self.stack is not None else None
 
         def group(lo: int, hi: int):
             g = slice(lo // L, -(-hi // L))
             k = codec.decode((codes.k.indices[g], codes.k.coefficients[g]), "k", dev, g)[: hi - lo]
             v = codec.decode((codes.v.indices[g], codes.v.coefficients[g]), "v", dev, g)[: hi - lo]
+            if lo == 0 and first is not None:
+                first.soft = store.soft()  # a wrapped store's trailer tokens are soft
+                restore_first_layer([(k, v)], torch.from_numpy(codes.tokens), first)
             return (context(k, pk[lo:hi], header and header[1][lo:hi], codes.lengths),
                     context(v, pv[lo:hi], header and header[2][lo:hi], codes.lengths))
 

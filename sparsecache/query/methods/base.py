@@ -85,11 +85,13 @@ class Decoded(Method):
         decoded on `qc.device`, reordered by the question's attention if `cfg` says so."""
         from ..blend import attention_order, decode_chunks
 
+        first = qc.model if cfg.first_layer == "tokens" else None
         if qc.reuse is None:
-            chunks = decode_chunks(qc.store, ids, qc.device, watch)
+            chunks = decode_chunks(qc.store, ids, qc.device, watch, first)
         else:  # one question under many configurations (`Session.reusing`)
             qc.reuse.start((qc.store.version, tuple(ids)))
-            chunks = qc.reuse.get("decoded", lambda: decode_chunks(qc.store, ids, qc.device, watch))
+            chunks = qc.reuse.get(("decoded", cfg.first_layer),
+                                  lambda: decode_chunks(qc.store, ids, qc.device, watch, first))
         if cfg.reorder == "attention":
             with watch.step("select"):
                 layer = infoflow_layer(qc.model.n_layers)
@@ -154,7 +156,7 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
         return get(cfg.method).scores(ctx, q_ids, cfg, stack, selector)
 
     key = ("scores", tuple(q_ids), cfg.method, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
-           cfg.selector_layers)
+           cfg.selector_layers, cfg.first_layer)
     return select(scores() if reuse is None else reuse.get(key, scores), ctx, cfg.ratio, cfg.group_window,
                   cfg.group_min)
 

@@ -17,7 +17,7 @@ class Cake(Method):
         lengths = [qc.store.chunk(c).token_length for c in ids]
         split = cfg.cake_split if cfg.cake_split is not None else qc.rates.split(lengths)
         with watch.step("recompute"):  # loading runs inside it, on a second thread
-            ctx, computed, nbytes = cake_context(qc.store, ids, qc.model, split)
+            ctx, computed, nbytes = cake_context(qc.store, ids, qc.model, split, cfg.first_layer == "tokens")
         with watch.step("prefill"):
             logits = prefill(ctx.cache, q_ids, qc.model)
         recomputed = sum(b - a for a, b in ctx.spans[:computed])

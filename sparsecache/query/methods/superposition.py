@@ -39,7 +39,7 @@ class Superposition(AttentionScorer):
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
         from ..blend import decode_chunks
 
-        chunks = decode_chunks(qc.store, ids, qc.device, watch)
+        chunks = decode_chunks(qc.store, ids, qc.device, watch, qc.model if cfg.first_layer == "tokens" else None)
         with watch.step("select"):
             scores, paths = path_scores(chunks, q_ids, qc.model)
             keep = min(cfg.paths or self.paths, len(ids))
