@@ -10,7 +10,7 @@ import torch
 
 from ..codec.dictionary import Dictionary
 from ..durable import write_atomic
-from ..measure.machine import drop_page_cache, gemm_rate, median_time
+from ..measure.machine import copy_rate, drop_page_cache, gemm_rate, median_time
 
 
 def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20) -> dict:
@@ -59,11 +59,8 @@ def bench_decode(store_path, n_chunks: int = 32, device="cpu", repeats: int = 20
         result["speedup_vs_embedding_bag"] = result["embedding_bag_ms"] / (1e3 * seconds)
     else:
         seconds = median_time(decode, repeats)
-    src = torch.empty(out_bytes // 4, device=dev)
-    dst = torch.empty_like(src)
-    copy_s = median_time(lambda: (dst.copy_(src), sync()), repeats)
     return {**result, "decode_ms": 1e3 * seconds, "signals_per_s": signals / seconds,
-            "kv_bytes_per_s": out_bytes / seconds, "copy_bytes_per_s": 2 * out_bytes / copy_s,
+            "kv_bytes_per_s": out_bytes / seconds, "copy_bytes_per_s": copy_rate(dev, out_bytes, repeats),
             "gemm_flops_per_s": gemm_rate(dev)}
 
 

@@ -42,21 +42,10 @@ def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: in
 
     model = load_model(device=device, dtype=query_dtype(dtype, device))
     session = Session(store_path, model, device)
-    full_chunks = sorted((c for c in session.store.chunks() if c.token_length >= min_tokens), key=lambda c: c.id)
     rows = []
     for k in ks:
-        if k > len(full_chunks):
-            raise StoreError(f"the store has only {len(full_chunks)} chunks of >= {min_tokens} tokens")
-        ids = [c.id for c in full_chunks[:k]]
-        for method, ratio in TTFT_METHODS:
-            runs = 1 if (method == "full" and k == max(ks)) else repeats
-            if method != "full":
-                session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1,
-                              prefill_under=0)
-            answers = [session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio,
-                                     max_new_tokens=1, prefill_under=0) for _ in range(runs)]
-            rows.append(_ttft_row(answers, k, method, ratio, "warm", STEPS))
-            print(f"k={k:<3} {method:>10} ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
+        rows += measure_ttft(session, model, device, [k], repeats, TTFT_METHODS, min_tokens, last_once=k == max(ks))
+        ids = [c.id for c in _full_chunks(session, k, min_tokens)]
         if cold and k == max(ks):
             for method, ratio in (("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cake", 0.0)):
                 def evict():
@@ -74,6 +63,35 @@ def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: in
             "retrieve_top8_ms": retrieve_ms, "rows": rows,
             "cold_method": "posix_fadvise(POSIX_FADV_DONTNEED) on the store's data and the raw files before each query",
             "embed_dim": int(q.shape[0])}
+
+
+def _full_chunks(session, k: int, min_tokens: int) -> list:
+    full = sorted((c for c in session.store.chunks() if c.token_length >= min_tokens), key=lambda c: c.id)
+    if k > len(full):
+        raise StoreError(f"the store has only {len(full)} chunks of >= {min_tokens} tokens")
+    return full[:k]
+
+
+def measure_ttft(store, model, device, ks, repeats: int, which, min_tokens: int = 480, last_once: bool = True) -> list:
+    """Warm TTFT rows of each (method, ratio) in `which` for the first k chunks of >= `min_tokens`
+    tokens of `store` (a path or an open Session), at each k: the median of `repeats` queries after
+    one warm-up; full prefill at the largest k runs once with `last_once` (a minute on a CPU)."""
+    from ..query.session import STEPS, Session
+
+    session = store if isinstance(store, Session) else Session(store, model, device)
+    rows = []
+    for k in ks:
+        ids = [c.id for c in _full_chunks(session, k, min_tokens)]
+        for method, ratio in which:
+            runs = 1 if (method == "full" and last_once and k == max(ks)) else repeats
+            if method != "full":
+                session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1,
+                              prefill_under=0)
+            answers = [session.query(TTFT_QUESTION, chunks=ids, method=method, recompute_ratio=ratio,
+                                     max_new_tokens=1, prefill_under=0) for _ in range(runs)]
+            rows.append(_ttft_row(answers, k, method, ratio, "warm", STEPS))
+            print(f"k={k:<3} {method:>10} r={ratio:<4} ttft {rows[-1]['ttft']:.0f} ms", file=sys.stderr, flush=True)
+    return rows
 
 
 def _ttft_row(answers, k: int, method: str, ratio: float, cache: str, steps) -> dict:

@@ -280,6 +280,64 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
                       for x in r["rows"]])
 
 
+@bench.command("shapes")
+@click.option("--shape", "shapes", default="smollm2-135m,qwen2.5-0.5b,llama-3.2-1b,llama-3.2-3b", show_default=True,
+              help="Comma-separated: model shapes with random weights (toy, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, "
+                   "llama-3.2-3b, llama-3.1-8b) or packaged models with their real weights and shipped dictionary "
+                   "(default, qwen2.5-coder-0.5b).")
+@click.option("--k", "ks", default="4,8,16", show_default=True, callback=int_list,
+              help="Chunk counts, comma-separated.")
+@click.option("--repeats", default=2, show_default=True)
+@click.option("--workdir", default="bench-shapes", show_default=True, type=click.Path(file_okay=False),
+              help="Where each shape's store goes (a rerun reuses it) and results.json.")
+@click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of TTFT as a fraction of full prefill's against model size.")
+@device_option
+@dtype_option
+@json_option
+@library_errors
+def shapes_cmd(shapes, ks, repeats, workdir, plot, device, dtype, as_json):
+    """Where the store pays, by model size: TTFT against full prefill for model shapes.
+
+    Each shape's model is built from its config with random weights in the device's dtype (only time
+    is measured, and the output says so), with a random dictionary of the codec's shape for it; a
+    store of ~512-token chunks of Python's documentation is encoded once into WORKDIR/SHAPE. Then
+    full prefill, `none` and `infoflow` at the default ratio and at 0.25 are timed at each k, with
+    the breakdown and the machine's limits beside (decode bytes/s against memory copy bandwidth,
+    prefill FLOP/s against the measured matrix-product rate), the store's bytes per token against
+    fp16, and where the store path and full prefill cross.
+    """
+    import json
+    from pathlib import Path
+
+    from sparsecache.bench.shapes import SHAPES, bench_shape, plot_shapes
+    from sparsecache.durable import write_atomic
+    from sparsecache.errors import ConfigError
+    from sparsecache.model.kvmodel import query_dtype
+    from sparsecache.model.packaged import PACKAGED
+
+    names = [n.strip() for n in shapes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES and n not in PACKAGED and n != "default"]
+    if unknown:
+        raise ConfigError(f"--shape: unknown {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; "
+                          f"real models: default, {', '.join(PACKAGED)}")
+    dev = resolve_device(device)
+    results = [bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev)) for n in names]
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(workdir) / "results.json", json.dumps(results, indent=1))
+    if plot:
+        plot_shapes(results, plot)
+    lines = []
+    for r in results:
+        lines.append(f"{r['shape']} ({r['weights']} weights, {r['compute_parameters'] / 1e6:.0f}M compute parameters, "
+                     f"{r['ratio_vs_fp16']:.1f}x smaller than fp16; crossover "
+                     + ", ".join(f"{m} {'-' if c is None else f'{c:.0f}'}" for m, c in r["crossover_tokens"].items())
+                     + " tokens)")
+        lines += [f"  k={f['k']:<3} {f['method']:>9}:{f['ratio']:<4} {f['context_tokens']:>6} tokens  "
+                  f"ttft {f['ttft_ms']:8.0f} ms  {f['of_full']:.2f}x full" for f in r["fractions"]]
+    emit(results, as_json, lines)
+
+
 @bench.command("quality")
 @model_option
 @click.option("--text", "texts", multiple=True, default=("builtin",), show_default=True,

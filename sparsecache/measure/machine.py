@@ -11,13 +11,22 @@ import time
 import torch
 
 
-def gemm_rate(device, n: int = 2048, repeats: int = 5) -> float:
-    """fp32 FLOP/s of an n×n matrix product on `device`: the machine's compute yardstick."""
+def gemm_rate(device, n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an n×n matrix product on `device` (fp32 unless `dtype`): the machine's compute yardstick."""
     dev = torch.device(device)
-    a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+    a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     a @ b
     return 2 * n ** 3 / median_time(lambda: (a @ b, sync()), repeats)
+
+
+def copy_rate(device, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes/s moved (read and written) by copying `nbytes` of float32 on `device`: its memory yardstick."""
+    dev = torch.device(device)
+    src = torch.empty(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    return 2 * nbytes / median_time(lambda: (dst.copy_(src), sync()), repeats)
 
 
 def drop_page_cache(paths) -> None:

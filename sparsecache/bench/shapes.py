@@ -1,0 +1,218 @@
+"""Where the store pays, by model size (#82): TTFT of the store path against full prefill for model
+*shapes* with random weights (`sparsecache bench ttft --shape NAME`).
+
+Only time is measured. A shape is a family's config at a real model's sizes (layers, widths, heads,
+vocabulary, RoPE base), its weights random in the device's dtype, read with the default model's
+tokenizer (its ids fit every shape's vocabulary); its dictionary is random unit atoms of the codec's
+shape for it (layers per signal and sparsity chosen for about the default's 20x over fp16, since
+OMP's and the decode's costs depend on the shape, not on what the atoms are). It encodes chunks of
+~512 tokens into a local store and times full prefill, `none` and `infoflow` at the default ratio
+and at 0.25, each beside what the machine can do: the decode's output bytes/s against its memory
+copy bandwidth, prefill's FLOP/s against its measured matrix-product rate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..query import methods
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's sizes, and the codec's shape for it."""
+
+    family: str  # a transformers config class prefix: Llama, Qwen2
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    rope_theta: float
+    tied: bool
+    layers_per_signal: int
+    sparsity: int
+    extra: dict = field(default_factory=dict)
+
+    def config(self):
+        import transformers
+
+        cls = getattr(transformers, f"{self.family}Config")
+        return cls(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
+                   num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                   head_dim=self.head_dim, rope_theta=self.rope_theta, tie_word_embeddings=self.tied,
+                   max_position_embeddings=32_768, **self.extra)
+
+
+# The real models' sizes (their config.json); the codec's shape: L·m dimensions per signal at
+# s atoms, about L·m / (1.05·s) times smaller than fp16 with fp8 coefficients and Elias–Fano indices.
+SHAPES = {
+    "toy": Shape("Llama", 4, 64, 128, 4, 2, 16, 49_152, 10_000.0, True, 2, 8),
+    "smollm2-135m": Shape("Llama", 30, 576, 1536, 9, 3, 64, 49_152, 100_000.0, True, 10, 80),
+    "qwen2.5-0.5b": Shape("Qwen2", 24, 896, 4864, 14, 2, 64, 151_936, 1_000_000.0, True, 12, 64),
+    "llama-3.2-1b": Shape("Llama", 16, 2048, 8192, 32, 8, 64, 128_256, 500_000.0, True, 4, 96),
+    "llama-3.2-3b": Shape("Llama", 28, 3072, 8192, 24, 8, 128, 128_256, 500_000.0, True, 2, 96),
+    "llama-3.1-8b": Shape("Llama", 32, 4096, 14_336, 32, 8, 128, 128_256, 500_000.0, False, 2, 96),
+}
+
+
+def random_model(name: str, device="cpu", dtype=None):
+    """The shape `name` as a KVModel with random weights (seed 0) in `dtype` on `device`, and the
+    default model's tokenizer."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from ..model.gguf import model_dir
+    from ..model.kvmodel import KVModel
+
+    shape = SHAPES[name]
+    dtype = dtype or torch.float32
+    cls = getattr(transformers, f"{shape.family}ForCausalLM")
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in the device's dtype: an 8B model in fp32 first would not fit
+    try:
+        with torch.device(device):
+            hf = cls(shape.config())
+    finally:
+        torch.set_default_dtype(previous)
+    return KVModel(hf=hf.eval(), tokenizer=AutoTokenizer.from_pretrained(model_dir()), name=f"random:{name}")
+
+
+def random_dictionary(model, name: str):
+    """Random unit atoms of the codec's shape for `model` (8192 atoms), fingerprinted for it."""
+    from ..codec.dictionary import DictConfig, Dictionary
+    from ..testing import unit_atoms
+
+    shape = SHAPES[name]
+    dims = shape.layers_per_signal * model.m
+    return Dictionary(unit_atoms(dims, 8192, 1), unit_atoms(dims, 8192, 2),
+                      DictConfig(8192, shape.sparsity, shape.layers_per_signal), model.fingerprint())
+
+
+def shape_methods() -> list[tuple[str, float]]:
+    """What is timed: full prefill, `none`, and `infoflow` at the default ratio and at 0.25."""
+    default = methods.get("infoflow").ratio
+    return [("full", 0.0), ("none", 0.0), ("infoflow", default)] + ([("infoflow", 0.25)] if default != 0.25 else [])
+
+
+def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu", dtype=None) -> dict:
+    """Build the shape's model (a SHAPES name: random weights; a packaged model's name: its real
+    weights and shipped dictionary), its dictionary and a store of ~512-token chunks in `workdir`
+    (reused by a rerun with the same shape), then time every method at every k beside the machine's
+    limits."""
+    import torch
+
+    from ..codec.coding import Codec
+    from ..ingest.encoder import encode_with
+    from ..measure.machine import copy_rate, cpu_model, gemm_rate
+    from ..model.kvmodel import compute_parameters
+    from ..durable import write_atomic
+    from ..store import StoreConfig
+    from .storage import bench_corpus
+    from .ttft import measure_ttft
+
+    from ..model.packaged import PACKAGED
+
+    work = Path(workdir) / name
+    real = name in PACKAGED or name == "default"
+    model, d = real_model(name, device, dtype) if real else (random_model(name, device, dtype), None)
+    d = d or random_dictionary(model, name)
+    store = work / "store"
+    report = work / "encode.json"
+    if not report.exists():
+        bench_corpus(work / "corpus", int(max(ks) * 512 * 1.4))
+        r = encode_with([str(work / "corpus")], store, d, model, StoreConfig(chunk_tokens=512), device=device,
+                        progress=False)
+        write_atomic(report, json.dumps(r.to_dict()))
+    encode = json.loads(report.read_text())
+    rows = measure_ttft(store, model, device, ks, repeats, shape_methods())
+    params = compute_parameters(model.config)
+    fp16 = 4 * model.n_layers * model.m  # K and V, 2 bytes each
+    codec = Codec(d, "float8")
+    stored = 2 * (model.n_layers // d.config.layers_per_signal) * codec.bytes_per_signal()
+    flops, copy = gemm_rate(device, dtype=dtype or torch.float32), copy_rate(device)
+    for row in rows:
+        n = row["context_tokens"]
+        if row["method"] == "full" and row["prefill"] > 0:  # prefill's matrix products and its attention
+            heads = model.config.num_attention_heads
+            attention = 2 * n * n * model.n_layers * heads * model.head_dim  # QK^T and AV, causal half
+            row["prefill_flops_per_s"] = (2 * params * n + attention) / (row["prefill"] / 1e3)
+            row["prefill_of_peak"] = row["prefill_flops_per_s"] / flops
+        elif row["reconstruct"] > 0:  # the decode writes fp32 K and V of every context token
+            row["decode_bytes_per_s"] = n * 2 * model.n_layers * model.m * 4 / (row["reconstruct"] / 1e3)
+            row["decode_of_copy_bandwidth"] = row["decode_bytes_per_s"] / copy
+    out = {"shape": name, "weights": "real" if real else "random", "n_layers": model.n_layers, "m": model.m,
+            "layers_per_signal": d.config.layers_per_signal, "sparsity": d.config.sparsity,
+            "compute_parameters": params, "device": str(device), "dtype": str(model.dtype).removeprefix("torch."),
+            "cpu": cpu_model(), "note": "only time is measured", "encode": encode,
+            "store_bytes_per_token": stored, "fp16_kv_bytes_per_token": fp16, "ratio_vs_fp16": fp16 / stored,
+            "gemm_flops_per_s": flops, "copy_bytes_per_s": copy, "rows": rows}
+    return {**out, **summary(out)}
+
+
+def real_model(name: str, device="cpu", dtype=None):
+    """A packaged model (`--model NAME`) and its shipped dictionary: the real weights, for the table's
+    real rows."""
+    import torch
+
+    from ..codec.dictionary import Dictionary, shipped_dictionary
+    from ..model.kvmodel import load_model
+
+    model = load_model(name, device=device, dtype=dtype or torch.float32)
+    return model, Dictionary.load(shipped_dictionary(model.fingerprint()))
+
+
+def crossover(rows: list[dict], method: str, ratio: float) -> float | None:
+    """The context length where the lines fitted to full prefill's and the method's TTFT against
+    context tokens meet (below it prefilling is cheaper); None where they do not meet ahead."""
+    import numpy as np
+
+    def line(m, r):
+        pts = [(x["context_tokens"], x["ttft"]) for x in rows if x["method"] == m and x["ratio"] == r]
+        return np.polyfit(*zip(*pts), 1) if len(pts) >= 2 else None
+
+    full, other = line("full", 0.0), line(method, ratio)
+    if full is None or other is None or full[0] <= other[0]:
+        return None
+    n = (other[1] - full[1]) / (full[0] - other[0])
+    return float(max(n, 0.0))
+
+
+def summary(result: dict) -> dict:
+    """Per k: each method's TTFT as a fraction of full prefill's; the crossover per method."""
+    rows = result["rows"]
+    full = {x["k"]: x["ttft"] for x in rows if x["method"] == "full"}
+    fractions = [{"k": x["k"], "method": x["method"], "ratio": x["ratio"], "context_tokens": x["context_tokens"],
+                  "ttft_ms": x["ttft"], "of_full": x["ttft"] / full[x["k"]]} for x in rows if x["method"] != "full"]
+    cross = {f"{m}:{r}": crossover(rows, m, r) for m, r in dict.fromkeys((x["method"], x["ratio"]) for x in rows)
+             if m != "full"}
+    return {"fractions": fractions, "crossover_tokens": cross}
+
+
+def plot_shapes(results: list[dict], out) -> None:
+    """TTFT as a fraction of full prefill's against compute parameters, one line per method and k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = dict.fromkeys((f["method"], f["ratio"], f["k"]) for r in results for f in r["fractions"])
+    for method, ratio, k in keys:
+        pts = sorted((r["compute_parameters"], f["of_full"]) for r in results for f in r["fractions"]
+                     if (f["method"], f["ratio"], f["k"]) == (method, ratio, k))
+        ax.plot(*zip(*pts), "o-", label=f"{method} r={ratio} k={k}")
+    ax.set_xscale("log")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("compute parameters (log)")
+    ax.set_ylabel("TTFT / full prefill's")
+    ax.set_title(f"Where the store pays ({results[0]['device']}, {results[0]['cpu']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)

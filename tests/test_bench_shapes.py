@@ -1,0 +1,43 @@
+"""`sparsecache bench shapes`: TTFT by model shape, random weights, at a toy size on the CPU."""
+
+import json
+
+from click.testing import CliRunner
+
+from sparsecache.cli.main import cli
+
+
+def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
+    work = tmp_path / "shapes"
+    r = CliRunner().invoke(cli, ["bench", "shapes", "--shape", "toy", "--k", "2,3", "--repeats", "1",
+                                 "--workdir", str(work), "--device", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    (out,) = json.loads(r.stdout)
+    assert out["weights"] == "random" and "only time" in out["note"]
+    assert out["store_bytes_per_token"] > 0 and out["ratio_vs_fp16"] == out["fp16_kv_bytes_per_token"] / out[
+        "store_bytes_per_token"]
+    assert out["gemm_flops_per_s"] > 0 and out["copy_bytes_per_s"] > 0
+    methods = {(x["method"], x["ratio"]) for x in out["rows"]}
+    assert methods == {("full", 0.0), ("none", 0.0), ("infoflow", 0.1), ("infoflow", 0.25)}
+    assert {x["k"] for x in out["rows"]} == {2, 3}
+    for x in out["rows"]:
+        assert x["ttft"] > 0 and x["context_tokens"] >= 2 * 480
+        if x["method"] == "full":
+            assert 0 < x["prefill_of_peak"]
+        else:
+            assert x["decode_bytes_per_s"] > 0 and x["decode_of_copy_bandwidth"] > 0
+            assert (x["recomputed_tokens"] > 0) == (x["method"] == "infoflow")
+    assert len(out["fractions"]) == 6 and all(f["of_full"] > 0 for f in out["fractions"])
+    assert set(out["crossover_tokens"]) == {"none:0.0", "infoflow:0.1", "infoflow:0.25"}
+    assert json.loads((work / "results.json").read_text())[0]["shape"] == "toy"
+    # a rerun reuses the shape's store: the encode report is the first run's
+    again = CliRunner().invoke(cli, ["bench", "shapes", "--shape", "toy", "--k", "2", "--repeats", "1",
+                                     "--workdir", str(work), "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)[0]["encode"] == out["encode"]
+
+
+def test_an_unknown_shape_is_refused_with_the_names_there_are(tmp_path):
+    r = CliRunner().invoke(cli, ["bench", "shapes", "--shape", "llama-70b", "--workdir", str(tmp_path)])
+    assert r.exit_code != 0
+    assert "unknown llama-70b" in r.output and "llama-3.2-1b" in r.output and "qwen2.5-coder-0.5b" in r.output
