@@ -184,15 +184,43 @@ def crossover(rows: list[dict], method: str, ratio: float) -> float | None:
     return float(max(n, 0.0))
 
 
+def costs_report(result: dict) -> dict:
+    """The cost model (`query.budget`) fitted to these rows (full prefill, and infoflow at its ratios),
+    and, for each of those rows, the TTFT it predicts beside the measured one: the fitted model's and
+    the shipped defaults' scaled to this model (None where the device kind has none)."""
+    from ..query.budget import Costs, default_costs
+
+    rows = [x for x in result["rows"] if x["method"] in ("full", "infoflow")]
+    full = [(x["context_tokens"], x["ttft"]) for x in rows if x["method"] == "full"]
+    store = [(x["context_tokens"], x["ratio"], x["ttft"]) for x in rows if x["method"] == "infoflow"]
+    try:
+        fitted = Costs.fit(full, store)
+    except ValueError:  # a single k: nothing to fit
+        return {"fitted": None, "predictions": []}
+    device = "cuda" if str(result["device"]).startswith("cuda") else "cpu"
+    shipped = default_costs(device, result["compute_parameters"], result["n_layers"] * result["m"])
+
+    def predict(c, x):
+        if c is None:
+            return None
+        return c.full(x["context_tokens"]) if x["method"] == "full" else c.store(x["context_tokens"], x["ratio"])
+
+    return {"fitted": fitted.to_dict(), "defaults": shipped and shipped.to_dict(),
+            "predictions": [{"k": x["k"], "method": x["method"], "ratio": x["ratio"],
+                             "context_tokens": x["context_tokens"], "ttft_ms": x["ttft"],
+                             "fitted_ms": predict(fitted, x), "defaults_ms": predict(shipped, x)} for x in rows]}
+
+
 def summary(result: dict) -> dict:
-    """Per k: each method's TTFT as a fraction of full prefill's; the crossover per method."""
+    """Per k: each method's TTFT as a fraction of full prefill's; the crossover per method; the cost
+    model fitted to the rows, with its predictions."""
     rows = result["rows"]
     full = {x["k"]: x["ttft"] for x in rows if x["method"] == "full"}
     fractions = [{"k": x["k"], "method": x["method"], "ratio": x["ratio"], "context_tokens": x["context_tokens"],
                   "ttft_ms": x["ttft"], "of_full": x["ttft"] / full[x["k"]]} for x in rows if x["method"] != "full"]
     cross = {f"{m}:{r}": crossover(rows, m, r) for m, r in dict.fromkeys((x["method"], x["ratio"]) for x in rows)
              if m != "full"}
-    return {"fractions": fractions, "crossover_tokens": cross}
+    return {"fractions": fractions, "crossover_tokens": cross, "costs": costs_report(result)}
 
 
 def plot_shapes(results: list[dict], out) -> None:

@@ -21,6 +21,10 @@ from .options import (device_option, dtype_option, emit, fields_of, json_option,
               f"measured one (`info` shows it), else {QueryConfig.method}]")
 @click.option("--recompute-ratio", type=float, default=None,
               help="Fraction of chunk tokens to recompute (default: the method's own, " + methods.ratios() + ").")
+@click.option("--ttft-budget", type=float, default=QueryConfig.ttft_budget,
+              help="With no --recompute-ratio, recompute the share of chunk tokens whose predicted TTFT is this "
+                   "fraction of full prefill's, by the context's length (a cost model measured per kind of device; on a device "
+                   "with none measured, the method's own ratio). Default: off (the method's own ratio).")
 @click.option("--group-window", default=QueryConfig.group_window, show_default=True, help="CacheClip grouping window (1 = off).")
 @click.option("--group-min", default=QueryConfig.group_min, show_default=True,
               help="0: recompute the windows with most score mass up to the budget; M > 0: CacheClip's rule, "
@@ -74,8 +78,9 @@ def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model
     lines = [a.answer, "", "chunks:"]
     lines += [f"  {c['id']}  {c['doc_id']}#{c['ordinal']}" + (f"  {c['score']:.3f}" if c["score"] is not None else "")
               + ("" if c["id"] in a.context_ids else "  (not used: its path scored lower)") for c in a.chunks]
+    ratio = "" if a.recompute_ratio is None else f" (r = {a.recompute_ratio:g})"
     lines += ["", f"TTFT {t['ttft']:.1f} ms ({a.method}, {a.context_tokens} context tokens, "
-                  f"{a.recomputed_tokens} recomputed, {a.bytes_read:,} bytes read):",
+                  f"{a.recomputed_tokens} recomputed{ratio}, {a.bytes_read:,} bytes read):",
               "  " + "  ".join(f"{k} {t[k]:.1f}" for k in t if k not in ("ttft", "generate")),
               f"  then {t['generate']:.1f} ms to generate the rest"]
     if a.prefilled_under:

@@ -46,6 +46,9 @@ class QueryConfig:
       important next to the question (InfoFlow's reordering; decoded codes only);
     - paths: superposition's chunks kept (None: the method's own default);
     - prefill_under: contexts of fewer tokens are prefilled instead (`cheap.py`; None: its rule);
+    - ttft_budget: with no recompute_ratio, a scorer recomputes the share of the chunk tokens whose
+      predicted TTFT is this fraction of full prefill's (`budget.py`'s cost model for the session's
+      device and model; None, or a device with no measured costs: the method's own ratio);
     - first_layer: `tokens` recomputes layer 0's K/V of the decoded chunks from their token ids
       (exact and nearly free: nothing attends before layer 0's projections), `codes` reads it from
       the codes like every other layer (what every query did before 2026-12-05).
@@ -69,6 +72,8 @@ class QueryConfig:
     # cheap contexts (#69, `cheap.py`): retrieved contexts under this many tokens are prefilled
     # (method full) instead of read from the store; None: the rule by model and device, 0: never
     prefill_under: int | None = None
+    # the recompute ratio from a time budget (`budget.py`); off until measured on the dev splits (#79)
+    ttft_budget: float | None = None
     # layer 0 of decoded chunks from their tokens (exact) or from the codes: BENCHMARKS.md, "Layer 0 from the tokens"
     first_layer: str = "tokens"
     # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
@@ -108,6 +113,9 @@ class QueryConfig:
             raise ConfigError(f"--selector-layers must be >= 1, got {self.selector_layers}")
         if self.prefill_under is not None and (isinstance(self.prefill_under, bool) or self.prefill_under < 0):
             raise ConfigError(f"--prefill-under must be a number of tokens >= 0, got {self.prefill_under}")
+        if self.ttft_budget is not None and (isinstance(self.ttft_budget, bool) or not 0 < self.ttft_budget <= 1):
+            raise ConfigError(f"--ttft-budget must be in (0, 1] (a fraction of full prefill's TTFT), "
+                              f"got {self.ttft_budget}")
         if self.first_layer not in FIRST_LAYER:
             raise ConfigError(f"first_layer must be one of {', '.join(FIRST_LAYER)}, got {self.first_layer!r}")
         if self.paths is not None and self.paths < 1:
@@ -172,7 +180,7 @@ def missed_target(record: Mapping) -> bool:
 # connector's kv_transfer_params and extra config) may set, with the types each takes.
 SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),
                  "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None)),
-                 "prefill_under": (int, type(None)), "first_layer": (str,)}
+                 "prefill_under": (int, type(None)), "first_layer": (str,)}  # no ttft_budget: no vLLM costs measured
 
 
 def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:

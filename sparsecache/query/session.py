@@ -26,6 +26,7 @@ from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap
+from .budget import default_costs
 from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, device_record, missed_target
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
@@ -54,11 +55,13 @@ class Answer:
     reference_logprobs: torch.Tensor | None = field(default=None, repr=False)
     # the cheap-context threshold (tokens) when the context was under it and so prefilled (`cheap.py`)
     prefilled_under: int | None = None
+    recompute_ratio: float | None = None  # the share of chunk tokens a scorer recomputed (its own, given or budgeted)
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
                 "timings_ms": self.timings_ms, "recomputed_tokens": self.recomputed_tokens,
                 "bytes_read": self.bytes_read, "context_tokens": self.context_tokens, "method": self.method,
+                "recompute_ratio": self.recompute_ratio,
                 **({"prefilled_under": self.prefilled_under} if self.prefilled_under else {})}
 
 
@@ -114,6 +117,8 @@ class Session:
         self._embedder = None
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
+        # what --ttft-budget predicts with (`budget.py`): the device kind's measured constants for this model
+        self.costs = default_costs(self.device.type, self.model.compute_parameters, self.model.n_layers * self.model.m)
 
     @property
     def embedder(self):
@@ -178,6 +183,8 @@ class Session:
         prefilled = cfg.method != "full" and under > 0 and length < under
         if prefilled:  # prefilling these few tokens costs less than the store path (`cheap.py`)
             cfg = QueryConfig(method="full", order=cfg.order, prefill_under=cfg.prefill_under)
+        else:  # the cost model counts the context as answers report it: the prefix too
+            cfg = self.budgeted(cfg, length + len(self.store.prefix()[0]))
         p = cfg.spec.prefilled(self.context(), ids, q_ids, cfg, watch)
         with watch.step("first_token"):
             first = int(p.logits.argmax())
@@ -197,7 +204,7 @@ class Session:
         own = torch.stack(steps[: len(tokens)]).log_softmax(-1).cpu() if logprobs and tokens else None
         return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
                       p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None,
-                      under if prefilled else None)
+                      under if prefilled else None, cfg.ratio if cfg.recomputes else None)
 
     def default_config(self) -> QueryConfig:
         """What a query does when it names no method: the configuration `sparsecache calibrate`
@@ -226,6 +233,15 @@ class Session:
         if config is None:
             return self.default_config()
         return config if config.method is not None else config.over(self.default_config())
+
+    def budgeted(self, cfg: QueryConfig, context_tokens: int) -> QueryConfig:
+        """`cfg` with the recompute ratio its `ttft_budget` buys at this context length (`budget.Costs`),
+        where it names a budget and no ratio, its method recomputes and this device kind has costs;
+        else `cfg` as it is (the method's own ratio)."""
+        if cfg.ttft_budget is None or cfg.recompute_ratio is not None or not cfg.spec.recomputes or self.costs is None:
+            return cfg
+        r = self.costs.ratio(context_tokens, cfg.ttft_budget)
+        return cfg if r is None else dataclasses.replace(cfg, recompute_ratio=round(r, 4))
 
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store

@@ -1,0 +1,107 @@
+"""Recomputation set by time (#79): the recompute ratio that spends a fraction of full prefill's
+predicted time to first token.
+
+A scorer's cost is a fixed part (read, decode, the scoring pass) plus a part proportional to the
+tokens it recomputes, so a constant ratio spends a different share of full prefill's time at every
+context length: at 1,100 tokens on 2 CPU cores r = 0.1 uses under 0.4x, at 300 tokens nearly all
+of it. `--ttft-budget B` asks for the ratio whose predicted TTFT is B times full prefill's.
+
+The cost model, for a context of n tokens on one device (milliseconds, fitted):
+
+    full(n)     = a_full  + p·n + q·n²              prefill of the whole context (q: its attention)
+    store(n, r) = a_store + s·n + r·g·(p·n + q·n²)   read, decode, score, then recompute r·n tokens,
+                                                    each g times as costly as an average prefill token
+
+so r(n) = (B·full(n) − store(n, 0)) / (g·(p·n + q·n²)), clipped to [0, 1]. Where even r = 0 costs more than
+full prefill (store(n, 0) ≥ full(n)), prefilling is cheaper: the cheap-context rule's case.
+
+Constants come from timings (`Costs.fit`): the defaults below were measured on the default model
+on 2 CPU cores and are scaled to another model by its compute parameters (a_full, p, a_store) and
+its K/V values per token (s: reading, decoding and scoring the context). `calibrate` refits them on
+the store's own machine; where a device kind has neither, no budget applies (the method's own
+ratio), and the answer says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# The default model (SmolLM2-135M-Instruct: 106,203,456 compute parameters, 30 layers x 192 K/V
+# values) on a 2-vCPU AMD EPYC with the CPU to itself (#69, BENCHMARKS.md "Fidelity to full prefill",
+# 10 questions per length): full prefill and infoflow at r = 0.1 over the wrapped store, by context tokens.
+REFERENCE = {"compute_parameters": 106_203_456, "kv_values": 30 * 192, "device": "cpu",
+             "full": [(300, 598.0), (590, 1068.0), (1130, 2095.0)],
+             "store": [(300, 0.1, 350.0), (590, 0.1, 483.0), (1130, 0.1, 810.0)]}
+TTFT_BUDGET = 0.5  # #69's rule: the default is chosen among configurations at <= half of full prefill's TTFT
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The cost model's constants (milliseconds; see the module docstring)."""
+
+    a_full: float
+    p: float  # ms per context token of full prefill's matrix products (and of a recomputed token's)
+    a_store: float
+    s: float  # ms per context token of the store path before recomputation
+    q: float = 0.0  # ms per context token squared: prefill's attention (0 where fitted on fewer than four lengths)
+    g: float = 1.0  # a recomputed token's cost against a prefilled one's (1 where fitted on one ratio)
+
+    def variable(self, n: int) -> float:
+        """Full prefill's cost that grows with the context: what recomputing all of it costs."""
+        return self.p * n + self.q * n * n
+
+    def full(self, n: int) -> float:
+        return self.a_full + self.variable(n)
+
+    def store(self, n: int, r: float) -> float:
+        return self.a_store + self.s * n + r * self.g * self.variable(n)
+
+    def ratio(self, n: int, budget: float) -> float | None:
+        """The recompute ratio whose predicted TTFT is `budget` x full prefill's at n context
+        tokens, in [0, 1]; None where the store path costs more than full prefill even at r = 0."""
+        if n <= 0 or self.store(n, 0.0) >= self.full(n):
+            return None
+        r = (budget * self.full(n) - self.store(n, 0.0)) / (self.g * self.variable(n))
+        return min(1.0, max(0.0, r))
+
+    def scaled(self, compute_parameters: int, kv_values: int, reference: dict = REFERENCE) -> "Costs":
+        """These constants (measured on `reference`'s model) for a model of other sizes."""
+        c = compute_parameters / reference["compute_parameters"]
+        return Costs(self.a_full * c, self.p * c, self.a_store * c, self.s * kv_values / reference["kv_values"],
+                     self.q * kv_values / reference["kv_values"], self.g)  # attention scales with the K/V width
+
+    @classmethod
+    def fit(cls, full: list[tuple[int, float]], store: list[tuple[int, float, float]]) -> "Costs":
+        """Least squares: through full prefill's (n, ms) a parabola from four or more context
+        lengths (a line from fewer, or where the parabola bends down); through the store path's
+        (n, r, ms) a_store, s and g from two or more ratios (g = 1 from one)."""
+        import numpy as np
+
+        n_full, t_full = (np.array(x, dtype=float) for x in zip(*full))
+        if len(set(n_full)) < 2 or len({n for n, _, _ in store}) < 2:
+            raise ValueError("fitting the cost model needs two or more context lengths of each")
+        q = 0.0
+        if len(set(n_full)) >= 4:
+            q = float(np.polyfit(n_full, t_full, 2)[0])
+        if q > 0:
+            q, p, a_full = (float(c) for c in np.polyfit(n_full, t_full, 2))
+        else:
+            q, (p, a_full) = 0.0, (float(c) for c in np.polyfit(n_full, t_full, 1))
+        n, r, t = (np.array(x, dtype=float) for x in zip(*store))
+        var = p * n + q * n * n
+        if len(set(r)) >= 2:
+            (a_store, s, g), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n, r * var], 1), t, rcond=None)
+        else:
+            g = 1.0
+            s, a_store = np.polyfit(n, t - r * var, 1)
+        return cls(a_full, p, float(max(a_store, 0.0)), float(max(s, 0.0)), q, float(max(g, 0.0)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_costs(device_type: str, compute_parameters: int, kv_values: int) -> Costs | None:
+    """The measured constants for this kind of device, scaled to the model; None where none are."""
+    if device_type != REFERENCE["device"]:
+        return None
+    return Costs.fit(REFERENCE["full"], REFERENCE["store"]).scaled(compute_parameters, kv_values)

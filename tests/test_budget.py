@@ -1,0 +1,93 @@
+"""Recomputation set by time (`query.budget`): the cost model, and queries that spend a TTFT budget."""
+
+import pytest
+
+from sparsecache.errors import ConfigError
+from sparsecache.query.budget import REFERENCE, Costs, default_costs
+from sparsecache.query.config import QueryConfig
+
+
+def test_fit_recovers_the_lines_it_was_given():
+    truth = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5)
+    full = [(n, truth.full(n)) for n in (300, 600, 1200)]
+    store = [(n, r, truth.store(n, r)) for n in (300, 600, 1200) for r in (0.1, 0.3)]
+    got = Costs.fit(full, store)
+    for name in ("a_full", "p", "a_store", "s"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6)
+    with pytest.raises(ValueError, match="two or more context lengths"):
+        Costs.fit(full[:1], store)
+
+
+def test_fit_recovers_attention_and_the_recomputation_factor_from_four_lengths_and_two_ratios():
+    truth = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5, q=3e-4, g=1.4)
+    lengths = (300, 800, 1600, 3200)
+    got = Costs.fit([(n, truth.full(n)) for n in lengths],
+                    [(n, r, truth.store(n, r)) for n in lengths for r in (0.1, 0.25)])
+    for name in ("a_full", "p", "q", "a_store", "s", "g"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-4)
+    r = got.ratio(2000, 0.5)
+    assert got.store(2000, r) == pytest.approx(0.5 * got.full(2000))
+
+
+def test_the_ratio_spends_the_budget_and_is_clipped():
+    c = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5)
+    for n in (400, 1100, 3000):
+        r = c.ratio(n, 0.5)
+        assert 0 < r < 1
+        assert c.store(n, r) == pytest.approx(0.5 * c.full(n))  # predicted TTFT is the budget
+    assert c.ratio(1100, 0.5) < c.ratio(3000, 0.5)  # the fixed part weighs less on a longer context
+    assert Costs(a_full=40.0, p=2.0, a_store=0.0, s=0.0).ratio(3000, 1.0) == 1.0  # more than everything buys
+    assert c.ratio(120, 0.5) == 0.0  # the budget does not even cover the decode: nothing recomputed
+    assert c.ratio(50, 0.5) is None  # full prefill is cheaper than the store path: the cheap-context case
+
+
+def test_the_defaults_are_the_measured_cpu_points_and_scale_with_the_model():
+    c = default_costs("cpu", REFERENCE["compute_parameters"], REFERENCE["kv_values"])
+    for n, ms in REFERENCE["full"]:
+        assert c.full(n) == pytest.approx(ms, rel=0.05)
+    for n, r, ms in REFERENCE["store"]:
+        assert c.store(n, r) == pytest.approx(ms, rel=0.05)
+    # the crossover below which prefilling is cheaper: where the cheap-context rule puts it (96 tokens)
+    assert (c.a_store - c.a_full) / (c.p - c.s) == pytest.approx(96, abs=5)
+    big = default_costs("cpu", 10 * REFERENCE["compute_parameters"], REFERENCE["kv_values"])
+    assert big.p == pytest.approx(10 * c.p) and big.s == pytest.approx(c.s)
+    assert default_costs("cuda", 1, 1) is None  # no GPU constants measured: no budget applies there
+
+
+def test_a_budget_is_a_fraction_of_full_prefill():
+    assert QueryConfig().ttft_budget is None
+    for bad in (0, 1.5, -0.1, True):
+        with pytest.raises(ConfigError, match="ttft-budget"):
+            QueryConfig(ttft_budget=bad)
+    assert QueryConfig(ttft_budget=0.5).ttft_budget == 0.5
+
+
+def test_a_query_recomputes_what_its_budget_buys(tiny_model, tiny_dictionary, embedder, tmp_path):
+    """The ratio follows the context's length through the session's costs; a given ratio overrides
+    the budget; a device kind with no costs keeps the method's own ratio; the answer says which."""
+    from conftest import write_corpus
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
+
+    encode_with([str(write_corpus(tmp_path / "corpus"))], tmp_path / "store", tiny_dictionary, tiny_model,
+                StoreConfig(chunk_tokens=64), embedder=embedder, batch_tokens=512, progress=False)
+    s = Session(tmp_path / "store", tiny_model)
+    s._embedder = embedder
+    s.costs = Costs(a_full=10.0, p=2.0, a_store=20.0, s=0.2)  # ~0.37 at this context's ~260 tokens
+    ids = [c.id for c in s.store.chunks()][:4]
+    a = s.query("What does the statement do?", chunks=ids, method="infoflow", ttft_budget=0.5, max_new_tokens=1,
+                prefill_under=0)
+    assert 0.2 < a.recompute_ratio == pytest.approx(s.costs.ratio(a.context_tokens, 0.5), abs=1e-4)
+    assert a.to_dict()["recompute_ratio"] == a.recompute_ratio
+    assert 0 < a.recomputed_tokens <= round(a.recompute_ratio * a.context_tokens) + 8  # whole windows of 8
+    given = s.query("What does the statement do?", chunks=ids, method="infoflow", ttft_budget=0.5,
+                    recompute_ratio=0.3, max_new_tokens=1, prefill_under=0)
+    assert given.recompute_ratio == 0.3
+    s.costs = None
+    own = s.query("What does the statement do?", chunks=ids, method="infoflow", ttft_budget=0.5, max_new_tokens=1,
+                  prefill_under=0)
+    assert own.recompute_ratio == QueryConfig(method="infoflow").ratio
+    plain = s.query("What does the statement do?", chunks=ids, method="none", ttft_budget=0.5, max_new_tokens=1,
+                    prefill_under=0)
+    assert plain.recompute_ratio is None and plain.recomputed_tokens == 0
