@@ -91,3 +91,12 @@ def test_a_query_recomputes_what_its_budget_buys(tiny_model, tiny_dictionary, em
     plain = s.query("What does the statement do?", chunks=ids, method="none", ttft_budget=0.5, max_new_tokens=1,
                     prefill_under=0)
     assert plain.recompute_ratio is None and plain.recomputed_tokens == 0
+
+
+def test_rescaling_to_a_machine_recovers_its_factors_from_one_context_length():
+    """`calibrate` sees a store's few context lengths: the shipped shape, scaled by two factors."""
+    base = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5, q=1e-4, g=1.2)
+    machine = Costs(a_full=80.0, p=4.0, a_store=450.0, s=1.5, q=2e-4, g=1.2)  # prefill x2, the rest x3
+    got = base.rescaled([(1100, machine.full(1100))], [(1100, r, machine.store(1100, r)) for r in (0.1, 0.25)])
+    for name in ("a_full", "p", "q", "a_store", "s", "g"):
+        assert getattr(got, name) == pytest.approx(getattr(machine, name), rel=1e-6)

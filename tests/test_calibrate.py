@@ -125,6 +125,12 @@ def test_target_one_chooses_an_exact_method_that_query_then_uses(tiny_store, tin
     info = json.loads(run(cli, ["info", str(store), "--json"]).stdout)
     assert info["version"] == 3 and info["calibration"]["cpu"]["label"] == out["chosen"]
     assert out["chosen"] in run(cli, ["info", str(store)]).output
+    # the TTFT cost model refitted to this machine's timings, kept with the choice, read by sessions (--ttft-budget)
+    from sparsecache.query.session import Session
+
+    assert set(out["costs"]) == {"a_full", "p", "q", "a_store", "s", "g"} and out["costs"]["p"] > 0
+    assert info["calibration"]["cpu"]["costs"] == out["costs"]
+    assert Session(store, str(tiny_model_dir)).costs.to_dict() == out["costs"]
     q = ["query", str(store), "When was Velmora founded?", "--model", str(tiny_model_dir), "--device", "cpu",
          "--max-new-tokens", "2", "--json"]
     got = json.loads(run(cli, q).stdout)

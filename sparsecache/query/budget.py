@@ -96,6 +96,17 @@ class Costs:
             s, a_store = np.polyfit(n, t - r * var, 1)
         return cls(a_full, p, float(max(a_store, 0.0)), float(max(s, 0.0)), q, float(max(g, 0.0)))
 
+    def rescaled(self, full: list[tuple[int, float]], store: list[tuple[int, float, float]]) -> "Costs":
+        """These constants fitted to one machine's timings by two factors: full prefill's part by
+        the ratio of its measured to its predicted times, the store path's by the same for what is
+        left once its recomputation is taken out. What `calibrate` does with the few context lengths
+        a store's own questions have (a full `fit` needs a spread of lengths)."""
+        alpha = sum(t for _, t in full) / max(sum(self.full(n) for n, _ in full), 1e-9)
+        c = Costs(self.a_full * alpha, self.p * alpha, self.a_store, self.s, self.q * alpha, self.g)
+        rest = sum(t - r * c.g * c.variable(n) for n, r, t in store)
+        beta = max(rest, 0.0) / max(sum(c.a_store + c.s * n for n, _, _ in store), 1e-9)
+        return Costs(c.a_full, c.p, c.a_store * beta, c.s * beta, c.q, c.g)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

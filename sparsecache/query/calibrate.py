@@ -93,6 +93,7 @@ class Candidate:
     settings: dict  # Session.query's settings (method, recompute_ratio, …)
     exact: bool = False  # full prefill's computation: meets every target
     ttft_ms: list = field(default_factory=list)  # timed, by timing question
+    context_tokens: list = field(default_factory=list)  # of each timed query (the cost model's n)
     rows: list = field(default_factory=list)  # fidelity, one per confident question
 
 
@@ -188,6 +189,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
     full_ms = sum(candidates[0].ttft_ms) / len(candidates[0].ttft_ms)
     for c in candidates:
         c.ratio = sum(c.ttft_ms) / len(c.ttft_ms) / full_ms
+    costs = machine_costs(session, candidates)
 
     # 4. fidelity of each candidate within the budget (and cheaper than an exact one that is)
     exact = min((c.ratio for c in candidates if c.exact and c.ratio <= cfg.ttft_budget), default=math.inf)
@@ -202,7 +204,8 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
               "timing_questions": len(timed), "full_ttft_ms": round(full_ms, 1), "target": cfg.target,
               "ttft_budget": cfg.ttft_budget, "top_k": cfg.top_k, "wrapped": wrapped, "chosen": chosen, "best": best,
               "met": chosen is not None, "device": session.device.type, "machine": _machine(session.device),
-              "version": store.version, "seconds": seconds, "rows": rows}
+              "version": store.version, "seconds": seconds, "rows": rows,
+              "costs": None if costs is None else costs.to_dict()}
 
     # 6. the store's other variant, where asked: the same questions over a twin of their chunks
     if cfg.compare_wrapper is not None:
@@ -211,6 +214,28 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
         seconds["other_variant"] = round(time.perf_counter() - t0, 1)
     bar.close()
     return result
+
+
+def machine_costs(session, candidates: list[Candidate]):
+    """The TTFT cost model (`budget.Costs`) on this machine, from the timings just taken: full
+    prefill's, and infoflow's at its ratios (the method a budget sets the ratio of). The session's
+    constants rescaled to them (`Costs.rescaled`), or, on a kind of device with none, fitted where
+    the questions' context lengths allow; None otherwise."""
+    import numpy as np
+
+    from .budget import Costs
+
+    full = [(n, t) for c in candidates if c.settings["method"] == "full" for n, t in zip(c.context_tokens, c.ttft_ms)]
+    store = [(n, c.settings.get("recompute_ratio") or 0.0, t) for c in candidates
+             if c.settings["method"] == "infoflow" and not c.exact for n, t in zip(c.context_tokens, c.ttft_ms)]
+    if not full or not store:
+        return None
+    if session.costs is not None:
+        return session.costs.rescaled(full, store)
+    try:
+        return Costs.fit(full, store)
+    except (ValueError, np.linalg.LinAlgError):
+        return None
 
 
 def require_documents(store) -> None:
@@ -235,6 +260,7 @@ def _time(session, suite: list, timed: list[int], candidates: list[Candidate], b
                               max_new_tokens=1, **{**MEASURE, **c.settings})
             if n:
                 c.ttft_ms.append(a.timings_ms["ttft"])
+                c.context_tokens.append(a.context_tokens)
             bar.update()
 
 
@@ -451,6 +477,7 @@ def record_of(result: dict, label: str) -> dict:
     return {**{k: row[k] for k in keep if k in row}, "confident": row.get("confident", result["confident"]),
             "met_target": bool(row["meets_target"]), "target": result["target"], "ttft_budget": result["ttft_budget"],
             "questions": result["questions"], "top_k": result["top_k"], "full_ttft_ms": result["full_ttft_ms"],
+            "costs": result.get("costs"),
             "device": result["device"], "machine": result["machine"], "measured_at": result["version"],
             "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "sparsecache": __version__}
 

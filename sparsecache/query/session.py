@@ -26,7 +26,7 @@ from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap
-from .budget import default_costs
+from .budget import Costs, default_costs
 from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, device_record, missed_target
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
@@ -117,8 +117,12 @@ class Session:
         self._embedder = None
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
-        # what --ttft-budget predicts with (`budget.py`): the device kind's measured constants for this model
-        self.costs = default_costs(self.device.type, self.model.compute_parameters, self.model.n_layers * self.model.m)
+        # what --ttft-budget predicts with (`budget.py`): `calibrate`'s refit on this kind of device where the
+        # store has one, else the device kind's measured constants for this model
+        record = device_record(self.store.calibration(), self.device.type) or {}
+        m = self.model
+        self.costs = (Costs(**record["costs"]) if record.get("costs") else
+                      default_costs(self.device.type, m.compute_parameters, m.n_layers * m.m))
 
     @property
     def embedder(self):
