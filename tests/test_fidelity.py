@@ -73,6 +73,15 @@ def test_answer_spans_compare_first_sentences_without_case_or_punctuation():
     assert contains("It was founded by Ilse Barmon.", "ilse barmon") and not contains("in 18430", "1843")
 
 
+def test_token_f1_gives_partial_credit_by_words():
+    from sparsecache.measure.answers import token_f1
+
+    assert token_f1("The town was founded in 1843", "the town was founded in 1843.") == 1.0
+    assert token_f1("founded in 1843", "The town was founded in 1843") == pytest.approx(2 * 1 * 0.5 / 1.5)
+    assert token_f1("in 1850", "in 1843") == pytest.approx(0.5) and token_f1("yes", "no") == 0.0
+    assert token_f1("", "") == 1.0 and token_f1("", "x") == 0.0
+
+
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, suite, tmp_path_factory):
     from sparsecache.ingest.encoder import encode_with
@@ -254,7 +263,8 @@ def test_summaries_score_against_full_prefill_with_intervals():
 
     # 10 questions: full prefill right on the first 5; the method right on 3 of those and 1 other
     rows = [{"question": f"q{i}", "hops": 1 + (i % 5 == 4), "correct": i in (0, 1, 2, 7), "full_correct": i < 5,
-             "same_answer": i < 3, "token_agreement": 0.5 + 0.05 * i, "ttft_ms": 10.0,
+             "same_answer": i < 3, "answer_f1": 1.0 if i < 3 else 0.25, "token_agreement": 0.5 + 0.05 * i,
+             "ttft_ms": 10.0,
              "holds_answer": i != 9} for i in range(10)]
     s = summarise(rows)
     assert s["correct"] == 0.4 and s["correct_vs_full"] == 0.8 and s["right_where_full_right"] == 0.6
@@ -263,6 +273,8 @@ def test_summaries_score_against_full_prefill_with_intervals():
     assert lo < 0.8 < hi and s["correct_vs_full_ci95"] == summarise(rows)["correct_vs_full_ci95"]  # seeded
     lo, hi = s["token_agreement_ci95"]
     assert lo < s["token_agreement"] < hi
+    lo, hi = s["answer_f1_ci95"]
+    assert s["answer_f1"] == pytest.approx(0.475) and lo < 0.475 < hi
     assert s["holds_answer"] == 0.9 and s["correct_hops1"] == 0.5 and s["correct_hops2"] == 0.0
     assert summarise(rows, {f"q{i}": {"correct": True} for i in range(10)})["correct_vs_full"] == 0.4  # full's rows
     full = [{k: r[k] for k in ("question", "hops", "correct", "ttft_ms")} for r in rows]  # full prefill's own rows

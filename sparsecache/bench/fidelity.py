@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ..durable import write_atomic
 from ..errors import ConfigError
-from ..measure.answers import (CONFIDENT_MARGIN, answer_span, contains, summarise_values, value_figures,
+from ..measure.answers import (CONFIDENT_MARGIN, answer_span, contains, summarise_values, token_f1, value_figures,
                                value_positions, value_reference)
 from ..measure.stats import bootstrap, mean, wilson
 from ..measure.suite import Question
@@ -156,6 +156,7 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                     refs[(k, q.id)] = row
                 else:
                     row |= {"same_answer": answer_span(a.answer) == answer_span(ref["answer"]),
+                            "answer_f1": token_f1(answer_span(a.answer), answer_span(ref["answer"])),
                             "token_agreement": a.agreement, "full_correct": ref["correct"],
                             "full_confident": bool(ref.get("confident")),
                             **value_figures(ref, a.reference_logprobs)}
@@ -173,7 +174,8 @@ def line(k: int, label: str, s: dict) -> str:
         return format(s[key], spec) if key in s else "-"
     return (f"k={k} {label:>24}  kept {f('kept')} {s.get('kept_ci95', '')} of {s.get('confident', '-')}  "
             f"disagree {f('disagreement')}  value tokens {f('value_agreement', '.3f')} kl {f('value_kl', '.3f')}  "
-            f"correct vs full {f('correct_vs_full')}  same {f('same_answer')}  correct {s['correct']:.2f}  "
+            f"correct vs full {f('correct_vs_full')}  same {f('same_answer')}  f1 {f('answer_f1')}  "
+            f"correct {s['correct']:.2f}  "
             f"ttft {s['ttft_ms']:.0f} ms")
 
 
@@ -207,6 +209,9 @@ def summarise(rows: list[dict], full: dict[str, dict] | None = None) -> dict:
     agreement = [r["token_agreement"] for r in rows]
     out |= {"same_answer": same / n, "same_answer_ci95": wilson(same, n),
             "token_agreement": round(sum(agreement) / n, 4), "token_agreement_ci95": bootstrap(agreement, mean)}
+    f1 = [r["answer_f1"] for r in rows if "answer_f1" in r]  # rows of a results.json from before 2026-12-05 have none
+    if f1:
+        out |= {"answer_f1": round(sum(f1) / len(f1), 4), "answer_f1_ci95": bootstrap(f1, mean)}
     if any(ref):
         both = sum(c and f for c, f in zip(correct, ref))
         out |= {"correct_vs_full": round(min(1.0, sum(correct) / sum(ref)), 4),

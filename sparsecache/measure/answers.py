@@ -23,6 +23,21 @@ def answer_span(text: str) -> str:
 
 
 
+def token_f1(answer: str, reference: str) -> float:
+    """SQuAD's token F1 between two answers' words (lower-cased, punctuation dropped, counted with
+    multiplicity): partial credit where `same_answer` gives none. Two empty answers agree (1.0)."""
+    from collections import Counter
+
+    a, b = _words(answer).split(), _words(reference).split()
+    if not a or not b:
+        return float(a == b)
+    common = sum((Counter(a) & Counter(b)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(a), common / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
 def contains(answer: str, truth: str) -> bool:
     """The true value appears in the answer as whole words."""
     return f" {_words(truth)} " in f" {_words(answer)} "
