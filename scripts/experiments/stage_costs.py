@@ -23,7 +23,7 @@ import torch
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.config import DictConfig, TrainConfig
 from sparsecache.codec.dictionary import Dictionary
-from sparsecache.codec.learn import _KindState, train_step
+from sparsecache.codec.learn import fresh_state, train_step
 from sparsecache.codec.signals import to_signals
 from sparsecache.measure.machine import cpu_model
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
@@ -87,7 +87,7 @@ def main() -> None:
     for kind, x in (("k", keys), ("v", values)):
         y = to_signals(x, L).reshape(-1, L * m)[: args.batch]
         atoms = unit_atoms(L * m, args.atoms, 3)
-        state = _KindState(atoms, torch.zeros(args.atoms), torch.zeros(args.atoms, dtype=torch.long), atoms.clone())
+        state = fresh_state(atoms)
         _, t = timed(lambda: train_step(state, y, args.sparsity, 0.1, 1, tcfg))
         step_s += t
     out["learn_step_s"] = step_s

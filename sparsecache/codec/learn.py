@@ -67,6 +67,13 @@ class _KindState:
     best_val: float = float("inf")
 
 
+def fresh_state(atoms: torch.Tensor, best_val: float = float("inf")) -> _KindState:
+    """The learning state `learn` starts `atoms` [d, n] from (on their device)."""
+    n, dev = atoms.shape[1], atoms.device
+    return _KindState(atoms, torch.ones(n, device=dev), torch.zeros(n, dtype=torch.long, device=dev), atoms.clone(),
+                      best_val)
+
+
 def train_step(state: _KindState, y: torch.Tensor, sparsity: int, lr: float, step: int,
                cfg: TrainConfig) -> float:
     """One Algorithm-1 step on batch y [B, d]; updates `state` in place, returns batch NMSE."""
@@ -139,9 +146,7 @@ def learn(train: dict[str, torch.Tensor], heldout: dict[str, torch.Tensor], conf
         for k in KINDS:
             a = (init.atoms(k).clone() if init is not None else initial_atoms(train[k], config.atoms, tcfg.init, gen))
             a = a.to(device)
-            states[k] = _KindState(a, torch.ones(config.atoms, device=device),
-                                   torch.zeros(config.atoms, dtype=torch.long, device=device), a.clone(),
-                                   start_val[k] if init is not None else float("inf"))
+            states[k] = fresh_state(a, start_val[k] if init is not None else float("inf"))
     t0, stale = time.time(), 0
     bar = tqdm(range(start, tcfg.steps), initial=start, total=tcfg.steps, disable=not progress,
                desc="learn-dict", unit="step")
