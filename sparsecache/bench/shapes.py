@@ -125,8 +125,8 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
     d = d or random_dictionary(model, name)
     store = work / "store"
     report = work / "encode.json"
-    if not report.exists():
-        bench_corpus(work / "corpus", int(max(ks) * 512 * 1.4))
+    if not report.exists():  # twice the tokens the largest k reads: chunks end at sentences, tokenizers differ
+        bench_corpus(work / "corpus", int(max(ks) * 512 * 2))
         r = encode_with([str(work / "corpus")], store, d, model, StoreConfig(chunk_tokens=512), device=device,
                         progress=False)
         write_atomic(report, json.dumps(r.to_dict()))

@@ -322,9 +322,11 @@ def shapes_cmd(shapes, ks, repeats, workdir, plot, device, dtype, as_json):
         raise ConfigError(f"--shape: unknown {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; "
                           f"real models: default, {', '.join(PACKAGED)}")
     dev = resolve_device(device)
-    results = [bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev)) for n in names]
-    Path(workdir).mkdir(parents=True, exist_ok=True)
-    write_atomic(Path(workdir) / "results.json", json.dumps(results, indent=1))
+    results = []
+    for n in names:  # results.json after each shape: a later one that fails loses none of them
+        results.append(bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev)))
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(workdir) / "results.json", json.dumps(results, indent=1))
     if plot:
         plot_shapes(results, plot)
     lines = []
