@@ -48,7 +48,9 @@ device in its `kv_transfer_params["sparsecache"]`):
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
     recompute_ratio  fraction of chunk tokens recomputed (default: the method's own: infoflow 0.1, others 0.25)
     group_window, group_min, score_layer, selector_layers, first_layer
-                     as `sparsecache query`'s options of those names (QueryConfig's defaults;
+                     as `sparsecache query`'s options of those names (first_layer "tokens", the default,
+                     runs vLLM's own layer 0 on the tokens: where blending is off for the model, layer 0
+                     comes from the codes) (QueryConfig's defaults;
                      cacheclip's selector is vLLM's model truncated to selector_layers)
     version_check_s  seconds between looks for a new store version, in a background thread
                      (default 1; 0: on every request, in the scheduler's thread)
