@@ -150,6 +150,12 @@ def test_bench_fidelity_refuses_a_workdir_made_with_other_settings(tmp_path):
     (tmp_path / "suite.json").write_text(json.dumps({"ks": [8], "questions": 10}))
     r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(tmp_path)])
     assert r.exit_code == 1 and "holds a suite made with" in r.output and "Traceback" not in r.output
+    # a #69 workdir (contexts from retrieval alone) keeps its contexts unless told otherwise, which is refused
+    (tmp_path / "suite.json").write_text(json.dumps({"ks": [8], "questions": 10, "split": "dev",
+                                                     "contexts": "retrieval"}))
+    r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(tmp_path), "--k", "8", "--questions", "10",
+                                 "--two-chunk", "placed"])
+    assert r.exit_code == 1 and "holds a suite made with" in r.output
     text = " ".join(CliRunner().invoke(cli, ["bench", "fidelity", "--help"]).output.split())  # unwrapped
     assert "[default: 4,8]" in text and "[default: 100]" in text
 
@@ -466,3 +472,29 @@ def test_confident_only_runs_the_methods_only_where_full_prefill_is_confident(se
     results.write_text(json.dumps(data))
     again = run_fidelity(session, few, parse_methods("none"), results, max_new_tokens=4, confident_only=True)
     assert [r["question"] for r in again if r["label"] == "none"] == [full[0]["question"]]
+
+
+def test_a_two_chunk_questions_chunks_are_placed_among_the_look_alikes():
+    """#79: both needed chunks at fixed ranks, retrieval's best others around them in order;
+    a one-chunk question's context stays retrieval's."""
+    from types import SimpleNamespace
+
+    from sparsecache.bench.fidelity import placed, retrieved
+    from sparsecache.measure.suite import Question
+
+    hits = ["a", "n2", "b", "c", "d", "e", "f", "g", "h", "i"]
+    assert placed(hits, ["n1", "n2"], 8) == ["a", "b", "n1", "c", "n2", "d", "e", "f"]
+    assert placed(hits, ["n1"], 4) == ["a", "n1", "n2", "b"]
+    with pytest.raises(ValueError):
+        placed(hits, ["x", "y", "z"], 2)
+
+    docs = {d: f"c-{d}" for d in ("d1", "d2", "d3")}
+    store = SimpleNamespace(chunks=lambda: [SimpleNamespace(ordinal=0, doc_id=d, id=c) for d, c in docs.items()])
+    pool = [f"x{i}" for i in range(12)]
+    session = SimpleNamespace(store=store, retrieve=lambda q, k: [{"id": c} for c in pool[:k]])
+    two = Question("q2", "?", "v", ["d1", "d2"], [], 2)
+    one = Question("q1", "?", "v", ["d3"], [], 1)
+    got = retrieved(session, {8: [two, one]}, place_needed=True)[8]
+    assert got[0].chunks == ["x0", "x1", "c-d1", "x2", "c-d2", "x3", "x4", "x5"] and got[0].needed == ["c-d1", "c-d2"]
+    assert got[1].chunks == pool[:8]  # retrieval missed it: full prefill cannot answer either
+    assert retrieved(session, {8: [two]})[8][0].chunks == pool[:8]  # #69's suites: retrieval alone

@@ -58,18 +58,43 @@ FORMATS = ("entities", "records", "cloze")
 SPLIT = "dev"  # what `bench fidelity` measures unless told: the test split is run once, at the end
 
 
-def retrieved(session, suite: dict[int, list[Question]]) -> dict[int, list[Question]]:
+# How an entity suite's contexts are made (its settings' "contexts"): retrieval's top k, or (the
+# default for new suites, #79) the same with a two-chunk question's needed chunks placed among them
+CONTEXTS = {"retrieval": "retrieval", "placed": "retrieval, two-chunk needed placed"}
+
+
+def placed(hits: list[str], needed: list[str], k: int) -> list[str]:
+    """k chunks: every needed one at a fixed rank, retrieval's best other chunks (its look-alikes)
+    in their order around them. Needed chunk i of n goes to rank round((i + 1)·k / (n + 1)) − 1,
+    whatever rank retrieval gave it (two of eight: the 3rd and the 5th, best first)."""
+    if len(needed) > k:
+        raise ValueError(f"{len(needed)} needed chunks do not fit a context of {k}")
+    ranks = {round((i + 1) * k / (len(needed) + 1)) - 1: c for i, c in enumerate(needed)}
+    others = iter(h for h in hits if h not in needed)
+    return [ranks[r] if r in ranks else next(others) for r in range(k)]
+
+
+def retrieved(session, suite: dict[int, list[Question]], place_needed: bool = False) -> dict[int, list[Question]]:
     """The suite with each question's context replaced by the k chunks `session`'s retrieval
     returns for it, best first (#69: distractors chosen by the store's own retrieval from the
     whole pool, look-alikes included), and its documents' chunks as the ones it needs. A
-    question whose document retrieval misses is one full prefill cannot answer either."""
+    question whose document retrieval misses is one full prefill cannot answer either; with
+    `place_needed`, a two-chunk question gets both its chunks among the look-alikes (`placed`),
+    since retrieval almost never returns both and blending is for what needs two."""
     from dataclasses import replace
 
     from ..measure.suite import chunk_ids_by_doc
 
     ids = chunk_ids_by_doc(session.store)
-    return {k: [replace(q, chunk_docs=[], chunks=[h["id"] for h in session.retrieve(q.question, k)],
-                        needed=[ids[d] for d in q.docs]) for q in qs] for k, qs in suite.items()}
+
+    def context(q: Question, k: int) -> list[str]:
+        needed = [ids[d] for d in q.docs]
+        if place_needed and len(needed) > 1:
+            return placed([h["id"] for h in session.retrieve(q.question, k + len(needed))], needed, k)
+        return [h["id"] for h in session.retrieve(q.question, k)]
+
+    return {k: [replace(q, chunk_docs=[], chunks=context(q, k), needed=[ids[d] for d in q.docs]) for q in qs]
+            for k, qs in suite.items()}
 
 
 # ---------------------------------------------------------------- scoring

@@ -45,7 +45,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
                    model_path: str = "default", dictionary: str | None = None, split: str | None = None,
                    wrapper: str | None = None, filler: int = FILLER_SENTENCES, entities: int = ENTITIES,
                    format: str = "entities", corpus: str = CLOZE_CORPUS, chunk_tokens: int = CLOZE_CHUNK_TOKENS,
-                   confident_only: bool = False) -> dict:
+                   confident_only: bool = False, two_chunk: str | None = None) -> dict:
     """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
     of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
     documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
@@ -64,7 +64,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
 
     from ..measure.suite import check_suite, load_suite, make_suite, save_suite
     from ..query.spec import parse_methods
-    from .fidelity import by_context_length, retrieved, run_fidelity, table
+    from .fidelity import CONTEXTS, by_context_length, retrieved, run_fidelity, table
     from .ruler import check_wrapped
 
     if format not in FORMATS:
@@ -80,8 +80,13 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
         settings = {**settings, "format": "cloze", "corpus": corpus, "chunk_tokens": chunk_tokens}
     elif format == "records":
         settings = {**settings, "format": "records"}
-    else:  # #69: the distractors are what retrieval over the whole pool returns (look-alikes included)
-        settings = {**settings, "contexts": "retrieval"}
+    else:  # #69: the distractors are what retrieval over the whole pool returns (look-alikes included); a
+        # two-chunk question's chunks placed among them (#79) unless asked otherwise or a workdir was made without
+        made = work / "suite.json"
+        saved = json.loads(made.read_text()).get("contexts") if made.exists() else None
+        if two_chunk is not None and two_chunk not in CONTEXTS:
+            raise ConfigError(f"--two-chunk must be one of {', '.join(CONTEXTS)}, got {two_chunk!r}")
+        settings = {**settings, "contexts": CONTEXTS[two_chunk] if two_chunk else (saved or CONTEXTS["placed"])}
     made = work / "suite.json"
     if made.exists():  # a suite made for more ks answers a subset of them
         saved = json.loads(made.read_text())
@@ -93,7 +98,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
                                                                           split=split), device)
         made = load_suite(work)
         if any(q.chunks is None for qs in made.values() for q in qs):  # contexts drawn at random until retrieved
-            save_suite(work, retrieved(session, made))
+            save_suite(work, retrieved(session, made, settings["contexts"] == CONTEXTS["placed"]))
     else:  # asked by retrieval over the suite's store, so the questions are made after it
         if format == "cloze":
             from ..measure.cloze import make_cloze

@@ -214,6 +214,10 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
 @click.option("--corpus", default=CLOZE_CORPUS, show_default=True, help="cloze: the corpus whose sentences are asked.")
 @click.option("--chunk-tokens", type=click.IntRange(min=16), default=CLOZE_CHUNK_TOKENS, show_default=True,
               help="cloze: tokens per chunk of --corpus's store.")
+@click.option("--two-chunk", type=click.Choice(["placed", "retrieval"]), default=None,
+              help="entities: a two-chunk question's context holds both its chunks at fixed ranks among retrieval's "
+                   "look-alikes (placed), or is what retrieval returns (retrieval, #69's suites). Default: a "
+                   "workdir's own, placed for a new one.")
 @click.option("--confident-only", is_flag=True,
               help="Answer with the methods only the questions full prefill answers right with confidence: what kept "
                    "and the value-token figures read, at a fraction of the time (disagreement and accuracy then "
