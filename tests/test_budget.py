@@ -93,6 +93,32 @@ def test_a_query_recomputes_what_its_budget_buys(tiny_model, tiny_dictionary, em
     assert plain.recompute_ratio is None and plain.recomputed_tokens == 0
 
 
+def test_a_session_follows_costs_calibrated_after_it_opened(tiny_model, tiny_dictionary, embedder, tmp_path):
+    """No override: the shipped constants, then, once `calibrate` publishes a refit and the session moves
+    to that version (as it does when its own is deleted), the refit, without reopening the session."""
+    from conftest import write_corpus
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig, Writer
+
+    encode_with([str(write_corpus(tmp_path / "corpus"))], tmp_path / "store", tiny_dictionary, tiny_model,
+                StoreConfig(chunk_tokens=64), embedder=embedder, batch_tokens=512, progress=False)
+    s = Session(tmp_path / "store", tiny_model)
+    s._embedder = embedder
+    m = tiny_model
+    assert s.costs == default_costs("cpu", m.compute_parameters, m.n_layers * m.m)
+    refit = Costs(a_full=10.0, p=2.0, a_store=20.0, s=0.2)
+    with Writer(tmp_path / "store") as w:
+        w.publish_calibration({"cpu": {"method": "none", "label": "none", "costs": refit.to_dict()}},
+                              note="calibrated (cpu)")
+    s.store = s.store.latest()
+    ids = [c.id for c in s.store.chunks()][:4]
+    a = s.query("What does the statement do?", chunks=ids, method="infoflow", ttft_budget=0.5, max_new_tokens=1,
+                prefill_under=0)
+    assert s.costs == refit
+    assert a.recompute_ratio == pytest.approx(refit.ratio(a.context_tokens, 0.5), abs=1e-4)
+
+
 def test_rescaling_to_a_machine_recovers_its_factors_from_one_context_length():
     """`calibrate` sees a store's few context lengths: the shipped shape, scaled by two factors."""
     base = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5, q=1e-4, g=1.2)

@@ -45,8 +45,8 @@ def _bench_ttft(store_path, ks, repeats: int, device, cold: bool, min_tokens: in
     rows = []
     for k in ks:
         rows += measure_ttft(session, model, device, [k], repeats, TTFT_METHODS, min_tokens, last_once=k == max(ks))
-        ids = [c.id for c in _full_chunks(session, k, min_tokens)]
         if cold and k == max(ks):
+            ids = [c.id for c in _full_chunks(session, k, min_tokens)]
             for method, ratio in (("raw", 0.0), ("none", 0.0), ("a3", 0.15), ("infoflow", 0.15), ("cake", 0.0)):
                 def evict():
                     drop_page_cache([session.store.root / "data", session.raw_dir])

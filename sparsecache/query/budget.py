@@ -24,6 +24,7 @@ ratio), and the answer says so.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 # The default model (SmolLM2-135M-Instruct: 106,203,456 compute parameters, 30 layers x 192 K/V
@@ -111,6 +112,7 @@ class Costs:
         return asdict(self)
 
 
+@functools.lru_cache(maxsize=None)  # a fit per (device, model shape): once a process
 def default_costs(device_type: str, compute_parameters: int, kv_values: int) -> Costs | None:
     """The measured constants for this kind of device, scaled to the model; None where none are."""
     if device_type != REFERENCE["device"]:

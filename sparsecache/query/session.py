@@ -89,6 +89,9 @@ def _at_a_live_version(method):
     return read
 
 
+_FROM_STORE = object()  # `Session.costs` not set: derived from the store at each query
+
+
 class Session:
     """Keeps the store, model, codec and embedder loaded across queries. Opened by path, it
     follows the store's newest version whenever the one it read is deleted."""
@@ -117,12 +120,24 @@ class Session:
         self._embedder = None
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
-        # what --ttft-budget predicts with (`budget.py`): `calibrate`'s refit on this kind of device where the
-        # store has one, else the device kind's measured constants for this model
+        self._costs = _FROM_STORE  # `costs`: tests may set it
+
+    @property
+    def costs(self) -> Costs | None:
+        """What --ttft-budget predicts with (`budget.py`): `calibrate`'s refit on this kind of device where
+        the store's live version has one, else the device kind's measured constants for this model (None
+        where none are). Read at each query from the session's current version, as `default_config` is."""
+        if self._costs is not _FROM_STORE:
+            return self._costs
         record = device_record(self.store.calibration(), self.device.type) or {}
+        if record.get("costs"):
+            return Costs(**record["costs"])
         m = self.model
-        self.costs = (Costs(**record["costs"]) if record.get("costs") else
-                      default_costs(self.device.type, m.compute_parameters, m.n_layers * m.m))
+        return default_costs(self.device.type, m.compute_parameters, m.n_layers * m.m)
+
+    @costs.setter
+    def costs(self, costs: Costs | None):
+        self._costs = costs
 
     @property
     def embedder(self):
