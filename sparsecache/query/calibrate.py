@@ -230,8 +230,9 @@ def machine_costs(session, candidates: list[Candidate]):
              if c.settings["method"] == "infoflow" and not c.exact for n, t in zip(c.context_tokens, c.ttft_ms)]
     if not full or not store:
         return None
-    if session.costs is not None:
-        return session.costs.rescaled(full, store)
+    base = session.costs  # the store's earlier refit, else the shipped constants
+    if base is not None:
+        return base.rescaled(full, store)
     try:
         return Costs.fit(full, store)
     except (ValueError, np.linalg.LinAlgError):

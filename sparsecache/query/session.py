@@ -257,9 +257,10 @@ class Session:
         """`cfg` with the recompute ratio its `ttft_budget` buys at this context length (`budget.Costs`),
         where it names a budget and no ratio, its method recomputes and this device kind has costs;
         else `cfg` as it is (the method's own ratio)."""
-        if cfg.ttft_budget is None or cfg.recompute_ratio is not None or not cfg.spec.recomputes or self.costs is None:
+        if cfg.ttft_budget is None or cfg.recompute_ratio is not None or not cfg.spec.recomputes:
             return cfg
-        r = self.costs.ratio(context_tokens, cfg.ttft_budget)
+        costs = self.costs  # derived from the store's record: once
+        r = None if costs is None else costs.ratio(context_tokens, cfg.ttft_budget)
         return cfg if r is None else dataclasses.replace(cfg, recompute_ratio=round(r, 4))
 
     def prefill_under(self, config: QueryConfig | None = None) -> int:
