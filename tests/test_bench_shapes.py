@@ -33,11 +33,16 @@ def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
     assert costs["fitted"]["p"] > 0 and costs["defaults"] is not None  # CPU: the shipped constants, scaled
     assert len(costs["predictions"]) == 6 and all(x["fitted_ms"] is not None for x in costs["predictions"])
     assert json.loads((work / "results.json").read_text())[0]["shape"] == "toy"
-    # a rerun reuses the shape's store: the encode report is the first run's
+    # a rerun reuses the shape's store (the encode report is the first run's), replaces the shapes it names in
+    # results.json and keeps the others: shapes can be run one per invocation
+    other = {**out, "shape": "another"}
+    (work / "results.json").write_text(json.dumps([other, out]))
     again = CliRunner().invoke(cli, ["bench", "shapes", "--shape", "toy", "--k", "2", "--repeats", "1",
                                      "--workdir", str(work), "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)[0]["encode"] == out["encode"]
+    saved = json.loads((work / "results.json").read_text())
+    assert [r["shape"] for r in saved] == ["another", "toy"] and {x["k"] for x in saved[1]["rows"]} == {2}
 
 
 def test_an_unknown_shape_is_refused_with_the_names_there_are(tmp_path):

@@ -293,7 +293,7 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
               help="Chunk counts, comma-separated.")
 @click.option("--repeats", default=2, show_default=True)
 @click.option("--workdir", default="bench-shapes", show_default=True, type=click.Path(file_okay=False),
-              help="Where each shape's store goes (a rerun reuses it) and results.json.")
+              help="Where each shape's store goes (a rerun reuses it) and results.json (a rerun replaces the shapes it names and keeps the others).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of TTFT as a fraction of full prefill's against model size.")
 @device_option
@@ -326,13 +326,16 @@ def shapes_cmd(shapes, ks, repeats, workdir, plot, device, dtype, as_json):
         raise ConfigError(f"--shape: unknown {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; "
                           f"real models: default, {', '.join(PACKAGED)}")
     dev = resolve_device(device)
+    saved = Path(workdir) / "results.json"
+    # a rerun replaces the shapes it names and keeps the others, so shapes can be run one per invocation
+    kept = [r for r in json.loads(saved.read_text()) if r["shape"] not in names] if saved.exists() else []
     results = []
     for n in names:  # results.json after each shape: a later one that fails loses none of them
         results.append(bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev)))
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        write_atomic(Path(workdir) / "results.json", json.dumps(results, indent=1))
+        write_atomic(saved, json.dumps(kept + results, indent=1))
     if plot:
-        plot_shapes(results, plot)
+        plot_shapes(kept + results, plot)
     lines = []
     for r in results:
         lines.append(f"{r['shape']} ({r['weights']} weights, {r['compute_parameters'] / 1e6:.0f}M compute parameters, "
