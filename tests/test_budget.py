@@ -1,5 +1,7 @@
 """Recomputation set by time (`query.budget`): the cost model, and queries that spend a TTFT budget."""
 
+import dataclasses
+
 import pytest
 
 from sparsecache.errors import ConfigError
@@ -126,3 +128,23 @@ def test_rescaling_to_a_machine_recovers_its_factors_from_one_context_length():
     got = base.rescaled([(1100, machine.full(1100))], [(1100, r, machine.store(1100, r)) for r in (0.1, 0.25)])
     for name in ("a_full", "p", "q", "a_store", "s", "g"):
         assert getattr(got, name) == pytest.approx(getattr(machine, name), rel=1e-6)
+
+
+def test_served_requests_and_the_server_take_a_budget():
+    from sparsecache.query.budget import budgeted
+    from sparsecache.query.config import served_config
+    from sparsecache.vllm.config import ServeConfig
+
+    assert ServeConfig("s").blend.ttft_budget is None  # off by default, as query's
+    cfg = served_config({"ttft_budget": 0.5}, ServeConfig("s", ttft_budget=0.4).blend)
+    assert cfg.ttft_budget == 0.5 and cfg.recompute_ratio is None
+    for bad, match in (({"ttft_budget": "half"}, "ttft_budget must be"), ({"ttft_budget": 2}, "ttft-budget")):
+        with pytest.raises(ConfigError, match=match):
+            served_config(bad)
+    with pytest.raises(ConfigError, match="ttft-budget"):
+        ServeConfig("s", ttft_budget=0)
+    costs = Costs(a_full=10.0, p=2.0, a_store=20.0, s=0.2)
+    assert budgeted(cfg, 1000, costs).recompute_ratio == pytest.approx(costs.ratio(1000, 0.5), abs=1e-4)
+    assert budgeted(cfg, 1000, None) is cfg  # no costs for the device: the method's own ratio
+    assert budgeted(dataclasses.replace(cfg, recompute_ratio=0.3), 1000, costs).recompute_ratio == 0.3
+    assert budgeted(served_config({"method": "none", "ttft_budget": 0.5}), 1000, costs).recompute_ratio is None

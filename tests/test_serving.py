@@ -146,3 +146,35 @@ def test_a_damaged_local_store_gets_one_line_with_its_status_and_verify_names_th
         assert rag.request("what?", {"chunks": [other.id]}).chunks[0]["id"] == other.id
     finally:
         rag.close()
+
+
+def test_the_server_spends_a_requests_ttft_budget_at_its_context_length(built, tiny_model_dir):
+    """`serve --ttft-budget` (or a request's `ttft_budget`): the ratio is fixed at layout from the store's
+    refit for this device, passed to the connector as the ratio in effect (one salt) and reported with the
+    sources; a ratio given wins, and a bad budget is a 400."""
+    pytest.importorskip("prometheus_client")
+    from sparsecache.query.budget import Costs
+    from sparsecache.store import Writer
+    from sparsecache.vllm.server import BadRequest, Rag, ServeConfig
+
+    store = built()
+    refit = Costs(a_full=10.0, p=2.0, a_store=20.0, s=0.2)
+    with Writer(store) as w:
+        w.publish_calibration({"cpu": {"method": "none", "label": "none", "costs": refit.to_dict()}},
+                              note="calibrated (cpu)")
+    rag = Rag(ServeConfig(str(store), model=str(tiny_model_dir), top_k=2, method="infoflow", ttft_budget=0.5))
+    try:
+        rag.device = "cpu"
+        ids = [c.id for c in rag.prompts.store.chunks()][:2]
+        req = rag.request("what?", rag.options({"chunks": ids}))
+        assert req.params["recompute_ratio"] == pytest.approx(refit.ratio(req.context_tokens, 0.5), abs=1e-4)
+        assert rag.sources(req)["recompute_ratio"] == req.params["recompute_ratio"]
+        tighter = rag.request("what?", rag.options({"chunks": ids, "ttft_budget": 0.3}))
+        assert tighter.params["recompute_ratio"] < req.params["recompute_ratio"]
+        assert tighter.cache_salt != req.cache_salt
+        given = rag.request("what?", rag.options({"chunks": ids, "recompute_ratio": 0.2}))
+        assert given.params["recompute_ratio"] == 0.2
+        with pytest.raises(BadRequest, match="ttft"):
+            rag.options({"ttft_budget": 3})
+    finally:
+        rag.close()

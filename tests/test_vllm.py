@@ -169,6 +169,22 @@ def test_each_method_selects_what_query_selects(llm, store, rag, chosen, method)
         assert store.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer
 
 
+def test_a_ttft_budget_buys_the_ratio_query_buys(llm, store, rag):
+    """`ttft_budget` without a ratio: the connector sets the ratio at the request's context length from
+    the same cost model as `query` (here the CPU's shipped constants for this model: no calibration),
+    so both recompute the same tokens, more than the method's own ratio would."""
+    from sparsecache.query.config import QueryConfig
+
+    ids = [c.id for c in store.store.chunks()]
+    ours = store.query(QUESTIONS[0], chunks=ids, method="infoflow", ttft_budget=0.5, max_new_tokens=12,
+                       prefill_under=0)
+    assert ours.recompute_ratio > QueryConfig(method="infoflow").ratio
+    req = rag.request(QUESTIONS[0], chunks=ids)
+    tokens, _, delta = generate(llm, req, with_source(req, "codes", method="infoflow", ttft_budget=0.5), max_tokens=12)
+    assert delta["recomputed"] == ours.recomputed_tokens > 0 and delta["fallbacks"] == 0
+    assert store.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer
+
+
 def test_a_blend_that_fails_after_the_claim_is_recomputed_by_vllm(llm, store, rag, monkeypatch):
     import sparsecache.vllm.connector as connector
 

@@ -85,6 +85,15 @@ def compute_parameters(config) -> int:
     return layers * per_layer + h
 
 
+
+def kv_values(config) -> int:
+    """K (or V) values a token's cache holds across all layers: layers x KV heads x head size (what
+    the store path's read, decode and scoring scale by, `query.budget`)."""
+    config = getattr(config, "text_config", None) or config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return config.num_hidden_layers * heads * _head_dim(config)
+
+
 @dataclass
 class KVModel:
     """A loaded causal LM with the facts sparsecache needs about its KV cache."""

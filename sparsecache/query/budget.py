@@ -24,7 +24,9 @@ ratio), and the answer says so.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 # The default model (SmolLM2-135M-Instruct: 106,203,456 compute parameters, 30 layers x 192 K/V
@@ -118,3 +120,26 @@ def default_costs(device_type: str, compute_parameters: int, kv_values: int) -> 
     if device_type != REFERENCE["device"]:
         return None
     return Costs.fit(REFERENCE["full"], REFERENCE["store"]).scaled(compute_parameters, kv_values)
+
+
+def costs_for(records: Mapping, device_type: str, model_config) -> Costs | None:
+    """What --ttft-budget predicts with for a model (its HF config) on a kind of device: `calibrate`'s
+    refit where the store version's calibration `records` ({device kind: record}) have one for it, else
+    the device kind's measured constants scaled to the model; None where there are neither."""
+    from ..model.kvmodel import compute_parameters, kv_values
+    from .config import device_record
+
+    record = device_record(records, device_type) or {}
+    if record.get("costs"):
+        return Costs(**record["costs"])
+    return default_costs(device_type.split(":")[0], compute_parameters(model_config), kv_values(model_config))
+
+
+def budgeted(cfg, context_tokens: int, costs: Costs | None):
+    """`cfg` (a QueryConfig) with the recompute ratio its `ttft_budget` buys at `context_tokens` (prefix
+    and chunks), where it names a budget and no ratio, its method recomputes and there are `costs`;
+    else `cfg` as it is (the method's own ratio)."""
+    if cfg.ttft_budget is None or cfg.recompute_ratio is not None or cfg.spec is None or not cfg.spec.recomputes:
+        return cfg
+    r = None if costs is None else costs.ratio(context_tokens, cfg.ttft_budget)
+    return cfg if r is None else dataclasses.replace(cfg, recompute_ratio=round(r, 4))

@@ -180,7 +180,7 @@ def missed_target(record: Mapping) -> bool:
 # connector's kv_transfer_params and extra config) may set, with the types each takes.
 SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),
                  "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None)),
-                 "prefill_under": (int, type(None)), "first_layer": (str,)}  # no ttft_budget: no vLLM costs measured
+                 "prefill_under": (int, type(None)), "first_layer": (str,), "ttft_budget": (int, float, type(None))}
 
 
 def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:

@@ -26,7 +26,7 @@ from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap
-from .budget import Costs, default_costs
+from .budget import Costs, budgeted, costs_for
 from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, device_record, missed_target
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
@@ -129,11 +129,7 @@ class Session:
         where none are). Read at each query from the session's current version, as `default_config` is."""
         if self._costs is not _FROM_STORE:
             return self._costs
-        record = device_record(self.store.calibration(), self.device.type) or {}
-        if record.get("costs"):
-            return Costs(**record["costs"])
-        m = self.model
-        return default_costs(self.device.type, m.compute_parameters, m.n_layers * m.m)
+        return costs_for(self.store.calibration(), self.device.type, self.model.config)
 
     @costs.setter
     def costs(self, costs: Costs | None):
@@ -254,14 +250,9 @@ class Session:
         return config if config.method is not None else config.over(self.default_config())
 
     def budgeted(self, cfg: QueryConfig, context_tokens: int) -> QueryConfig:
-        """`cfg` with the recompute ratio its `ttft_budget` buys at this context length (`budget.Costs`),
-        where it names a budget and no ratio, its method recomputes and this device kind has costs;
-        else `cfg` as it is (the method's own ratio)."""
-        if cfg.ttft_budget is None or cfg.recompute_ratio is not None or not cfg.spec.recomputes:
-            return cfg
-        costs = self.costs  # derived from the store's record: once
-        r = None if costs is None else costs.ratio(context_tokens, cfg.ttft_budget)
-        return cfg if r is None else dataclasses.replace(cfg, recompute_ratio=round(r, 4))
+        """`cfg` with the recompute ratio its `ttft_budget` buys at this context length (`budget.budgeted`
+        with this session's `costs`)."""
+        return budgeted(cfg, context_tokens, self.costs)
 
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store

@@ -20,6 +20,7 @@ class ServeConfig:
     method: str | None = None  # None: the store version's calibrated choice for this device (`calibrate`), else DEFAULT_METHOD
     recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
     prefill_under: int | None = None  # cheap contexts: None the rule by model and device (`query.cheap`), 0 never
+    ttft_budget: float | None = None  # QueryConfig's: the ratio from a fraction of full prefill's TTFT (`query.budget`)
     api_key: str | None = None
     dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
     max_model_len: int | None = None
@@ -32,8 +33,8 @@ class ServeConfig:
     def __post_init__(self):
         # method and ratio parsed once, into the typed value every request starts from
         given = {"method": self.method or DEFAULT_METHOD, "recompute_ratio": self.recompute_ratio,
-                 "prefill_under": self.prefill_under}
-        blend = served_config(given, where="--method/--recompute-ratio/--prefill-under")
+                 "prefill_under": self.prefill_under, "ttft_budget": self.ttft_budget}
+        blend = served_config(given, where="--method/--recompute-ratio/--prefill-under/--ttft-budget")
         object.__setattr__(self, "blend", blend)
 
     blend: QueryConfig = field(init=False, repr=False, compare=False)  # method and ratio, typed

@@ -47,6 +47,9 @@ device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
     recompute_ratio  fraction of chunk tokens recomputed (default: the method's own: infoflow 0.1, others 0.25)
+    ttft_budget      with no recompute_ratio, the ratio whose predicted TTFT is this fraction of full prefill's
+                     at the request's context length (`query.budget`: the store's `calibrate` refit for the
+                     engine's device kind, else the constants measured on a CPU; none on a GPU: the method's own)
     group_window, group_min, score_layer, selector_layers, first_layer
                      as `sparsecache query`'s options of those names (first_layer "tokens", the default,
                      runs vLLM's own layer 0 on the tokens: where blending is off for the model, layer 0
@@ -84,6 +87,7 @@ from ..kvstore.view import KVStore
 from ..model.cache import recompute_many
 from ..model.kvmodel import Rope, compute_parameters, config_fingerprint
 from ..query import cheap
+from ..query.budget import budgeted, costs_for
 from ..query.blend import decode_chunks, restore_first_layer
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
@@ -204,6 +208,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.placeholder = placeholder_id(vllm_config.model_config.hf_config)  # for a wrapper's soft tokens
         # the cheap-context rule's inputs: the model's compute parameters and the engine's device
         self._parameters = compute_parameters(vllm_config.model_config.hf_config)
+        self._model_config = vllm_config.model_config.hf_config  # --ttft-budget's cost model scales by its sizes
         self._device_type = vllm_config.device_config.device_type or "cpu"
         self._stores: dict[int, KVStore] = {}
         self._stores_lock = threading.Lock()  # the poller's thread opens versions too
@@ -303,6 +308,8 @@ class SparsecacheConnector(KVConnectorBase_V1):
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
         blend = served_config(params, self.blend, "kv_transfer_params")
+        # a time budget without a ratio (the extra config's or the request's): the ratio at this context's length
+        blend = budgeted(blend, len(expected), costs_for(store.calibration(), self._device_type, self._model_config))
         # the whole context is claimed, blended or as stored; vLLM prefills the question
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
                         prompt[len(expected):] if blend.recomputes else [])

@@ -50,6 +50,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
+from ..query.budget import budgeted, costs_for
 from ..query.config import MISSED, QueryConfig, calibrated, device_record, missed_target, served_config
 from .config import ServeConfig
 
@@ -67,7 +68,7 @@ KV_CACHE_SHARE = 0.5
 CPU_MAX_NUM_SEQS = 128  # vLLM's default --max-num-seqs for its OpenAI server on a CPU
 
 
-OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under")
+OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under", "ttft_budget")
 _PROMPT: contextvars.ContextVar[RagRequest | None] = contextvars.ContextVar("sparsecache_prompt", default=None)
 
 
@@ -167,7 +168,7 @@ class Rag:
             if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
                 raise BadRequest(f"{key} must be a non-empty list of strings")
         try:  # the request's method and ratio, parsed once: `request` passes on the typed value
-            given = {k: body[k] for k in ("method", "recompute_ratio", "prefill_under") if k in body}
+            given = {k: body[k] for k in ("method", "recompute_ratio", "prefill_under", "ttft_budget") if k in body}
             base = self.cfg.blend if "method" in given else self.base()
             blend = served_config(given, base, "sparsecache")
         except ConfigError as e:
@@ -225,6 +226,9 @@ class Rag:
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
         blend = opts.get("blend") or self.base()
+        store = self.prompts.store  # a budget's ratio at this context's length (`query.budget`), fixed here
+        blend = budgeted(blend, req.context_tokens, costs_for(store.calibration(), self.device,
+                                                              self.prompts.model_config))
         req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
         if blend.prefill_under is not None:
             req.params["prefill_under"] = blend.prefill_under
@@ -234,7 +238,8 @@ class Rag:
         """What a response says it used: the chunks in retrieval order (best first) and the version."""
         hits = req.chunks[::-1] if QueryConfig.order == "reverse" else req.chunks
         return {"chunks": [{"id": h["id"], "doc_id": h["doc_id"], "score": h["score"]} for h in hits],
-                "version": req.params["version"]}
+                "version": req.params["version"], "method": req.params["method"],
+                "recompute_ratio": req.params["recompute_ratio"]}
 
 
 class StoreCollector:
