@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from sparsecache.cli.main import cli
@@ -49,3 +51,25 @@ def test_an_unknown_shape_is_refused_with_the_names_there_are(tmp_path):
     r = CliRunner().invoke(cli, ["bench", "shapes", "--shape", "llama-70b", "--workdir", str(tmp_path)])
     assert r.exit_code != 0
     assert "unknown llama-70b" in r.output and "llama-3.2-1b" in r.output and "qwen2.5-coder-0.5b" in r.output
+
+
+def test_the_crossover_follows_full_prefills_parabola_not_a_line():
+    """Rows timed at long contexts only: lines through them would cross far too late (full prefill's
+    attention bends its curve up); the cost model's parabola puts the crossover where the truth has it."""
+    from sparsecache.bench.shapes import crossover
+    from sparsecache.query.budget import Costs
+
+    truth = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5, q=2e-4, g=1.0)
+    lengths = (1000, 2000, 4000, 8000)
+    rows = [{"method": "full", "ratio": 0.0, "context_tokens": n, "ttft": truth.full(n)} for n in lengths]
+    rows += [{"method": "infoflow", "ratio": r, "context_tokens": n, "ttft": truth.store(n, r)}
+             for n in lengths for r in (0.1, 0.25)]
+    fitted = Costs.fit([(x["context_tokens"], x["ttft"]) for x in rows if x["method"] == "full"],
+                       [(x["context_tokens"], x["ratio"], x["ttft"]) for x in rows if x["method"] == "infoflow"])
+    # store(n, 0.1) = full(n): 0.9 (2n + 2e-4 n^2) - 0.5 n = 110 -> n ~ 84
+    assert crossover(rows, "infoflow", 0.1, fitted) == pytest.approx(84, abs=2)
+    assert crossover(rows, "infoflow", 0.1, None) is None
+    # recomputing everything, plus a fixed and a per-token cost of its own: never cheaper than full prefill
+    whole = [{"method": "cacheblend", "ratio": 1.0, "context_tokens": n, "ttft": truth.full(n) + 100 + 0.3 * n}
+             for n in lengths]
+    assert crossover(whole, "cacheblend", 1.0, fitted) is None

@@ -168,20 +168,28 @@ def real_model(name: str, device="cpu", dtype=None):
     return model, Dictionary.load(shipped_dictionary(model.fingerprint()))
 
 
-def crossover(rows: list[dict], method: str, ratio: float) -> float | None:
-    """The context length where the lines fitted to full prefill's and the method's TTFT against
-    context tokens meet (below it prefilling is cheaper); None where they do not meet ahead."""
+def crossover(rows: list[dict], method: str, ratio: float, costs) -> float | None:
+    """The context length (tokens) from which the method's TTFT is under full prefill's, by the cost
+    model (`query.budget.Costs`: full prefill's parabola and recomputation factor, fitted to these rows)
+    with the method's own fixed and per-token parts fitted to its rows: below it prefilling is cheaper.
+    0 where the method is cheaper at any length; None where it is not cheaper up to a million tokens or
+    there are fewer than two lengths. Full prefill grows faster than linearly (attention), so lines
+    through a few long contexts would put the crossover far too high."""
     import numpy as np
 
-    def line(m, r):
-        pts = [(x["context_tokens"], x["ttft"]) for x in rows if x["method"] == m and x["ratio"] == r]
-        return np.polyfit(*zip(*pts), 1) if len(pts) >= 2 else None
-
-    full, other = line("full", 0.0), line(method, ratio)
-    if full is None or other is None or full[0] <= other[0]:
+    pts = [(x["context_tokens"], x["ttft"]) for x in rows if x["method"] == method and x["ratio"] == ratio]
+    if costs is None or len({n for n, _ in pts}) < 2:
         return None
-    n = (other[1] - full[1]) / (full[0] - other[0])
-    return float(max(n, 0.0))
+    n, t = (np.array(v, dtype=float) for v in zip(*pts))
+    s_tok, a = np.polyfit(n, t - ratio * costs.g * costs.variable(n), 1)
+    grid = np.unique(np.geomspace(1, 1e6, 2000).round())
+    store = a + max(s_tok, 0.0) * grid + ratio * costs.g * costs.variable(grid)
+    cheaper = store < costs.full(grid)
+    if cheaper.all():
+        return 0.0
+    if not cheaper[-1]:
+        return None
+    return float(grid[np.flatnonzero(~cheaper)[-1] + 1])  # the first length from which it stays cheaper
 
 
 def costs_report(result: dict) -> dict:
@@ -214,13 +222,17 @@ def costs_report(result: dict) -> dict:
 def summary(result: dict) -> dict:
     """Per k: each method's TTFT as a fraction of full prefill's; the crossover per method; the cost
     model fitted to the rows, with its predictions."""
+    from ..query.budget import Costs
+
     rows = result["rows"]
     full = {x["k"]: x["ttft"] for x in rows if x["method"] == "full"}
     fractions = [{"k": x["k"], "method": x["method"], "ratio": x["ratio"], "context_tokens": x["context_tokens"],
                   "ttft_ms": x["ttft"], "of_full": x["ttft"] / full[x["k"]]} for x in rows if x["method"] != "full"]
-    cross = {f"{m}:{r}": crossover(rows, m, r) for m, r in dict.fromkeys((x["method"], x["ratio"]) for x in rows)
-             if m != "full"}
-    return {"fractions": fractions, "crossover_tokens": cross, "costs": costs_report(result)}
+    costs = costs_report(result)
+    fitted = costs["fitted"] and Costs(**costs["fitted"])
+    cross = {f"{m}:{r}": crossover(rows, m, r, fitted)
+             for m, r in dict.fromkeys((x["method"], x["ratio"]) for x in rows) if m != "full"}
+    return {"fractions": fractions, "crossover_tokens": cross, "costs": costs}
 
 
 def plot_shapes(results: list[dict], out) -> None:
