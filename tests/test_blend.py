@@ -80,6 +80,31 @@ def test_raw_single_chunk_equals_full(session, chunk_ids):
     assert raw.argmax() == full.argmax()
 
 
+def test_raw_kv_of_a_store_rebuilt_at_the_same_path_is_not_the_old_encodings(tiny_model, tiny_dictionary, embedder,
+                                                                              tmp_path):
+    """Chunk ids hash a chunk's document and text only, and the raw files live beside the store: a
+    store removed and encoded again at the same path with another prefix has the same ids. Its raw KV
+    must be computed after its own prefix, not read from the old store's files."""
+    import shutil
+
+    from conftest import write_corpus
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.store import StoreConfig
+
+    corpus = write_corpus(tmp_path / "corpus")
+    for prefix in (None, "Answer from the context below, briefly.\n"):
+        shutil.rmtree(tmp_path / "store", ignore_errors=True)
+        encode_with([str(corpus)], tmp_path / "store", tiny_dictionary, tiny_model,
+                    StoreConfig(chunk_tokens=64, prefix=prefix), embedder=embedder, batch_tokens=512, progress=False)
+        s = Session(tmp_path / "store", tiny_model)
+        s._embedder = embedder
+        one = [c.id for c in s.store.chunks()][:1]
+        s.raw_files(one)
+        full = first_logits(s, one, "full")
+        torch.testing.assert_close(first_logits(s, one, "raw"), full, atol=2e-2, rtol=0)
+    assert len(list((tmp_path / "store.raw").iterdir())) == 2  # one directory per encoding
+
+
 def test_chunk_order_is_respected(session, chunk_ids):
     shuffled = [chunk_ids[2], chunk_ids[0], chunk_ids[3], chunk_ids[1]]
     full = first_logits(session, shuffled, "full", order="given")

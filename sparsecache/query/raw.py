@@ -46,11 +46,25 @@ def raw_chunks(store: KVStore, ids: list[str], files: list[Path]) -> DecodedChun
     return stored_chunks(store, prefix, (pk, pv), list(ids), store.tokens(ids), raw, nbytes)
 
 
+def encoding_key(store: KVStore) -> str:
+    """What a chunk's raw K/V depends on besides its tokens: the model (its fingerprint), the token
+    ids it is computed after (the prefix, and a wrapped store's header) and the wrapper's soft
+    tokens (its digest), hashed. Chunk ids hash a chunk's document and text only, so a store
+    rebuilt at the same path with another wrapper, prefix or model has the same ids: its raw files
+    go under another key instead of reusing KV computed for the old encoding."""
+    import json
+
+    material = json.dumps([store.attrs.get("model"), store.encoded_after(), store.config.wrapper], sort_keys=True,
+                          default=str)
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
 class RawKV:
-    """The raw-KV files of one store, in `root` (default: `default_raw_dir`)."""
+    """The raw-KV files of one store, in `root` (default: `default_raw_dir`), under the store's
+    `encoding_key`."""
 
     def __init__(self, store: KVStore, root: str | Path | None = None):
-        self.root = Path(root) if root else default_raw_dir(store)
+        self.root = (Path(root) if root else default_raw_dir(store)) / encoding_key(store)
 
     def files(self, ids: list[str]) -> list[Path]:
         return [raw_file(self.root, c) for c in ids]
