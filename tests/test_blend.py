@@ -408,3 +408,23 @@ def test_first_layer_is_a_query_setting(session, chunk_ids):
     torch.testing.assert_close(first_logits(session, chunk_ids, "none", first_layer="tokens"), tokens)
     with pytest.raises(ConfigError, match="first_layer"):
         QueryConfig(first_layer="exact")
+
+
+def test_a_blend_over_exact_kv_isolates_the_codecs_loss(session, chunk_ids):
+    """`source="raw"`: the same method over each chunk's exact fp16 K/V. With nothing recomputed it is the
+    `raw` baseline; recomputing everything is full prefill whichever K/V it started from; and it is
+    refused where a method does not read per-chunk K/V."""
+    session.raw_files(chunk_ids)
+    full = first_logits(session, chunk_ids, "full")
+    raw = first_logits(session, chunk_ids, "raw")
+    torch.testing.assert_close(first_logits(session, chunk_ids, "none", source="raw"), raw, atol=1e-4, rtol=0)
+    assert (first_logits(session, chunk_ids, "none") - raw).abs().max() > 1e-3  # the codes differ: not vacuous
+    exact = first_logits(session, chunk_ids, "a3", 1.0, group_window=1, source="raw")
+    torch.testing.assert_close(exact, full, atol=2e-5, rtol=1e-5)
+    partial = session.query(QUESTION, chunks=chunk_ids, method="infoflow", recompute_ratio=0.25, source="raw",
+                            max_new_tokens=1, prefill_under=0)
+    assert partial.recomputed_tokens > 0 and partial.bytes_read > 0
+    for bad in (dict(method="cake", source="raw"), dict(method="superposition", source="raw"),
+                dict(method="none", source="fp8")):
+        with pytest.raises(ConfigError, match="source"):
+            QueryConfig(**bad)

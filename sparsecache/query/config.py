@@ -16,6 +16,7 @@ METHODS = methods.names()  # the registry's (`sparsecache.query.methods`), in th
 SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
 FIRST_LAYER = ("tokens", "codes")
+SOURCES = ("codes", "raw")
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
 # #69's rule (BENCHMARKS.md, "Fidelity to full prefill"): among the configurations at <= half of full prefill's
@@ -49,6 +50,8 @@ class QueryConfig:
     - ttft_budget: with no recompute_ratio, a scorer recomputes the share of the chunk tokens whose
       predicted TTFT is this fraction of full prefill's (`budget.py`'s cost model for the session's
       device and model; None, or a device with no measured costs: the method's own ratio);
+    - source: `codes` (the store's) or `raw` (exact fp16 K/V per chunk, `raw.py`) under a decoded method: the
+      same method over both splits its loss into the codec's share and the blend's;
     - first_layer: `tokens` recomputes layer 0's K/V of the decoded chunks from their token ids
       (exact and nearly free: nothing attends before layer 0's projections), `codes` reads it from
       the codes like every other layer (what every query did before 2026-12-05).
@@ -76,6 +79,9 @@ class QueryConfig:
     ttft_budget: float | None = None
     # layer 0 of decoded chunks from their tokens (exact) or from the codes: BENCHMARKS.md, "Layer 0 from the tokens"
     first_layer: str = "tokens"
+    # what a decoded method reads per chunk: the store's codes, or exact fp16 K/V computed after the same prefix and
+    # header (`raw.py`): the same fusion over both splits a method's loss into the codec's and the blend's (#79)
+    source: str = "codes"
     # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
     # effect (the one given, else the method's own) and whether it recomputes anything; None while the method is.
     spec: methods.Method | None = field(init=False, repr=False, compare=False)
@@ -118,6 +124,10 @@ class QueryConfig:
                               f"got {self.ttft_budget}")
         if self.first_layer not in FIRST_LAYER:
             raise ConfigError(f"first_layer must be one of {', '.join(FIRST_LAYER)}, got {self.first_layer!r}")
+        if self.source not in SOURCES:
+            raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if spec is not None and self.source != "codes" and self.source not in spec.sources:
+            raise ConfigError(f"source {self.source} applies to the decoded methods, not --method {self.method}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if spec is not None and self.reorder != "none" and not spec.reorders:

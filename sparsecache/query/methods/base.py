@@ -59,6 +59,7 @@ class Method:
     options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
     in_ttft_bench: bool = True  # `bench ttft` times it at every k
     ratio: float = 0.25  # the recompute ratio a query that names none gets (a method may set its own: infoflow 0.1)
+    sources: tuple[str, ...] = ()  # the per-chunk K/V it can read (QueryConfig.source): decoded methods' codes or raw
 
     def layer(self, n_layers: int) -> int:
         """The layer a scorer reads by default."""
@@ -79,19 +80,30 @@ class Decoded(Method):
 
     reorders = True
     connector = True
+    sources = ("codes", "raw")
 
     def context(self, qc: "QueryContext", ids: list[str], q_ids: list[int], cfg: "QueryConfig", watch: "Stopwatch"):
         """(Context, bytes read, chunk ids in context order): the store's prefix and the chunks
-        decoded on `qc.device`, reordered by the question's attention if `cfg` says so."""
+        decoded on `qc.device` (or, with `cfg.source` raw, their exact fp16 K/V: `query.raw`),
+        reordered by the question's attention if `cfg` says so."""
         from ..blend import attention_order, decode_chunks
 
         first = qc.model if cfg.first_layer == "tokens" else None
+
+        def load():
+            if cfg.source == "raw":  # the same fusion over exact K/V: what the codec alone loses
+                qc.raw.make(qc.store, ids, qc.model)
+                with watch.step("read"):
+                    raw = qc.raw.chunks(qc.store, ids)
+                with watch.step("transfer"):
+                    return raw.to(qc.device)
+            return decode_chunks(qc.store, ids, qc.device, watch, first)
+
         if qc.reuse is None:
-            chunks = decode_chunks(qc.store, ids, qc.device, watch, first)
+            chunks = load()
         else:  # one question under many configurations (`Session.reusing`)
             qc.reuse.start((qc.store.version, tuple(ids)))
-            chunks = qc.reuse.get(("decoded", cfg.first_layer),
-                                  lambda: decode_chunks(qc.store, ids, qc.device, watch, first))
+            chunks = qc.reuse.get(("decoded", cfg.first_layer if cfg.source == "codes" else "raw"), load)
         if cfg.reorder == "attention":
             with watch.step("select"):
                 layer = infoflow_layer(qc.model.n_layers)

@@ -29,6 +29,7 @@ class Superposition(AttentionScorer):
     options = ("paths",)
     connector = False
     reorders = False
+    sources = ("codes",)  # it decodes its chunks itself
     in_ttft_bench = False
     paths = 2  # #51's rule on the dev split: 2 paths at r = 0.5 (its default until #69; docs/benchmarks-history.md)
     ratio = 0.5
