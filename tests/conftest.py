@@ -74,8 +74,10 @@ def _no_cheap_rule_for_toy_models(monkeypatch):
 
     real = cheap.prefill_under
 
-    def rule(parameters, device_type, given=None):
-        return real(parameters, device_type, given) if given is not None or parameters >= TOY_PARAMETERS else 0
+    def rule(parameters, device_type, given=None, costs=None, ratio=0.0):
+        if given is not None or parameters >= TOY_PARAMETERS:
+            return real(parameters, device_type, given, costs, ratio)
+        return 0
 
     monkeypatch.setattr(cheap, "prefill_under", rule)
 

@@ -49,8 +49,10 @@ def test_the_defaults_are_the_measured_cpu_points_and_scale_with_the_model():
         assert c.full(n) == pytest.approx(ms, rel=0.05)
     for n, r, ms in REFERENCE["store"]:
         assert c.store(n, r) == pytest.approx(ms, rel=0.05)
-    # the crossover below which prefilling is cheaper: where the cheap-context rule puts it (96 tokens)
-    assert (c.a_store - c.a_full) / (c.p - c.s) == pytest.approx(96, abs=5)
+    # the crossover below which prefilling is cheaper (the cheap-context rule): near 100 tokens, later the
+    # more a query recomputes
+    assert c.crossover(0.0) == pytest.approx((c.a_store - c.a_full) / (c.p - c.s), abs=1) == pytest.approx(96, abs=5)
+    assert c.crossover(0.0) < c.crossover(0.1) < c.crossover(0.5)
     big = default_costs("cpu", 10 * REFERENCE["compute_parameters"], REFERENCE["kv_values"])
     assert big.p == pytest.approx(10 * c.p) and big.s == pytest.approx(c.s)
     assert default_costs("cuda", 1, 1) is None  # no GPU constants measured: no budget applies there

@@ -11,14 +11,24 @@ from sparsecache.query.config import QueryConfig, served_config
 from test_blend import QUESTION, chunk_ids, session  # noqa: F401  (fixtures)
 
 
-def test_the_rule_is_by_tokens_model_and_device_and_a_given_threshold_overrides_it():
+def test_the_rule_is_the_cost_models_crossover_and_a_given_threshold_overrides_it():
+    """With costs (a CPU's), the length from which the store path at the ratio in effect is predicted
+    faster than full prefill; without (a GPU never calibrated), the GPU rule scaled by parameters."""
+    from sparsecache.query.budget import Costs, default_costs
+
     ref = cheap.REFERENCE_PARAMS
-    assert cheap.prefill_under(ref, "cpu") == cheap.CPU_TOKENS == 96
+    costs = default_costs("cpu", ref, 30 * 192)
+    at = cheap.prefill_under(ref, "cpu", costs=costs, ratio=0.1)
+    assert at == costs.crossover(0.1) and 90 <= at <= 130  # #69's measured points cross near 100 tokens
+    assert costs.store(at + 1, 0.1) < costs.full(at + 1) and costs.store(at - 2, 0.1) > costs.full(at - 2)
+    assert cheap.prefill_under(ref, "cpu", costs=costs, ratio=0.5) > at  # recomputing more pays later
     assert cheap.prefill_under(ref, "cuda") == cheap.GPU_TOKENS
-    assert cheap.prefill_under(2 * ref, "cpu") == cheap.CPU_TOKENS // 2  # prefill costs twice as much per token
     assert cheap.prefill_under(80 * ref, "cuda") == cheap.GPU_TOKENS // 80
-    assert cheap.prefill_under(ref, "cpu", given=0) == 0 and cheap.prefill_under(ref, "cuda", given=100) == 100
-    assert "96 tokens on a CPU" in cheap.rule_text() and "0 never" in cheap.rule_text()
+    dear = Costs(a_full=10.0, p=1.0, a_store=20.0, s=0.1, g=2.0)  # recomputing a token costs twice prefilling it
+    assert cheap.prefill_under(ref, "cpu", costs=dear, ratio=0.6) == cheap.PREFILL_ALL  # never faster: prefill all
+    assert cheap.prefill_under(ref, "cpu", given=0, costs=costs) == 0
+    assert cheap.prefill_under(ref, "cuda", given=100) == 100
+    assert f"{at} tokens for SmolLM2-135M" in cheap.rule_text() and "0 never" in cheap.rule_text()
 
 
 def test_compute_parameters_count_what_a_forward_pass_multiplies(tiny_model):
@@ -51,9 +61,15 @@ def test_a_context_under_the_threshold_is_prefilled_and_says_so(session, chunk_i
 
 def test_the_session_applies_the_rule_for_its_model_and_device(session, monkeypatch):  # noqa: F811
     seen = []
-    monkeypatch.setattr(cheap, "prefill_under", lambda p, d, given=None: seen.append((p, d, given)) or 7)
+    monkeypatch.setattr(cheap, "prefill_under", lambda p, d, given=None, costs=None, ratio=0.0:
+                        seen.append((p, d, given, costs, ratio)) or 7)
     assert session.prefill_under() == 7 and session.prefill_under(QueryConfig(prefill_under=3)) == 3
-    assert seen == [(session.model.compute_parameters, "cpu", None)]
+    assert session.prefill_under(QueryConfig(method="none")) == 7
+    assert session.prefill_under(QueryConfig(method="infoflow", ttft_budget=0.5)) == 7  # the budget's case: r = 0
+    r = QueryConfig().ratio
+    assert seen == [(session.model.compute_parameters, "cpu", None, session.costs, r),
+                    (session.model.compute_parameters, "cpu", None, session.costs, 0.0),
+                    (session.model.compute_parameters, "cpu", None, session.costs, 0.0)]
 
 
 def test_a_bad_threshold_is_refused_in_one_line(tmp_path):
@@ -69,9 +85,9 @@ def test_a_bad_threshold_is_refused_in_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["query", str(tmp_path), "q", "--prefill-under", "-5"])
     assert r.exit_code == 2 and "-5 is not in the range x>=0" in r.output
     text = " ".join(CliRunner().invoke(cli, ["query", "--help"]).output.split())
-    assert "prefill contexts under 96 tokens on a CPU" in text
+    assert "prefill contexts shorter than where the TTFT cost model predicts the store path faster" in text
     text = " ".join(CliRunner().invoke(cli, ["serve", "--help"]).output.split())
-    assert "--prefill-under" in text and "96 tokens on a CPU" in text
+    assert "--prefill-under" in text and "tokens for SmolLM2-135M" in text
 
 
 def test_benchmarks_measure_the_method_they_name():

@@ -227,12 +227,11 @@ def test_a_context_under_the_cheap_threshold_is_left_to_vllms_prefill(llm, store
     threshold for the default method (`query.cheap`): the connector loads them. A request whose
     prefill_under is above its context is left to vLLM's prefill, counted, and its answer is
     vLLM's own full prefill's."""
-    from sparsecache.query import cheap
-    from sparsecache.query.config import DEFAULT_METHOD
+    from sparsecache.query.config import DEFAULT_METHOD, QueryConfig
 
     req = rag.request(QUESTIONS[0], chunks=[c.id for c in store.store.chunks()][:2])
     context = req.context_tokens - len(store.store.prefix()[0])
-    assert context >= cheap.CPU_TOKENS
+    assert context >= store.prefill_under(QueryConfig(method=DEFAULT_METHOD))  # the connector's rule is query's
     full, _, _ = generate(llm, req, None)
     _, _, delta = generate(llm, req, req.kv_transfer_params)
     assert delta["prefilled_cheap"] == 0 and delta["tokens"] > 0 and delta["fallbacks"] == 0

@@ -169,12 +169,14 @@ def real_model(name: str, device="cpu", dtype=None):
 
 
 def crossover(rows: list[dict], method: str, ratio: float, costs) -> float | None:
-    """The context length (tokens) from which the method's TTFT is under full prefill's, by the cost
-    model (`query.budget.Costs`: full prefill's parabola and recomputation factor, fitted to these rows)
-    with the method's own fixed and per-token parts fitted to its rows: below it prefilling is cheaper.
-    0 where the method is cheaper at any length; None where it is not cheaper up to a million tokens or
-    there are fewer than two lengths. Full prefill grows faster than linearly (attention), so lines
-    through a few long contexts would put the crossover far too high."""
+    """The context length (tokens) from which the method's TTFT is under full prefill's
+    (`Costs.crossover`): full prefill's parabola and the recomputation factor from the cost model
+    fitted to these rows, the method's own fixed and per-token parts fitted to its rows. Below it
+    prefilling is cheaper. None with fewer than two lengths, or where it never stays cheaper. Full
+    prefill grows faster than linearly (attention), so lines through a few long contexts would put
+    the crossover far too high."""
+    import dataclasses
+
     import numpy as np
 
     pts = [(x["context_tokens"], x["ttft"]) for x in rows if x["method"] == method and x["ratio"] == ratio]
@@ -182,14 +184,7 @@ def crossover(rows: list[dict], method: str, ratio: float, costs) -> float | Non
         return None
     n, t = (np.array(v, dtype=float) for v in zip(*pts))
     s_tok, a = np.polyfit(n, t - ratio * costs.g * costs.variable(n), 1)
-    grid = np.unique(np.geomspace(1, 1e6, 2000).round())
-    store = a + max(s_tok, 0.0) * grid + ratio * costs.g * costs.variable(grid)
-    cheaper = store < costs.full(grid)
-    if cheaper.all():
-        return 0.0
-    if not cheaper[-1]:
-        return None
-    return float(grid[np.flatnonzero(~cheaper)[-1] + 1])  # the first length from which it stays cheaper
+    return dataclasses.replace(costs, a_store=float(a), s=float(max(s_tok, 0.0))).crossover(ratio)
 
 
 def costs_report(result: dict) -> dict:

@@ -67,6 +67,22 @@ class Costs:
         r = (budget * self.full(n) - self.store(n, 0.0)) / (self.g * self.variable(n))
         return min(1.0, max(0.0, r))
 
+    def crossover(self, r: float) -> int | None:
+        """The context tokens from which the store path at recompute ratio r is predicted faster than
+        full prefill (below them prefilling is cheaper: the cheap-context rule); 0 where it is faster at
+        any length, None where it never stays faster (recomputation dearer than prefill: r·g > 1)."""
+        import math
+
+        k = 1.0 - r * self.g  # full(n) - store(n, r) = k·q·n² + (k·p - s)·n + (a_full - a_store)
+        k = 0.0 if abs(k) < 1e-9 else k  # r·g = 1 within rounding: recomputation costs what prefill does
+        a, b, c = k * self.q, k * self.p - self.s, self.a_full - self.a_store
+        if a < 0 or (a == 0 and b <= 0):
+            return 0 if a == 0 and b == 0 and c > 0 else None
+        if a == 0:
+            return max(0, math.ceil(-c / b))
+        disc = b * b - 4 * a * c
+        return 0 if disc < 0 else max(0, math.ceil((-b + math.sqrt(disc)) / (2 * a)))
+
     def scaled(self, compute_parameters: int, kv_values: int, reference: dict = REFERENCE) -> "Costs":
         """These constants (measured on `reference`'s model) for a model of other sizes."""
         c = compute_parameters / reference["compute_parameters"]

@@ -1,4 +1,4 @@
-"""Cheap contexts: when prefilling the retrieved chunks costs less than reading them (#69).
+"""Cheap contexts: when prefilling the retrieved chunks costs less than reading them (#69, #79).
 
 The store pays for itself by replacing the prefill of the retrieved tokens with a read, a
 decode and a partial recomputation. For a few short chunks that trade loses: the decode and
@@ -6,46 +6,52 @@ the recomputation's scoring have fixed costs, and prefilling a few hundred token
 model is fast. Below a number of context tokens a query simply prefills them (`method full`),
 which is full prefill's answer at full prefill's (small) cost.
 
-The rule, by tokens, model and device (`prefill_under`):
-
-- on a CPU, contexts under CPU_TOKENS tokens for the default model, and under CPU_TOKENS x
-  REFERENCE_PARAMS / parameters for another (parameters outside the input embeddings: prefill's
-  cost per token grows with them, the store path's fixed costs do not);
-- on a GPU, under GPU_TOKENS tokens scaled the same way: for the default 135M model a GPU
-  prefills 16K tokens as fast as the store can be read and decoded (H200, bf16: 92 ms against
-  75-121 ms), so it prefills every context it can hold;
-- `QueryConfig.prefill_under` (`query --prefill-under N`, the server's and connector's option)
-  overrides it: N tokens, 0 never prefills instead.
+The rule is the TTFT cost model's own case where full prefill is cheaper (`budget.Costs.crossover`):
+where the device kind has costs (on a CPU, the constants measured for the model's size, or the
+store's `calibrate` refit), contexts shorter than the length from which the store path at the
+ratio in effect is predicted faster are prefilled. On a device kind with no costs (a GPU not yet
+calibrated), contexts under GPU_TOKENS tokens for a model of the default's size, scaled by its
+compute parameters over the model's: for the default 135M model a GPU prefills 16K tokens as fast
+as the store can be read and decoded (H200, bf16: 92 ms against 75-121 ms). `QueryConfig.prefill_under`
+(`query --prefill-under N`, the server's and connector's option) overrides it: N tokens, 0 never
+prefills instead. The threshold is compared with the chunks' tokens (the prefix, a few dozen tokens
+every query has, is left out).
 
 Benchmarks that measure a named method pass `prefill_under=0`, so what they time is the method.
 """
 
 from __future__ import annotations
 
-# SmolLM2-135M, the default model, where the figures below were measured: its parameters outside the
-# input embeddings (a lookup, not compute; `KVModel.compute_parameters`)
+# SmolLM2-135M, the default model: its parameters outside the input embeddings (a lookup, not compute;
+# `KVModel.compute_parameters`), what the GPU rule scales by
 REFERENCE_PARAMS = 106_203_456
-# CPU: the store path's default (infoflow r = 0.1, wrapped) and full prefill meet near 90 context tokens on a
-# 2-vCPU AMD EPYC with the CPU to itself (#69, BENCHMARKS.md "Fidelity to full prefill": 10 questions each,
-# full prefill 598 / 1,068 / 2,095 ms at ~300 / 590 / 1,130 tokens, the default 350 / 483 / 810 ms; the fitted
-# lines cross at ~90). Superposition, the default before, cost more: there the crossover was ~700-800 tokens.
-CPU_TOKENS = 96
 # GPU: the default model prefills 16K tokens as fast as the store path delivers them (H200, 2026-11-27)
 GPU_TOKENS = 16_384
+PREFILL_ALL = 1 << 30  # a threshold no context reaches: prefill every context (the store path is never cheaper)
 
 
-def prefill_under(parameters: int, device_type: str, given: int | None = None) -> int:
+def prefill_under(parameters: int, device_type: str, given: int | None = None, costs=None,
+                  ratio: float = 0.0) -> int:
     """Context tokens below which a query prefills the retrieved chunks instead of reading them:
-    `given` when set (0: never), else the rule of this module for a model of `parameters`
-    parameters on a `device_type` ("cpu", "cuda", ...) device."""
+    `given` when set (0: never); else, with `costs` (`budget.Costs` for this model and device), where
+    the store path at recompute ratio `ratio` stops being slower than full prefill (PREFILL_ALL where
+    it never is faster); else the GPU rule for a model of `parameters` parameters."""
     if given is not None:
         return given
-    base = CPU_TOKENS if device_type == "cpu" else GPU_TOKENS
-    return int(base * REFERENCE_PARAMS / max(parameters, 1))
+    if costs is not None:
+        n = costs.crossover(ratio)
+        return PREFILL_ALL if n is None else n
+    return int(GPU_TOKENS * REFERENCE_PARAMS / max(parameters, 1))
 
 
 def rule_text() -> str:
     """The rule in one sentence, for `--help`."""
-    return (f"Default: prefill contexts under {CPU_TOKENS} tokens on a CPU and {GPU_TOKENS} on a GPU for a "
-            f"model of SmolLM2-135M's size, scaled by its {REFERENCE_PARAMS // 1_000_000}M non-embedding parameters "
-            "over the model's; 0 never prefills instead.")
+    from .budget import default_costs
+    from .methods import get
+
+    r = get("infoflow").ratio
+    cpu = default_costs("cpu", REFERENCE_PARAMS, 30 * 192).crossover(r)
+    return (f"Default: prefill contexts shorter than where the TTFT cost model predicts the store path faster "
+            f"(on a CPU: {cpu} tokens for SmolLM2-135M at infoflow's r = {r:g}; a store's `calibrate` refits it), "
+            f"and on a GPU under {GPU_TOKENS} tokens for a model of SmolLM2-135M's size, scaled by its "
+            f"{REFERENCE_PARAMS // 1_000_000}M non-embedding parameters over the model's; 0 never prefills instead.")

@@ -256,9 +256,14 @@ class Session:
 
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store
-        (`cheap.prefill_under`: its own setting, else the rule for this model and device)."""
-        given = (config or QueryConfig()).prefill_under
-        return given if given is not None else cheap.prefill_under(self.model.compute_parameters, self.device.type)
+        (`cheap.prefill_under`: its own setting, else where this session's TTFT cost model predicts the store
+        path at the config's ratio faster; with a TTFT budget, at r = 0, the budget's own cheap case)."""
+        cfg = self.configured(config)
+        if cfg.prefill_under is not None:
+            return cfg.prefill_under
+        ratio = 0.0 if cfg.ttft_budget is not None and cfg.recompute_ratio is None else (cfg.ratio or 0.0)
+        return cheap.prefill_under(self.model.compute_parameters, self.device.type, None, self.costs,
+                                   ratio if cfg.recomputes else 0.0)
 
     def context_length(self, ids: list[str]) -> int:
         """The tokens the chunks `ids` take in a context (each with the store's header, if any)."""

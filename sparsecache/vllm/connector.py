@@ -317,8 +317,11 @@ class SparsecacheConnector(KVConnectorBase_V1):
     def _cheap(self, spec: LoadSpec) -> bool:
         """Whether the request's chunk tokens (after the store's prefix) are fewer than the
         cheap-context rule's threshold for this model and device, or the request's own."""
-        under = cheap.prefill_under(self._parameters, self._device_type, spec.blend.prefill_under)
-        return under > 0 and spec.end - len(self._store(spec.version).prefix()[0]) < under
+        store = self._store(spec.version)
+        costs = costs_for(store.calibration(), self._device_type, self._model_config)
+        ratio = spec.blend.ratio if spec.blend.recomputes else 0.0  # a budget's ratio is already set (`_plan`)
+        under = cheap.prefill_under(self._parameters, self._device_type, spec.blend.prefill_under, costs, ratio)
+        return under > 0 and spec.end - len(store.prefix()[0]) < under
 
     def _raw(self, store: KVStore) -> RawKV:
         return RawKV(store, self.raw_dir)

@@ -50,6 +50,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
+from ..query import cheap
 from ..query.budget import budgeted, costs_for
 from ..query.config import MISSED, QueryConfig, calibrated, device_record, missed_target, served_config
 from .config import ServeConfig
@@ -265,7 +266,7 @@ class StoreCollector:
                                   value=state["version_poll_failures"])
 
 
-PREFILL_ALL = 1 << 30  # a cheap-context threshold no context reaches: vLLM prefills every request
+PREFILL_ALL = cheap.PREFILL_ALL  # a cheap-context threshold no context reaches: vLLM prefills every request
 
 
 def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | None:
