@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 
+import sparsecache  # noqa: F401  (before torch: it sets torch's OpenMP threads to wait passively)
 import numba
 import numpy as np
 import torch
