@@ -15,9 +15,10 @@ The cost model, for a context of n tokens on one device (milliseconds, fitted):
 so r(n) = (B·full(n) − store(n, 0)) / (g·(p·n + q·n²)), clipped to [0, 1]. Where even r = 0 costs more than
 full prefill (store(n, 0) ≥ full(n)), prefilling is cheaper: the cheap-context rule's case.
 
-Constants come from timings (`Costs.fit`): the defaults below were measured on the default model
-on 2 CPU cores and are scaled to another model by its compute parameters (a_full, p, a_store) and
-its K/V values per token (s: reading, decoding and scoring the context). `calibrate` refits them on
+Constants come from timings (`Costs.fit`): the defaults below were measured on 2 CPU cores for four
+model sizes (135M to 3B compute parameters, `MEASURED`); a model gets the nearest size's, scaled by
+its compute parameters (a_full, p, a_store) and its K/V values per token (s: reading, decoding and
+scoring the context). `calibrate` refits them on
 the store's own machine; where a device kind has neither, no budget applies (the method's own
 ratio), and the answer says so.
 """
@@ -29,12 +30,28 @@ import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-# The default model (SmolLM2-135M-Instruct: 106,203,456 compute parameters, 30 layers x 192 K/V
-# values) on a 2-vCPU AMD EPYC with the CPU to itself (#69, BENCHMARKS.md "Fidelity to full prefill",
-# 10 questions per length): full prefill and infoflow at r = 0.1 over the wrapped store, by context tokens.
-REFERENCE = {"compute_parameters": 106_203_456, "kv_values": 30 * 192, "device": "cpu",
-             "full": [(300, 598.0), (590, 1068.0), (1130, 2095.0)],
-             "store": [(300, 0.1, 350.0), (590, 0.1, 483.0), (1130, 0.1, 810.0)]}
+# TTFT measured on a 2-vCPU AMD EPYC with the CPU to itself, per model size (ms by context tokens):
+# full prefill, and infoflow at ratio r over the store. SmolLM2: #69's 10 questions per length over the
+# wrapped store (300-1,130 tokens, k = 8 short chunks; BENCHMARKS.md "Fidelity to full prefill") and
+# `bench shapes` (2-16 chunks of ~500 tokens); the others `bench shapes` alone (BENCHMARKS.md "Where the
+# store pays"), Llama's shapes with random weights. A model is predicted from the measured size nearest
+# its compute parameters, scaled (`Costs.scaled`); beyond the largest, scaled from it.
+MEASURED = (
+    {"name": "SmolLM2-135M-Instruct", "compute_parameters": 106_203_456, "kv_values": 30 * 192, "device": "cpu",
+     "full": [(300, 598), (590, 1068), (1130, 2095), (1018, 2224), (1983, 3718), (3983, 11277), (7993, 33527)],
+     "store": [(300, 0.1, 350), (590, 0.1, 483), (1130, 0.1, 810), (1018, 0.1, 610), (1018, 0.25, 867),
+               (1983, 0.1, 1097), (1983, 0.25, 1814), (3983, 0.1, 2467), (3983, 0.25, 4134), (7993, 0.1, 7010),
+               (7993, 0.25, 14600)]},
+    {"name": "Qwen2.5-Coder-0.5B-Instruct", "compute_parameters": 357_870_464, "kv_values": 24 * 128, "device": "cpu",
+     "full": [(1008, 4554), (2017, 9608), (3965, 22130), (7985, 61614)],
+     "store": [(1008, 0.1, 1039), (1008, 0.25, 1638), (2017, 0.1, 2195), (2017, 0.25, 4035), (3965, 0.1, 4217),
+               (3965, 0.25, 7912), (7985, 0.1, 10937), (7985, 0.25, 20112)]},
+    {"name": "Llama-3.2-1B (shape)", "compute_parameters": 973_146_112, "kv_values": 16 * 512, "device": "cpu",
+     "full": [(1039, 12850), (2002, 24624), (3966, 54776), (7984, 129810)],
+     "store": [(1039, 0.1, 3168), (1039, 0.25, 5055), (2002, 0.1, 5296), (2002, 0.25, 10230), (3966, 0.1, 9965),
+               (3966, 0.25, 18426), (7984, 0.1, 22193), (7984, 0.25, 45126)]},
+)
+REFERENCE = MEASURED[0]  # the default model's
 TTFT_BUDGET = 0.5  # #69's rule: the default is chosen among configurations at <= half of full prefill's TTFT
 
 
@@ -91,28 +108,31 @@ class Costs:
 
     @classmethod
     def fit(cls, full: list[tuple[int, float]], store: list[tuple[int, float, float]]) -> "Costs":
-        """Least squares: through full prefill's (n, ms) a parabola from four or more context
-        lengths (a line from fewer, or where the parabola bends down); through the store path's
-        (n, r, ms) a_store, s and g from two or more ratios (g = 1 from one)."""
+        """Least squares on relative errors (timings vary by a factor, not by milliseconds, and a
+        300-token context must count as much as an 8,000-token one): through full prefill's (n, ms) a
+        parabola from four or more context lengths (a line from fewer, or where the parabola bends
+        down); through the store path's (n, r, ms) a_store, s and g from two or more ratios (g = 1
+        from one)."""
         import numpy as np
 
         n_full, t_full = (np.array(x, dtype=float) for x in zip(*full))
         if len(set(n_full)) < 2 or len({n for n, _, _ in store}) < 2:
             raise ValueError("fitting the cost model needs two or more context lengths of each")
-        q = 0.0
+        q, w_full = 0.0, 1.0 / t_full
         if len(set(n_full)) >= 4:
-            q = float(np.polyfit(n_full, t_full, 2)[0])
+            q = float(np.polyfit(n_full, t_full, 2, w=w_full)[0])
         if q > 0:
-            q, p, a_full = (float(c) for c in np.polyfit(n_full, t_full, 2))
+            q, p, a_full = (float(c) for c in np.polyfit(n_full, t_full, 2, w=w_full))
         else:
-            q, (p, a_full) = 0.0, (float(c) for c in np.polyfit(n_full, t_full, 1))
+            q, (p, a_full) = 0.0, (float(c) for c in np.polyfit(n_full, t_full, 1, w=w_full))
         n, r, t = (np.array(x, dtype=float) for x in zip(*store))
         var = p * n + q * n * n
         if len(set(r)) >= 2:
-            (a_store, s, g), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n, r * var], 1), t, rcond=None)
+            A = np.stack([np.ones_like(n), n, r * var], 1) / t[:, None]
+            (a_store, s, g), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
         else:
             g = 1.0
-            s, a_store = np.polyfit(n, t - r * var, 1)
+            s, a_store = np.polyfit(n, t - r * var, 1, w=1.0 / t)
         return cls(a_full, p, float(max(a_store, 0.0)), float(max(s, 0.0)), q, float(max(g, 0.0)))
 
     def rescaled(self, full: list[tuple[int, float]], store: list[tuple[int, float, float]]) -> "Costs":
@@ -132,10 +152,21 @@ class Costs:
 
 @functools.lru_cache(maxsize=None)  # a fit per (device, model shape): once a process
 def default_costs(device_type: str, compute_parameters: int, kv_values: int) -> Costs | None:
-    """The measured constants for this kind of device, scaled to the model; None where none are."""
-    if device_type != REFERENCE["device"]:
+    """The constants measured on this kind of device for the size nearest the model's (by compute
+    parameters, on a log scale), scaled to the model; None where the device kind has none."""
+    import math
+
+    sizes = [m for m in MEASURED if m["device"] == device_type]
+    if not sizes:
         return None
-    return Costs.fit(REFERENCE["full"], REFERENCE["store"]).scaled(compute_parameters, kv_values)
+    near = min(sizes, key=lambda m: abs(math.log(max(compute_parameters, 1) / m["compute_parameters"])))
+    return _measured(near["name"]).scaled(compute_parameters, kv_values, near)
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(name: str) -> Costs:
+    m = next(m for m in MEASURED if m["name"] == name)
+    return Costs.fit(m["full"], m["store"])
 
 
 def costs_for(records: Mapping, device_type: str, model_config) -> Costs | None:
