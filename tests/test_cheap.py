@@ -19,13 +19,17 @@ def test_the_rule_is_the_cost_models_crossover_and_a_given_threshold_overrides_i
     ref = cheap.REFERENCE_PARAMS
     costs = default_costs("cpu", ref, 30 * 192)
     at = cheap.prefill_under(ref, "cpu", costs=costs, ratio=0.1)
-    assert at == costs.crossover(0.1) and 0 < at < 150  # the measured points cross below 150 tokens
-    assert costs.store(at + 1, 0.1) < costs.full(at + 1) and costs.store(at - 2, 0.1) > costs.full(at - 2)
-    assert cheap.prefill_under(ref, "cpu", costs=costs, ratio=0.5) > at  # recomputing more pays later
+    assert at == costs.crossover(0.1) and at < 300  # the store path was faster at every length measured (>= 300)
+    assert all(costs.store(n, 0.1) < costs.full(n) for n in range(at + 1, 20_000, 97))
+    if at > 1:
+        assert costs.store(at - 2, 0.1) > costs.full(at - 2)
+    dear = Costs(a_full=10.0, p=1.0, a_store=200.0, s=0.1)
+    assert cheap.prefill_under(ref, "cpu", costs=dear, ratio=0.5) > cheap.prefill_under(ref, "cpu", costs=dear,
+                                                                                           ratio=0.1) > 0
     assert cheap.prefill_under(ref, "cuda") == cheap.GPU_TOKENS
     assert cheap.prefill_under(80 * ref, "cuda") == cheap.GPU_TOKENS // 80
-    dear = Costs(a_full=10.0, p=1.0, a_store=20.0, s=0.1, g=2.0)  # recomputing a token costs twice prefilling it
-    assert cheap.prefill_under(ref, "cpu", costs=dear, ratio=0.6) == cheap.PREFILL_ALL  # never faster: prefill all
+    dearer = Costs(a_full=10.0, p=1.0, a_store=20.0, s=0.1, g=2.0)  # recomputing a token costs twice prefilling it
+    assert cheap.prefill_under(ref, "cpu", costs=dearer, ratio=0.6) == cheap.PREFILL_ALL  # never faster: prefill all
     assert cheap.prefill_under(ref, "cpu", given=0, costs=costs) == 0
     assert cheap.prefill_under(ref, "cuda", given=100) == 100
     assert f"{at} tokens for SmolLM2-135M" in cheap.rule_text() and "0 never" in cheap.rule_text()

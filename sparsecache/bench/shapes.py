@@ -239,10 +239,12 @@ def plot_shapes(results: list[dict], out) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     keys = dict.fromkeys((f["method"], f["ratio"], f["k"]) for r in results for f in r["fractions"])
+    colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys((m, r) for m, r, _ in keys))}  # one per method
+    styles = {k: s for k, s in zip(sorted({k for _, _, k in keys}), ("o:", "s--", "^-.", "D-", "v-", "x-"))}
     for method, ratio, k in keys:
         pts = sorted((r["compute_parameters"], f["of_full"]) for r in results for f in r["fractions"]
                      if (f["method"], f["ratio"], f["k"]) == (method, ratio, k))
-        ax.plot(*zip(*pts), "o-", label=f"{method} r={ratio} k={k}")
+        ax.plot(*zip(*pts), styles.get(k, "o-"), color=colours[(method, ratio)], label=f"{method} r={ratio} k={k}")
     ax.set_xscale("log")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("compute parameters (log)")
