@@ -8,9 +8,10 @@ For each question full prefill answered right with confidence (its row in WORKDI
 the context is decoded (`none`), then every window of --window chunk tokens is recomputed *alone*
 (with the question in the same pass) and scored by how much it raises the teacher-forced
 log-probability of full prefill's value tokens (the answer's words that carry the fact). The oracle
-recomputes the best-scoring windows up to the ratio's token budget. It is an upper estimate of a
-selector's reach, not a selector: it reads the reference answer, and adds windows' gains measured
-one at a time. Beside it, on the same decoded context: nothing recomputed (`none`), infoflow's own
+recomputes the best-scoring windows up to the ratio's token budget. It is an estimate of a
+selector's reach, not a selector and not a bound: it reads the reference answer, and it adds
+windows' gains measured one at a time, which do not add (on the first Qwen question tried, infoflow's
+own choice beat it); a sequential greedy (re-scoring after each pick) would be the stronger oracle. Beside it, on the same decoded context: nothing recomputed (`none`), infoflow's own
 selection at the ratio, and a random selection of the same size. Per configuration: the share of
 questions whose every value token is full prefill's top-1 (teacher-forced), and the mean
 log-probability of the value tokens.
