@@ -85,7 +85,6 @@ def compute_parameters(config) -> int:
     return layers * per_layer + h
 
 
-
 def kv_values(config) -> int:
     """K (or V) values a token's cache holds across all layers: layers x KV heads x head size (what
     the store path's read, decode and scoring scale by, `query.budget`)."""

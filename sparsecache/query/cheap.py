@@ -44,13 +44,23 @@ def prefill_under(parameters: int, device_type: str, given: int | None = None, c
     return int(GPU_TOKENS * REFERENCE_PARAMS / max(parameters, 1))
 
 
+def for_config(cfg, parameters: int, device_type: str, costs=None) -> int:
+    """`prefill_under` for a QueryConfig `cfg`: its own threshold, else the rule at the ratio in effect,
+    r = 0 where a time budget is still to become a ratio (the budget's own cheap case, `budget.py`).
+    What `Session` and the vLLM connector both decide by."""
+    if cfg.prefill_under is not None:
+        return cfg.prefill_under
+    unspent = cfg.ttft_budget is not None and cfg.recompute_ratio is None
+    return prefill_under(parameters, device_type, None, costs, cfg.ratio if cfg.recomputes and not unspent else 0.0)
+
+
 def rule_text() -> str:
     """The rule in one sentence, for `--help`."""
-    from .budget import default_costs
+    from .budget import REFERENCE, default_costs
     from .methods import get
 
     r = get("infoflow").ratio
-    cpu = default_costs("cpu", REFERENCE_PARAMS, 30 * 192).crossover(r)
+    cpu = default_costs("cpu", REFERENCE["compute_parameters"], REFERENCE["kv_values"]).crossover(r)
     return (f"Default: prefill contexts shorter than where the TTFT cost model predicts the store path faster "
             f"(on a CPU: {cpu} tokens for SmolLM2-135M at infoflow's r = {r:g}; a store's `calibrate` refits it), "
             f"and on a GPU under {GPU_TOKENS} tokens for a model of SmolLM2-135M's size, scaled by its "

@@ -258,12 +258,7 @@ class Session:
         """The context tokens under which `config`'s queries prefill instead of reading the store
         (`cheap.prefill_under`: its own setting, else where this session's TTFT cost model predicts the store
         path at the config's ratio faster; with a TTFT budget, at r = 0, the budget's own cheap case)."""
-        cfg = self.configured(config)
-        if cfg.prefill_under is not None:
-            return cfg.prefill_under
-        ratio = 0.0 if cfg.ttft_budget is not None and cfg.recompute_ratio is None else (cfg.ratio or 0.0)
-        return cheap.prefill_under(self.model.compute_parameters, self.device.type, None, self.costs,
-                                   ratio if cfg.recomputes else 0.0)
+        return cheap.for_config(self.configured(config), self.model.compute_parameters, self.device.type, self.costs)
 
     def context_length(self, ids: list[str]) -> int:
         """The tokens the chunks `ids` take in a context (each with the store's header, if any)."""

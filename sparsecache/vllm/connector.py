@@ -127,6 +127,7 @@ class LoadSpec:
     end: int  # tokens claimed
     blend: QueryConfig = field(default_factory=QueryConfig)
     question: list[int] = field(default_factory=list)  # the prompt's tokens after the context
+    cheap_context: bool = False  # under the cheap-context threshold: left to vLLM's prefill (`query.cheap`)
     block_ids: list[int] = field(default_factory=list)
 
 
@@ -281,7 +282,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             logger.warning("sparsecache: request %s is prefilled instead (%s)", request.request_id, reason)
             self._stats.data["fallbacks"] += 1
             return 0, False
-        if self._cheap(spec):  # a few chunk tokens: vLLM prefills them (`query.cheap`)
+        if spec.cheap_context:  # a few chunk tokens: vLLM prefills them (`query.cheap`)
             self._stats.data["prefilled_cheap"] += 1
             return 0, False
         spec.start = num_computed_tokens
@@ -308,20 +309,15 @@ class SparsecacheConnector(KVConnectorBase_V1):
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
         blend = served_config(params, self.blend, "kv_transfer_params")
+        costs = costs_for(store.calibration(), self._device_type, self._model_config)
         # a time budget without a ratio (the extra config's or the request's): the ratio at this context's length
-        blend = budgeted(blend, len(expected), costs_for(store.calibration(), self._device_type, self._model_config))
+        blend = budgeted(blend, len(expected), costs)
+        # cheap: the request's chunk tokens (after the prefix) under the cheap-context rule's threshold, or its own
+        under = cheap.for_config(blend, self._parameters, self._device_type, costs)
         # the whole context is claimed, blended or as stored; vLLM prefills the question
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
-                        prompt[len(expected):] if blend.recomputes else [])
-
-    def _cheap(self, spec: LoadSpec) -> bool:
-        """Whether the request's chunk tokens (after the store's prefix) are fewer than the
-        cheap-context rule's threshold for this model and device, or the request's own."""
-        store = self._store(spec.version)
-        costs = costs_for(store.calibration(), self._device_type, self._model_config)
-        ratio = spec.blend.ratio if spec.blend.recomputes else 0.0  # a budget's ratio is already set (`_plan`)
-        under = cheap.prefill_under(self._parameters, self._device_type, spec.blend.prefill_under, costs, ratio)
-        return under > 0 and spec.end - len(store.prefix()[0]) < under
+                        prompt[len(expected):] if blend.recomputes else [],
+                        cheap_context=under > 0 and len(expected) - len(store.prefix()[0]) < under)
 
     def _raw(self, store: KVStore) -> RawKV:
         return RawKV(store, self.raw_dir)
