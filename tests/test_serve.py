@@ -109,8 +109,9 @@ def server(tmp_path_factory):
 def test_chat_answers_from_the_chunk_that_holds_the_fact(server):
     """On the server's defaults the chunk that holds the fact is retrieved first and answered from;
     that the answer is full prefill's is a fidelity figure (BENCHMARKS.md), not asserted here: the
-    default (infoflow r = 0.1) answers this question otherwise. Recomputing every token (r = 1) over
-    the same chunks is full prefill, which names the colour."""
+    default (infoflow r = 0.1) answers this question otherwise. Recomputing every token (r = 1) costs
+    more than prefilling on a CPU, so the server has vLLM prefill the same chunks' text: full prefill,
+    which names the colour."""
     r = server.chat(QUESTIONS[0], max_tokens=24)
     assert r.choices[0].message.content.strip()
     sources = r.model_extra["sparsecache"]
@@ -118,6 +119,7 @@ def test_chat_answers_from_the_chunk_that_holds_the_fact(server):
     assert sources["chunks"][0]["score"] > sources["chunks"][1]["score"]
     exact = server.chat(QUESTIONS[0], chunks=[c["id"] for c in sources["chunks"]], recompute_ratio=1.0, max_tokens=24)
     assert "green" in exact.choices[0].message.content.lower(), exact.choices[0].message.content
+    assert exact.model_extra["sparsecache"]["method"] == "full"
     models = server.client.models.list()
     assert [m.id for m in models.data] == [MODEL]
 

@@ -102,6 +102,23 @@ def test_decoded_wrapped_chunks_answer_as_sparsecaches_own_loop(llm, wrapped, ra
     assert session.model.tokenizer.decode(tokens, skip_special_tokens=True).strip() == ours.answer
 
 
+def test_a_cheap_context_is_prefilled_as_text_and_one_with_soft_tokens_is_read(llm, wrapped, rag):
+    """The connector leaves a cheap context (`query.cheap`) to vLLM's prefill only where the prompt is
+    text (`RagRequest.as_text`, what `serve` sends): then the answer is vLLM's own prefill of it. Laid
+    out with the wrapper's placeholders, the same context is read from the store, cheap or not."""
+    session, _ = wrapped
+    req = rag.request(QUESTION, chunks=[c.id for c in session.store.chunks()])
+    text = req.as_text()
+    assert text.context_tokens < req.context_tokens and text.prompt_token_ids[text.context_tokens:] == \
+        req.prompt_token_ids[req.context_tokens:]
+    cheap = {"method": "infoflow", "prefill_under": 10 ** 6}
+    served, _, delta = generate(llm, text, with_source(text, "codes", **cheap))
+    assert delta["prefilled_cheap"] == 1 and delta["tokens"] == delta["fallbacks"] == 0
+    assert served == generate_text(llm, {"prompt_token_ids": text.prompt_token_ids})[0]
+    _, _, delta = generate(llm, req, with_source(req, "codes", **cheap))
+    assert delta["prefilled_cheap"] == delta["fallbacks"] == 0 and delta["tokens"] == req.context_tokens
+
+
 def generate_text(llm, prompt: dict, max_tokens: int = 16):
     """(token ids, first-token top-5 logprobs, None) of vLLM's own greedy prefill of `prompt`."""
     from vllm import SamplingParams

@@ -345,3 +345,33 @@ def test_a_new_store_gets_its_models_default_wrapper_unless_none_and_an_existing
     path, own = wrapped_store
     r = cli_encode(corpus_dir, path, tiny_model_dir, tiny_dictionary_dir, "--wrapper", "none")
     assert r.exit_code == 1 and f"built with wrapper={own.digest()}" in r.output and "Traceback" not in r.output
+
+
+def test_a_served_cheap_context_of_a_wrapped_store_is_laid_out_as_text(wrapped_store, tiny_model_dir):
+    """vLLM prefills a cheap context itself (`query.cheap`), and a soft token's placeholder id is not
+    text: `serve` lays such a context out as full prefill reads it (the prefix and the chunks' text),
+    tells the connector to prefill it and reports full prefill; a context read from the store keeps
+    its soft tokens. (On the default model, r = 1 is such a context: tests/test_serve.py.)"""
+    pytest.importorskip("prometheus_client")
+    from sparsecache.query.methods.full import text_ids
+    from sparsecache.vllm.server import PREFILL_ALL, Rag, ServeConfig
+
+    path, _ = wrapped_store
+    rag = Rag(ServeConfig(str(path), model=str(tiny_model_dir), top_k=2))
+    try:
+        rag.device = "cpu"
+        store = rag.prompts.store
+        ids = [c.id for c in store.chunks()][:2]
+        laid_out = rag.prompts.request("What is it?", chunks=ids)
+        question = laid_out.prompt_token_ids[laid_out.context_tokens:]
+        text = text_ids(store, laid_out.params["chunks"])  # in prompt order
+        read = rag.request("What is it?", rag.options({"chunks": ids, "prefill_under": 0}))
+        assert read.prompt_token_ids == laid_out.prompt_token_ids and not read.prefilled
+        assert read.params["prefill_under"] == 0 and rag.sources(read)["method"] == "infoflow"
+        cheap = rag.request("What is it?", rag.options({"chunks": ids, "prefill_under": 10 ** 6}))
+        assert cheap.prompt_token_ids == text + question
+        assert cheap.context_tokens == len(text) < laid_out.context_tokens
+        assert cheap.prefilled and cheap.params["prefill_under"] == PREFILL_ALL
+        assert rag.sources(cheap)["method"] == "full" and cheap.cache_salt != read.cache_salt
+    finally:
+        rag.close()

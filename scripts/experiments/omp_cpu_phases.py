@@ -24,7 +24,7 @@ import numba
 import numpy as np
 import torch
 
-from sparsecache.codec import _omp_cpu as K
+from sparsecache.codec._omp_cpu import TILE, cholesky_append, cholesky_solve, gather, next_atom, omp_codes, screen
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
 from sparsecache.codec.omp import PIVOT_TOL, gram
@@ -65,8 +65,8 @@ def _cholesky(alpha0, G, idx, n_blocks, pivot_tol):
                 j = idx[b, k]
                 for t in range(k + 1):  # the entries of G's row the factor reads (the support's)
                     row[idx[b, t]] = G[j, idx[b, t]]
-                K._cholesky_append(L, w, row, idx[b], k, j, live, pivot_tol)
-                K._cholesky_solve(L, alpha0[b], idx[b], k + 1, x, w, live)
+                cholesky_append(L, w, row, idx[b], k, j, live, pivot_tol)
+                cholesky_solve(L, alpha0[b], idx[b], k + 1, x, w, live)
         total += x[0]
     return total
 
@@ -87,7 +87,7 @@ def _screens(alpha0, G, idx, M, refresh, n_blocks):
         scratch = np.empty(n, np.float32)
         for b in range(blk * per, min(N, (blk + 1) * per)):
             for k in range(0, s, refresh):
-                j, thr = K._screen(alpha0[b], k, Gs, xs, M, cand, aC, chosen, alpha, scratch)
+                j, thr = screen(alpha0[b], k, Gs, xs, M, cand, aC, chosen, alpha, scratch)
                 total += thr
     return total
 
@@ -105,13 +105,13 @@ def _screened_steps(alpha0, G, idx, M, n_blocks):
         cand = np.arange(M) * (n // M)
         aC = np.empty(M, np.float32)
         chosen = np.zeros(n, np.bool_)
-        tile = np.empty(K.TILE, np.float32)
+        tile = np.empty(TILE, np.float32)
         for b in range(blk * per, min(N, (blk + 1) * per)):
             for t in range(M):
                 aC[t] = alpha0[b, cand[t]]
             for k in range(s - 1):
-                K._gather(Gs, cand, GsC, k, k + 1)
-                c, best = K._next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
+                gather(Gs, cand, GsC, k, k + 1)
+                c, best = next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
                 total += best
     return total
 
@@ -154,7 +154,7 @@ def main():
     coef = np.empty((y.shape[0], s), np.float32)
 
     def kernel(m=scr.candidates, refresh=scr.refresh):
-        K.omp_codes(a0, G, s, idx, coef, threads, PIVOT_TOL, m, refresh)
+        omp_codes(a0, G, s, idx, coef, threads, PIVOT_TOL, m, refresh)
 
     out = {"cpu": cpu_model(), "threads": threads, "signals": int(y.shape[0]), "dim": int(y.shape[1]), "atoms": n,
            "sparsity": s, "screening": {"candidates": scr.candidates, "refresh": scr.refresh}, "seconds": {}}

@@ -64,36 +64,36 @@ def omp_codes(alpha0: np.ndarray, G: np.ndarray, s: int, idx_out: np.ndarray, co
                 aC = a0
                 j = _argmax_abs(a0)
             else:
-                j, left_out = _screen(a0, 0, Gs, xs, M, cand, aC, chosen, alpha, scratch)
+                j, left_out = screen(a0, 0, Gs, xs, M, cand, aC, chosen, alpha, scratch)
                 last = 0
             for k in range(s):
                 idx[k] = j
                 chosen[j] = True
                 Gs[k, :] = G[j, :]
-                _cholesky_append(L, w, Gs[k], idx, k, j, live, pivot_tol)
-                _cholesky_solve(L, a0, idx, k + 1, x, w, live)
+                cholesky_append(L, w, Gs[k], idx, k, j, live, pivot_tol)
+                cholesky_solve(L, a0, idx, k + 1, x, w, live)
                 if k + 1 == s:
                     break
                 for t in range(k + 1):
                     xs[t] = x[t]
                 if exact:
-                    j = _next_atom(a0, Gs, xs, cand, chosen, k + 1, tile)[0]
+                    j = next_atom(a0, Gs, xs, cand, chosen, k + 1, tile)[0]
                     continue
-                _gather(Gs, cand, GsC, k, k + 1)
-                c, best = _next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
+                gather(Gs, cand, GsC, k, k + 1)
+                c, best = next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
                 if best >= left_out and k + 1 - last < refresh:
                     j = cand[c]
                     continue
-                j, left_out = _screen(a0, k + 1, Gs, xs, M, cand, aC, chosen, alpha, scratch)
+                j, left_out = screen(a0, k + 1, Gs, xs, M, cand, aC, chosen, alpha, scratch)
                 last = k + 1
-                _gather(Gs, cand, GsC, 0, k + 1)
+                gather(Gs, cand, GsC, 0, k + 1)
             for k in range(s):
                 coef_out[b, k] = x[k]
                 chosen[idx[k]] = False
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _gather(Gs, cand, GsC, t0, t1) -> None:
+def gather(Gs, cand, GsC, t0, t1) -> None:
     """GsC[t] = Gs[t] at the candidates, for support rows t0 ≤ t < t1."""
     for t in range(t0, t1):
         row = Gs[t]
@@ -102,7 +102,7 @@ def _gather(Gs, cand, GsC, t0, t1) -> None:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _screen(a0, k, Gs, xs, M, cand, aC, chosen, alpha, scratch):
+def screen(a0, k, Gs, xs, M, cand, aC, chosen, alpha, scratch):
     """A screening at support size k: the exact α = α⁰ − G[:, S] x_S of every atom; cand[:M] =
     the M unchosen atoms of largest |α|, in increasing order, and aC = α⁰ at them. Returns
     (the unchosen atom of largest |α|, the largest |α| left out of the candidates)."""
@@ -175,7 +175,7 @@ def _argmax_abs(a: np.ndarray) -> int:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _cholesky_append(L, w, row, idx, k, j, live, pivot_tol) -> None:
+def cholesky_append(L, w, row, idx, k, j, live, pivot_tol) -> None:
     """Grow the Cholesky factor of G[S, S] by atom j, whose G row is `row` (support size k → k+1)."""
     total = 0.0
     for t in range(k):
@@ -194,7 +194,7 @@ def _cholesky_append(L, w, row, idx, k, j, live, pivot_tol) -> None:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _cholesky_solve(L, a0, idx, k, x, w, live) -> None:
+def cholesky_solve(L, a0, idx, k, x, w, live) -> None:
     """x[:k] = (L Lᵀ)⁻¹ α⁰[S] by forward then backward substitution."""
     for t in range(k):
         acc = a0[idx[t]] if live[t] else 0.0
@@ -209,7 +209,7 @@ def _cholesky_solve(L, a0, idx, k, x, w, live) -> None:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def _next_atom(a0, Gs, xs, cand, chosen, k, tile):
+def next_atom(a0, Gs, xs, cand, chosen, k, tile):
     """(argmax, max) over candidates c whose atom cand[c] is off the support of |α|,
     α = α⁰ − G[cand, S] x_S, tile by tile."""
     n = a0.shape[0]

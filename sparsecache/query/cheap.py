@@ -54,6 +54,17 @@ def for_config(cfg, parameters: int, device_type: str, costs=None) -> int:
     return prefill_under(parameters, device_type, None, costs, cfg.ratio if cfg.recomputes and not unspent else 0.0)
 
 
+def applies(cfg, chunk_tokens: int, parameters: int, device_type: str, costs=None) -> int | None:
+    """The threshold (`for_config`) when a context of `chunk_tokens` tokens (the chunks with a wrapped
+    store's header, the prefix left out) is under it and so prefilled, else None: one decision for
+    `Session`, the server and the vLLM connector. A config that already prefills (`method full`) is not
+    a cheap case of anything."""
+    if cfg.method == "full":
+        return None
+    under = for_config(cfg, parameters, device_type, costs)
+    return under if 0 < under and chunk_tokens < under else None
+
+
 def rule_text() -> str:
     """The rule in one sentence, for `--help`."""
     from .budget import REFERENCE, default_costs

@@ -194,8 +194,8 @@ class Session:
         q_ids = question_ids(self.model, question, answer_prefix)
         length = self.context_length(ids)
         self._warn_if_too_long(length, len(q_ids) + max_new_tokens)
-        under = self.prefill_under(cfg)
-        prefilled = cfg.method != "full" and under > 0 and length < under
+        under = cheap.applies(cfg, length, self.model.compute_parameters, self.device.type, self.costs)
+        prefilled = under is not None
         if prefilled:  # prefilling these few tokens costs less than the store path (`cheap.py`)
             cfg = QueryConfig(method="full", order=cfg.order, prefill_under=cfg.prefill_under)
         else:  # the cost model counts the context as answers report it: the prefix too

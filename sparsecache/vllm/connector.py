@@ -36,6 +36,11 @@ A store encoded with a learned wrapper is served the same way: each chunk is lai
 header's exact K/V placed before every chunk, and recomputation embeds a soft token it picks
 from the store's own soft-token table (the prefix cache's salt names the wrapper).
 
+A cheap context (`query.cheap`: too few chunk tokens to be worth reading) is left to vLLM's own
+prefill, which is full prefill where the prompt is text. A wrapped store's context is text only
+when laid out without its soft tokens (`RagRequest.as_text`, what `serve` sends for a cheap
+context); laid out with them, the placeholder ids are not text, so it is read from the store.
+
 Both write through the attention backend's own cache-update op and the request's slots, so
 the layout is always the backend's (CPU, FlashAttention, Triton alike). A load or blend that
 fails after the scheduler claimed it is reported through `get_block_ids_with_load_errors`,
@@ -91,6 +96,7 @@ from ..query.budget import budgeted, costs_for
 from ..query.blend import decode_chunks, restore_first_layer
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
+from ..query.methods.full import text_ids
 from ..query.raw import RawKV, read_raw
 from ..stopwatch import Stopwatch
 from ..store import VersionPoller, open_backend
@@ -113,6 +119,11 @@ logger = init_logger(__name__)
 COUNTERS = ("requests", "chunks", "tokens", "recomputed", "fallbacks", "prefilled_cheap", "load_errors",
             "store_errors")
 KEEP_OPEN = 3  # store versions kept open (each holds its prefix KV and dictionary); older ones reopen on demand
+
+
+def _starts(prompt: list[int], context: list[int]) -> bool:
+    """Whether `prompt` is `context` and then at least one token (the question)."""
+    return len(prompt) > len(context) and prompt[: len(context)] == context
 
 
 @dataclass
@@ -299,8 +310,20 @@ class SparsecacheConnector(KVConnectorBase_V1):
         store = self._store(version)
         expected = context_ids(store, chunks, self.placeholder)
         prompt = list(request.prompt_token_ids or [])
-        if len(prompt) <= len(expected) or prompt[: len(expected)] != expected:
-            return None
+        blend = served_config(params, self.blend, "kv_transfer_params")
+        costs = costs_for(store.calibration(), self._device_type, self._model_config)
+        # cheap: the request's chunk tokens (after the prefix) under the cheap-context rule's threshold, or its
+        # own, decided before a time budget becomes a ratio, as `query` decides it
+        cheap_context = cheap.applies(blend, len(expected) - len(store.prefix()[0]), self._parameters,
+                                      self._device_type, costs) is not None
+        if not _starts(prompt, expected):
+            # a wrapped store's cheap context laid out as text (`RagRequest.as_text`): vLLM's prefill is full prefill
+            wrapped_as_text = store.header() is not None and _starts(prompt, text_ids(store, chunks))
+            return LoadSpec(request.request_id, list(chunks), store.version, "codes", 0, 0, blend,
+                            cheap_context=True) if cheap_context and wrapped_as_text else None
+        if cheap_context and store.header() is not None:
+            # laid out with soft tokens, whose placeholder ids vLLM would prefill as text: read from the store
+            cheap_context = False
         source = params.get("source", self.source)
         if source not in ("codes", "raw"):
             raise ConfigError(f'"source" must be "codes" or "raw", got {source!r}')
@@ -308,16 +331,11 @@ class SparsecacheConnector(KVConnectorBase_V1):
             missing = self._raw(store).missing(chunks)
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
-        blend = served_config(params, self.blend, "kv_transfer_params")
-        costs = costs_for(store.calibration(), self._device_type, self._model_config)
         # a time budget without a ratio (the extra config's or the request's): the ratio at this context's length
         blend = budgeted(blend, len(expected), costs)
-        # cheap: the request's chunk tokens (after the prefix) under the cheap-context rule's threshold, or its own
-        under = cheap.for_config(blend, self._parameters, self._device_type, costs)
         # the whole context is claimed, blended or as stored; vLLM prefills the question
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
-                        prompt[len(expected):] if blend.recomputes else [],
-                        cheap_context=under > 0 and len(expected) - len(store.prefix()[0]) < under)
+                        prompt[len(expected):] if blend.recomputes else [], cheap_context=cheap_context)
 
     def _raw(self, store: KVStore) -> RawKV:
         return RawKV(store, self.raw_dir)

@@ -50,6 +50,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
+from ..model.kvmodel import compute_parameters
 from ..query import cheap
 from ..query.budget import budgeted, costs_for
 from ..query.config import MISSED, QueryConfig, calibrated, device_record, missed_target, served_config
@@ -132,6 +133,7 @@ class Rag:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM runs: whose calibration applies
         self._calibrated: dict[int, QueryConfig | None] = {}
         self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.version_poll, timeout_s=cfg.store_timeout)
+        self._parameters = compute_parameters(self.prompts.model_config)  # the cheap-context rule scales by them
         self.prompts.store.warm()  # the index files into the page cache (a thread) while vLLM starts
         self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
         self.prompts.retrieve("warm-up", 1)  # the embedder loads now, not in the first request
@@ -227,9 +229,16 @@ class Rag:
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
         blend = opts.get("blend") or self.base()
-        store = self.prompts.store  # a budget's ratio at this context's length (`query.budget`), fixed here
-        blend = budgeted(blend, req.context_tokens, costs_for(store.calibration(), self.device,
-                                                              self.prompts.model_config))
+        store = self.prompts.store
+        costs = costs_for(store.calibration(), self.device, self.prompts.model_config)
+        # a cheap context (`query.cheap`, decided as `query` decides it): vLLM prefills it, laid out as text,
+        # and the connector, told to prefill every context, leaves it alone
+        if cheap.applies(blend, req.context_tokens - len(store.prefix()[0]), self._parameters, self.device, costs):
+            req = req.as_text()
+            req.params.update({"method": blend.method, "prefill_under": PREFILL_ALL})
+            req.prefilled = True
+            return req
+        blend = budgeted(blend, req.context_tokens, costs)  # a budget's ratio at this context's length, fixed here
         req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
         if blend.prefill_under is not None:
             req.params["prefill_under"] = blend.prefill_under
@@ -239,8 +248,8 @@ class Rag:
         """What a response says it used: the chunks in retrieval order (best first) and the version."""
         hits = req.chunks[::-1] if QueryConfig.order == "reverse" else req.chunks
         return {"chunks": [{"id": h["id"], "doc_id": h["doc_id"], "score": h["score"]} for h in hits],
-                "version": req.params["version"], "method": req.params["method"],
-                "recompute_ratio": req.params["recompute_ratio"]}
+                "version": req.params["version"], "method": "full" if req.prefilled else req.params["method"],
+                "recompute_ratio": req.params.get("recompute_ratio")}
 
 
 class StoreCollector:

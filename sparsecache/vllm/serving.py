@@ -7,6 +7,8 @@ template `sparsecache query` uses). In a store encoded with a learned wrapper ev
 placeholder id (`wrapper.placeholder_id`): its KV comes from the store (stored, or recomputed
 from the soft token the store keeps), never from that id. The connector recognises the layout,
 checks it token for token, and injects the chunks' decoded KV instead of prefilling them.
+A context too short to be worth reading (`query.cheap`) is prefilled by the engine instead, laid out
+as text (`RagRequest.as_text`: no soft tokens), which is full prefill.
 
     rag = RagPrompts("corpus.store")
     req = rag.request("How do I open a file?", top_k=4)
@@ -29,6 +31,7 @@ from ..model.generate import question_ids
 from ..model.gguf import DEFAULT, for_recorded, model_dir, model_name
 from ..model.kvmodel import config_fingerprint
 from ..query.config import ORDERS, QueryConfig
+from ..query.methods.full import text_ids
 from ..store import VersionPoller, open_backend
 from ..wrapper.apply import placeholder_id, with_placeholders
 
@@ -42,6 +45,9 @@ class RagRequest:
     chunks: list[dict]  # id, doc_id, ordinal, score of each retrieved chunk, in prompt order
     context_tokens: int  # prefix + chunk tokens: what the connector can supply
     wrapper: str | None = None  # the digest of the store's wrapper (its soft tokens' KV), if any
+    # a wrapped store's context as full prefill reads it (prefix and the chunks' text, no soft tokens)
+    text_context: list[int] | None = None
+    prefilled: bool = False  # laid out for the engine's own prefill (a cheap context), not read from the store
 
     @property
     def params(self) -> dict:
@@ -61,6 +67,15 @@ class RagRequest:
         # a wrapper's soft tokens are placeholder ids in the prompt: the salt says which KV they stand for
         material = json.dumps([settings, question] + ([self.wrapper] if self.wrapper else []), sort_keys=True)
         return f"{PARAMS_KEY}-{hashlib.sha256(material.encode()).hexdigest()[:16]}"
+
+    def as_text(self) -> RagRequest:
+        """This request laid out as full prefill reads it: a wrapped store's soft tokens left out (the
+        engine cannot prefill them, and their placeholder ids are not text). What a cheap context is
+        given to the engine as (`query.cheap`); the same request for a store without a wrapper."""
+        if self.text_context is None:
+            return self
+        return RagRequest(self.text_context + self.prompt_token_ids[self.context_tokens:], self.kv_transfer_params,
+                          self.chunks, len(self.text_context))
 
     def vllm_prompt(self) -> dict:
         """The prompt for `vllm.LLM.generate` (a TokensPrompt, with the cache salt)."""
@@ -159,7 +174,8 @@ class RagPrompts:
         context = context_ids(store, ids, self.placeholder)
         prompt = context + question_ids(self.tokenizer, question, answer_prefix)
         params = {PARAMS_KEY: {"chunks": ids, "version": store.version}}
-        return RagRequest(prompt, params, hits, len(context), store.config.wrapper)
+        text = text_ids(store, ids) if store.header() is not None else None
+        return RagRequest(prompt, params, hits, len(context), store.config.wrapper, text)
 
 
 def context_ids(store: KVStore, chunk_ids: list[str], placeholder: int) -> list[int]:
