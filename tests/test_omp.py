@@ -5,7 +5,7 @@ from sklearn.linear_model import orthogonal_mp_gram
 
 from hypothesis import given, settings, strategies as st
 
-from sparsecache.codec._omp_cpu import kth_largest
+from sparsecache.codec._omp_cpu import SAMPLE_STEP, kth_largest, kth_largest_sampled
 from sparsecache.codec.omp import (EXACT, Screening, omp_block, omp_block_cpu, omp_block_gemm, batch_omp, gram,
                              reconstruct, reference_omp)
 from tests.conftest import DEVICES, unit_atoms
@@ -211,6 +211,22 @@ def test_kth_largest_is_the_sorted_value(values, data):
     a = np.array(values, np.float32)
     k = data.draw(st.integers(1, len(a)))
     assert kth_largest(a.copy(), k) == np.sort(a)[::-1][k - 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.integers(64 * SAMPLE_STEP, 12_000), st.floats(0.0, 0.9), st.booleans(),
+       st.data())
+def test_the_sampled_kth_largest_is_the_quickselects(seed, n, chosen_share, rounded, data):
+    """A screening's selection (`kth_largest_sampled`) against kth_largest on the same values: Gaussian
+    |α|, a share of chosen atoms at -1 (as a screening marks them), many ties where values are rounded,
+    and k from 1 to past the sample's size (its fallback)."""
+    rng = np.random.default_rng(seed)
+    a = np.abs(rng.standard_normal(n)).astype(np.float32) * np.float32(rng.uniform(0.01, 10))
+    a[rng.random(n) < chosen_share] = -1.0
+    if rounded:
+        a = np.round(a, 1)
+    k = data.draw(st.integers(1, n))
+    assert kth_largest_sampled(a.copy(), k, np.empty(n, np.float32)) == kth_largest(a.copy(), k)
 
 
 def test_on_block_reports_every_coded_signal():

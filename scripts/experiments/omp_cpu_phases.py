@@ -24,7 +24,7 @@ import numba
 import numpy as np
 import torch
 
-from sparsecache.codec._omp_cpu import TILE, cholesky_append, cholesky_solve, gather, next_atom, omp_codes, screen
+from sparsecache.codec._omp_cpu import cholesky_append, cholesky_solve, gather, next_atom, omp_codes, screen
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
 from sparsecache.codec.omp import PIVOT_TOL, gram
@@ -58,6 +58,7 @@ def _cholesky(alpha0, G, idx, n_blocks, pivot_tol):
         L = np.zeros((s, s), np.float64)
         w = np.zeros(s, np.float64)
         x = np.zeros(s, np.float64)
+        wf = np.zeros(s, np.float64)
         live = np.zeros(s, np.bool_)
         row = np.empty(G.shape[1], np.float32)
         for b in range(blk * per, min(N, (blk + 1) * per)):
@@ -66,7 +67,7 @@ def _cholesky(alpha0, G, idx, n_blocks, pivot_tol):
                 for t in range(k + 1):  # the entries of G's row the factor reads (the support's)
                     row[idx[b, t]] = G[j, idx[b, t]]
                 cholesky_append(L, w, row, idx[b], k, j, live, pivot_tol)
-                cholesky_solve(L, alpha0[b], idx[b], k + 1, x, w, live)
+                cholesky_solve(L, alpha0[b], idx[b], k + 1, x, wf, live)
         total += x[0]
     return total
 
@@ -85,9 +86,10 @@ def _screens(alpha0, G, idx, M, refresh, n_blocks):
         chosen = np.zeros(n, np.bool_)
         alpha = np.empty(n, np.float32)
         scratch = np.empty(n, np.float32)
+        buf = np.empty(n, np.float32)
         for b in range(blk * per, min(N, (blk + 1) * per)):
             for k in range(0, s, refresh):
-                j, thr = screen(alpha0[b], k, Gs, xs, M, cand, aC, chosen, alpha, scratch)
+                j, thr = screen(alpha0[b], k, Gs, xs, M, cand, aC, chosen, alpha, scratch, buf)
                 total += thr
     return total
 
@@ -105,13 +107,13 @@ def _screened_steps(alpha0, G, idx, M, n_blocks):
         cand = np.arange(M) * (n // M)
         aC = np.empty(M, np.float32)
         chosen = np.zeros(n, np.bool_)
-        tile = np.empty(TILE, np.float32)
+        acc = np.empty(M, np.float32)
         for b in range(blk * per, min(N, (blk + 1) * per)):
             for t in range(M):
                 aC[t] = alpha0[b, cand[t]]
             for k in range(s - 1):
                 gather(Gs, cand, GsC, k, k + 1)
-                c, best = next_atom(aC, GsC, xs, cand, chosen, k + 1, tile)
+                c, best = next_atom(aC, GsC, xs, cand, chosen, k + 1, acc)
                 total += best
     return total
 
