@@ -178,3 +178,37 @@ def test_out_of_range_atoms_are_refused_not_gathered():
     bad = np.full_like(codes.indices, 0xFF)  # every 9-bit index = 511
     with pytest.raises(ValueError, match="out of range"):
         codec.decode((bad, codes.coefficients), "k")
+
+
+def test_the_cpu_decode_reuses_its_memory_only_when_nothing_holds_the_last_result():
+    """A CPU decode writes into the last decode's memory (faulted in once, #82) only when no tensor
+    of that result is alive: a result still held, even through a view, is never overwritten, from
+    this thread or another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    d = make_dict(L=1, layers=4, atoms=300, s=7)
+    codec = Codec(d, "float8")
+    rows = torch.stack([torch.randperm(300)[:7] for _ in range(4 * 11)]).to(torch.int32)
+
+    def decode(seed):
+        coef = torch.randn(4 * 11, 7, generator=torch.Generator().manual_seed(seed))
+        return codec.reconstruct(rows, coef, (4, 11), "v", torch.device("cpu"))
+
+    first = decode(0)
+    kept = first.clone()
+    second = decode(1)
+    assert not torch.equal(second, kept) and torch.equal(first, kept)
+    held, view = second.data_ptr(), second[1:]
+    del second
+    third = decode(2)
+    assert third.data_ptr() not in (held, first.data_ptr())  # the second result lives on in its view
+    reusable = third.data_ptr()
+    del third, view
+    assert decode(3).data_ptr() == reusable  # nothing holds the last result: its memory is reused
+    seeds = range(10, 26)
+    with ThreadPoolExecutor(4) as pool:  # concurrent decodes, each into memory nobody else holds
+        results = list(pool.map(decode, seeds))
+    assert len({r.data_ptr() for r in results}) == len(results)
+    for seed, r in zip(seeds, results):
+        assert torch.equal(r, decode(seed))
+    assert torch.equal(first, kept)

@@ -10,6 +10,9 @@ cache-sized fp16 tiles of the atoms (`_decode_cpu`), on other devices `embedding
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import torch
 
@@ -73,6 +76,8 @@ class Codec:
         # atoms to the GPU on every decode cost 3.8 ms of an H100's 10 ms for 32 chunks' K.
         self._atoms_on: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._tiles: dict[str, np.ndarray] = {}  # the CPU decode's atom tiles
+        self._outputs: dict[str, np.ndarray] = {}  # the CPU decode's output memory, reused (`_output`)
+        self._outputs_lock = threading.Lock()
         self.cpu_kernel = True  # False: decode on the CPU as on other devices (the benchmark's baseline)
 
     @property
@@ -169,20 +174,41 @@ class Codec:
         m = tiles.shape[2]
         inv = (torch.ones(G * L) if self._scales[kind] is None
                else (1.0 / self._scales[kind].view(-1, L))[groups].reshape(-1))
-        out = torch.from_numpy(empty_huge((G * L, T, m)))
+        out = torch.from_numpy(self._output(kind, (G * L, T, m), empty_huge))
         decode_tiles(idx.contiguous().numpy(), coef.float().contiguous().numpy(), tiles,
                      inv.float().contiguous().numpy(), out.numpy(), torch.get_num_threads())
         return out
 
-    def warm_up(self) -> None:
+    def _output(self, kind: str, shape: tuple[int, ...], allocate) -> np.ndarray:
+        """Memory for a CPU decode's output of `shape`: the last decode's of this kind when nothing
+        holds it any more (no tensor or view of it is alive) and it is large enough, else new
+        (`allocate(shape)`), kept for the next. A decode writes ~100 MB for 8 chunks; fresh memory
+        is faulted in on every decode, which on the 2-vCPU VM measured took a decode of 2,481 tokens
+        from ~200 ms to 250-650 ms, varying from one query to the next (#82 item 3)."""
+        n = int(np.prod(shape))
+        with self._outputs_lock:  # a server decodes from several threads
+            buf = self._outputs.get(kind)
+            # references: the dict's, `buf`'s and getrefcount's argument; a live result (a view) adds its own
+            if buf is None or buf.size < n or sys.getrefcount(buf) > 3:
+                buf = allocate((n,))
+                self._outputs[kind] = buf
+            return buf[:n].reshape(shape)
+
+    def warm_up(self, values: int = 0) -> None:
         """Load the CPU decode's compiled kernels (~1 s once per process: numba's import and
-        its cached machine code) and build the atom tiles, so a query's TTFT does not pay them."""
+        its cached machine code), build the atom tiles and, with `values`, fault in the memory a
+        decode of that many values of each kind writes (tokens x the model's K/V values per
+        token), so a query's TTFT pays none of them."""
         if not self.cpu_kernel:
             return
+        from ._decode_cpu import empty_huge
+
         s = self.config.sparsity
         for kind in ("k", "v"):
             rows = torch.arange(s, dtype=torch.int32)[None]
             self._reconstruct_cpu(rows, torch.zeros(1, s), (1, 1), kind, slice(0, 1))
+            if values:
+                self._output(kind, (values,), empty_huge).fill(0.0)
         if self.indices == "elias-fano":
             unpack_sorted_cpu(torch.from_numpy(pack_sorted_rows(np.arange(s)[None], self.config.atoms)), s,
                                self.config.atoms)

@@ -22,7 +22,7 @@ from ..kvstore.view import KVStore
 from ..model.cache import truncate
 from ..model.generate import forced_logprobs, greedy_continue, question_ids, top1_agreement
 from ..model.gguf import for_recorded
-from ..model.kvmodel import KVModel, load_model, query_dtype, use_soft_tokens
+from ..model.kvmodel import KVModel, kv_values, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
 from . import cheap
@@ -97,11 +97,16 @@ class Session:
     follows the store's newest version whenever the one it read is deleted."""
 
     def __init__(self, store: str | Path | KVStore, model: str | KVModel = "default", device: str = "cpu",
-                 raw_dir: str | Path | None = None, dtype: str = DTYPE):
+                 raw_dir: str | Path | None = None, dtype: str = DTYPE, warm_retrieval: bool = False):
+        """`warm_retrieval`: load the embedder and embed once as part of the set-up, so the first
+        retrieval does not pay it (~150-200 ms on 2 CPU cores): for a session that will retrieve
+        soon, as a CLI query does. (Not in a thread beside the model's loading: transformers'
+        `from_pretrained` is not safe to run in two threads at once.)"""
         self.follows_latest = not isinstance(store, KVStore)
         self.rereads = 0  # reads done again at a newer version because the one read was deleted
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
         self.device = torch.device(device)
+        self._embedder = None
         # `dtype` (model.query_dtype) applies to a model loaded here; a KVModel given keeps its own
         if not isinstance(model, KVModel):  # `default`: the store's own packaged model
             model = load_model(for_recorded(model, self.store.attrs.get("model")), device=self.device,
@@ -110,14 +115,19 @@ class Session:
         self.store.check_model(self.model.fingerprint())
         use_soft_tokens(self.model, self.store.soft())
         if self.device.type == "cpu":
-            self.store.codec().warm_up()  # set-up, like loading the model: not a query's TTFT
+            # set-up, like loading the model, not a query's TTFT: the decode's kernels, and its memory for
+            # TOP_K full chunks (a first decode into fresh memory was ~2x slower, #82 item 3)
+            header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # a wrapped store's, per chunk
+            tokens = TOP_K * (self.store.config.chunk_tokens + header)
+            self.store.codec().warm_up(tokens * kv_values(self.model.config))
             if OPENMP_SPINS:
                 warnings.warn("torch was imported before sparsecache, so its OpenMP workers spin between "
                               "operations: on a CPU shared with other work a query can be several times slower. "
                               "Import sparsecache first, or set OMP_WAIT_POLICY=PASSIVE before Python starts.",
                               stacklevel=2)
         self.raw = RawKV(self.store, raw_dir)
-        self._embedder = None
+        if warm_retrieval:
+            self.embedder.embed(["warm-up"])
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
         self._costs = _FROM_STORE  # `costs`: tests may set it
@@ -324,7 +334,7 @@ def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None =
     `config` (None, or a config whose method is None: the store's measured choice,
     `Session.configured`) from the `top_k` retrieved chunks (or the given `chunks`), and with
     `compare` how it compares with full prefill of the same chunks (`Session.compare`; None without)."""
-    session = Session(store, model, device, dtype=dtype)
+    session = Session(store, model, device, dtype=dtype, warm_retrieval=chunks is None)
     config = session.configured(config)
     answer = session.query(question, config, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
     if not compare:

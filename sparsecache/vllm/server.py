@@ -50,7 +50,6 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
-from ..model.kvmodel import compute_parameters
 from ..query import cheap
 from ..query.budget import budgeted, costs_for
 from ..query.config import MISSED, QueryConfig, calibrated, device_record, missed_target, served_config
@@ -127,6 +126,7 @@ class Rag:
         import torch
         from prometheus_client import REGISTRY, Counter, Histogram
 
+        from ..model.kvmodel import compute_parameters
         from .serving import RagPrompts
 
         self.cfg = cfg
