@@ -98,10 +98,10 @@ class Session:
 
     def __init__(self, store: str | Path | KVStore, model: str | KVModel = "default", device: str = "cpu",
                  raw_dir: str | Path | None = None, dtype: str = DTYPE, warm_retrieval: bool = False):
-        """`warm_retrieval`: load the embedder and embed once as part of the set-up, so the first
-        retrieval does not pay it (~150-200 ms on 2 CPU cores): for a session that will retrieve
-        soon, as a CLI query does. (Not in a thread beside the model's loading: transformers'
-        `from_pretrained` is not safe to run in two threads at once.)"""
+        """`warm_retrieval`: load the embedder and retrieve once as part of the set-up, so the first
+        retrieval does not pay the embedder's loading and first call (~150-200 ms on 2 CPU cores):
+        for a session that will retrieve soon, as a CLI query does. (Not in a thread beside the
+        model's loading: transformers' `from_pretrained` is not safe in two threads at once.)"""
         self.follows_latest = not isinstance(store, KVStore)
         self.rereads = 0  # reads done again at a newer version because the one read was deleted
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
@@ -126,8 +126,8 @@ class Session:
                               "Import sparsecache first, or set OMP_WAIT_POLICY=PASSIVE before Python starts.",
                               stacklevel=2)
         self.raw = RawKV(self.store, raw_dir)
-        if warm_retrieval:
-            self.embedder.embed(["warm-up"])
+        if warm_retrieval:  # the embedder loaded and run once, the index read and searched once
+            retrieve(self.store, self.embedder, "warm-up", TOP_K)
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
         self._costs = _FROM_STORE  # `costs`: tests may set it
