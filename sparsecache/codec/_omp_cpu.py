@@ -108,13 +108,7 @@ def screen(a0, k, Gs, xs, M, cand, aC, chosen, alpha, scratch, buf):
     the M unchosen atoms of largest |α|, in increasing order, and aC = α⁰ at them. Returns
     (the unchosen atom of largest |α|, the largest |α| left out of the candidates)."""
     n = a0.shape[0]
-    for i in range(n):
-        alpha[i] = a0[i]
-    for t in range(k):
-        xt = xs[t]
-        row = Gs[t]
-        for i in range(n):
-            alpha[i] -= xt * row[i]
+    correlations(a0, Gs, xs, k, alpha)
     best, j = np.float32(-1.0), 0
     for i in range(n):
         v = np.float32(-1.0) if chosen[i] else abs(alpha[i])
@@ -240,20 +234,28 @@ def cholesky_solve(L, a0, idx, k, x, wf, live) -> None:
 
 
 @numba.njit(fastmath=True, error_model="numpy")
-def next_atom(a0, Gs, xs, cand, chosen, k, acc):
-    """(argmax, max) over candidates c whose atom cand[c] is off the support of |α|,
-    α = α⁰ − G[cand, S] x_S, computed in `acc`. One support row at a time over contiguous
-    rows: the loop LLVM vectorises (8 floats per FMA on AVX2); the form that indexed the rows
-    2-D within tiles of α did not, and ran ~8x slower at the same arithmetic (#82: 4 against 33
-    GFLOP/s per core). The same operations in the same order per atom, so the same α."""
+def correlations(a0, Gs, xs, k, out) -> None:
+    """out = α⁰ − Σ_{t<k} xs[t] · Gs[t]: the correlations after the support's first k atoms, over
+    whatever atoms the rows hold (all of them for a screening, the candidates for a step). One
+    contiguous row at a time: the loop LLVM vectorises (8 floats per FMA on AVX2); indexing the
+    rows 2-D within tiles of α, as the kernel did before, was not, and ran ~8x slower at the same
+    arithmetic (#82: 4 against 33 GFLOP/s per core)."""
     n = a0.shape[0]
     for i in range(n):
-        acc[i] = a0[i]
+        out[i] = a0[i]
     for t in range(k):
         xt = xs[t]
         row = Gs[t]
         for i in range(n):
-            acc[i] -= xt * row[i]
+            out[i] -= xt * row[i]
+
+
+@numba.njit(fastmath=True, error_model="numpy")
+def next_atom(a0, Gs, xs, cand, chosen, k, acc):
+    """(argmax, max) over candidates c whose atom cand[c] is off the support of |α|,
+    α = α⁰ − G[cand, S] x_S, computed in `acc` (`correlations`)."""
+    n = a0.shape[0]
+    correlations(a0, Gs, xs, k, acc)
     best, j = np.float32(-1.0), 0
     for i in range(n):
         v = abs(acc[i])
