@@ -22,13 +22,10 @@ import numpy as np
 import torch
 
 import sparsecache.codec._omp_cpu as current
-from sparsecache.codec.coding import Codec
-from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
-from sparsecache.codec.omp import PIVOT_TOL, gram
-from sparsecache.codec.signals import to_signals
+from sparsecache.codec.omp import PIVOT_TOL
 from sparsecache.measure.machine import cpu_model
-from sparsecache.model import default_prefix_ids, extract_kv, load_model
-from sparsecache.text.documents import builtin_documents
+
+from omp_cpu_phases import heldout_problems  # this directory's: the same signals as the phases
 
 
 def load_kernel(path: str):
@@ -48,21 +45,10 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     other = load_kernel(a.other)
-    model = load_model("default")
-    d = Dictionary.load(shipped_dictionary(model.fingerprint()))
-    codec = Codec(d, "float8")
-    docs = builtin_documents("heldout")  # Python's documentation, the part no dictionary was learned on
-    ids = model.tokenizer("\n\n".join(x.text for x in docs[:80]), add_special_tokens=False)["input_ids"][: a.tokens]
-    k, v = extract_kv(model, [ids], default_prefix_ids(model))[0]
-    threads, s, scr = torch.get_num_threads(), d.config.sparsity, codec.screening
+    codec, problems = heldout_problems(a.tokens)
+    threads, s, scr = torch.get_num_threads(), codec.config.sparsity, codec.screening
     out = {"cpu": cpu_model(), "threads": threads, "other": a.other, "rows": []}
-    for kind, kv in (("k", k), ("v", v)):
-        kv = kv.float()
-        if codec._scales[kind] is not None:
-            kv = kv * codec.scales_on(kind, torch.device("cpu"))
-        y = to_signals(kv, d.config.layers_per_signal).reshape(-1, d.config.layers_per_signal * model.m).contiguous()
-        D = codec._atoms[kind].float()
-        G = gram(D).contiguous().numpy()
+    for kind, (y, D, G) in problems.items():
         a0 = (y @ D).contiguous().numpy()
         for m, name in ((scr.candidates, "screened"), (0, "exact")):
             best, codes = {}, {}

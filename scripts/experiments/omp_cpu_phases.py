@@ -128,6 +128,25 @@ def timed(fn, repeats=3):
     return best
 
 
+def heldout_problems(tokens: int):
+    """The default codec and, for "k" and "v", (signals y, atoms D, Gram matrix G as numpy) of the
+    default model's K/V of `tokens` held-out tokens, scaled as the encoder scales them."""
+    model = load_model("default")
+    d = Dictionary.load(shipped_dictionary(model.fingerprint()))
+    codec = Codec(d, "float8")
+    docs = builtin_documents("heldout")  # Python's documentation, the part no dictionary was learned on
+    ids = model.tokenizer("\n\n".join(x.text for x in docs[:80]), add_special_tokens=False)["input_ids"][:tokens]
+    out = {}
+    for kind, kv in zip("kv", extract_kv(model, [ids], default_prefix_ids(model))[0]):
+        kv = kv.float()
+        if codec._scales[kind] is not None:
+            kv = kv * codec.scales_on(kind, torch.device("cpu"))
+        y = to_signals(kv, d.config.layers_per_signal).reshape(-1, d.config.layers_per_signal * model.m).contiguous()
+        D = codec._atoms[kind].float()
+        out[kind] = y, D, gram(D).contiguous().numpy()
+    return codec, out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens of held-out text whose K/V is coded")
@@ -135,19 +154,9 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.manual_seed(0)
-    model = load_model("default")
-    d = Dictionary.load(shipped_dictionary(model.fingerprint()))
-    codec = Codec(d, "float8")
-    docs = builtin_documents("heldout")  # Python's documentation, the part no dictionary was learned on
-    ids = model.tokenizer("\n\n".join(x.text for x in docs[:80]), add_special_tokens=False)["input_ids"][: a.tokens]
-    k, v = extract_kv(model, [ids], default_prefix_ids(model))[0]
-    kv = (k if a.kind == "k" else v).float()
-    if codec._scales[a.kind] is not None:
-        kv = kv * codec.scales_on(a.kind, torch.device("cpu"))
-    y = to_signals(kv, d.config.layers_per_signal).reshape(-1, d.config.layers_per_signal * model.m).contiguous()
-    D = codec._atoms[a.kind].float()
-    G = gram(D).contiguous().numpy()
-    s, n = d.config.sparsity, D.shape[1]
+    codec, problems = heldout_problems(a.tokens)
+    y, D, G = problems[a.kind]
+    s, n = codec.config.sparsity, D.shape[1]
     scr = codec.screening
     threads = torch.get_num_threads()
     alpha0 = (y @ D).contiguous()
