@@ -163,7 +163,7 @@ class Codec:
                          groups: slice) -> torch.Tensor:
         """`reconstruct` on the CPU: the compiled tile kernel of `_decode_cpu` (numba, imported
         on first CPU decode: vLLM's start-up module scan trips over llvmlite, see `omp`)."""
-        from ._decode_cpu import decode_tiles, empty_huge
+        from ._decode_cpu import decode_tiles
 
         G, T = shape
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.atoms):
@@ -174,23 +174,25 @@ class Codec:
         m = tiles.shape[2]
         inv = (torch.ones(G * L) if self._scales[kind] is None
                else (1.0 / self._scales[kind].view(-1, L))[groups].reshape(-1))
-        out = torch.from_numpy(self._output(kind, (G * L, T, m), empty_huge))
+        out = torch.from_numpy(self._output(kind, (G * L, T, m)))
         decode_tiles(idx.contiguous().numpy(), coef.float().contiguous().numpy(), tiles,
                      inv.float().contiguous().numpy(), out.numpy(), torch.get_num_threads())
         return out
 
-    def _output(self, kind: str, shape: tuple[int, ...], allocate) -> np.ndarray:
+    def _output(self, kind: str, shape: tuple[int, ...]) -> np.ndarray:
         """Memory for a CPU decode's output of `shape`: the last decode's of this kind when nothing
         holds it any more (no tensor or view of it is alive) and it is large enough, else new
-        (`allocate(shape)`), kept for the next. A decode writes ~100 MB for 8 chunks; fresh memory
+        (`empty_huge`), kept for the next. A decode writes ~100 MB for 8 chunks; fresh memory
         is faulted in on every decode, which on the 2-vCPU VM measured took a decode of 2,481 tokens
         from ~200 ms to 250-650 ms, varying from one query to the next (#82 item 3)."""
+        from ._decode_cpu import empty_huge
+
         n = int(np.prod(shape))
         with self._outputs_lock:  # a server decodes from several threads
             buf = self._outputs.get(kind)
             # references: the dict's, `buf`'s and getrefcount's argument; a live result (a view) adds its own
             if buf is None or buf.size < n or sys.getrefcount(buf) > 3:
-                buf = allocate((n,))
+                buf = empty_huge((n,))
                 self._outputs[kind] = buf
             return buf[:n].reshape(shape)
 
@@ -201,14 +203,12 @@ class Codec:
         token), so a query's TTFT pays none of them."""
         if not self.cpu_kernel:
             return
-        from ._decode_cpu import empty_huge
-
         s = self.config.sparsity
         for kind in ("k", "v"):
             rows = torch.arange(s, dtype=torch.int32)[None]
             self._reconstruct_cpu(rows, torch.zeros(1, s), (1, 1), kind, slice(0, 1))
             if values:
-                self._output(kind, (values,), empty_huge).fill(0.0)
+                self._output(kind, (values,)).fill(0.0)
         if self.indices == "elias-fano":
             unpack_sorted_cpu(torch.from_numpy(pack_sorted_rows(np.arange(s)[None], self.config.atoms)), s,
                                self.config.atoms)

@@ -117,8 +117,7 @@ class Session:
         if self.device.type == "cpu":
             # set-up, like loading the model, not a query's TTFT: the decode's kernels, and its memory for
             # TOP_K full chunks (a first decode into fresh memory was ~2x slower, #82 item 3)
-            header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # a wrapped store's, per chunk
-            tokens = TOP_K * (self.store.config.chunk_tokens + header)
+            tokens = TOP_K * (self.store.config.chunk_tokens + self.header_tokens())
             self.store.codec().warm_up(tokens * kv_values(self.model.config))
             if OPENMP_SPINS:
                 warnings.warn("torch was imported before sparsecache, so its OpenMP workers spin between "
@@ -272,8 +271,12 @@ class Session:
 
     def context_length(self, ids: list[str]) -> int:
         """The tokens the chunks `ids` take in a context (each with the store's header, if any)."""
-        header = len(self.store.encoded_after()) - len(self.store.prefix()[0])  # before every chunk
+        header = self.header_tokens()
         return sum(self.store.chunk(c).token_length + header for c in ids)
+
+    def header_tokens(self) -> int:
+        """The tokens a wrapped store's header puts before every chunk (0 without a wrapper)."""
+        return len(self.store.encoded_after()) - len(self.store.prefix()[0])
 
     def _warn_if_too_long(self, context_length: int, extra: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
