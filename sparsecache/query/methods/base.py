@@ -167,8 +167,9 @@ def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector
     def scores():
         return get(cfg.method).scores(ctx, q_ids, cfg, stack, selector)
 
+    # the scores read the context's cache: its source (codes or exact K/V) and layer 0's are part of the key
     key = ("scores", tuple(q_ids), cfg.method, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
-           cfg.selector_layers, cfg.first_layer)
+           cfg.selector_layers, cfg.first_layer, cfg.source)
     return select(scores() if reuse is None else reuse.get(key, scores), ctx, cfg.ratio, cfg.group_window,
                   cfg.group_min)
 
