@@ -428,35 +428,3 @@ def test_a_blend_over_exact_kv_isolates_the_codecs_loss(session, chunk_ids):
                 dict(method="none", source="fp8")):
         with pytest.raises(ConfigError, match="source"):
             QueryConfig(**bad)
-
-
-def test_chunk_value_scale_shrinks_only_the_blind_chunk_tokens_values(session, chunk_ids):
-    """`chunk_value_scale` (#79's APE-style lever): the values of the chunk tokens read as stored and not
-    recomputed are multiplied by it; the prefix's and the recomputed tokens' are untouched; 1.0 changes
-    nothing; a recomputing method at ratio 1 (nothing blind) is still full prefill; outside (0, 2] and on a
-    method that reads no decoded chunks it is refused."""
-    from sparsecache.query.methods.base import scale_blind_values
-    from sparsecache.stopwatch import Stopwatch
-
-    ctx, _, _ = session.configured(QueryConfig(method="none")).spec.context(
-        session.context(), chunk_ids, [1, 2], session.configured(QueryConfig(method="none")), Stopwatch(session.device))
-    before = [layer.values.clone() for layer in ctx.cache.layers]
-    picked = torch.tensor([ctx.prefix_len + 1, ctx.prefix_len + 5])
-    scale_blind_values(ctx, picked, 0.5)
-    blind = torch.ones(ctx.length, dtype=torch.bool)
-    blind[: ctx.prefix_len] = False
-    blind[picked] = False
-    for old, layer in zip(before, ctx.cache.layers):
-        torch.testing.assert_close(layer.values[:, :, blind], old[:, :, blind] * 0.5)
-        torch.testing.assert_close(layer.values[:, :, ~blind], old[:, :, ~blind])
-
-    plain = first_logits(session, chunk_ids, "none")
-    torch.testing.assert_close(first_logits(session, chunk_ids, "none", chunk_value_scale=1.0), plain)
-    assert (first_logits(session, chunk_ids, "none", chunk_value_scale=0.8) - plain).abs().max() > 1e-3
-    full = first_logits(session, chunk_ids, "full")
-    every = first_logits(session, chunk_ids, "a3", 1.0, group_window=1, chunk_value_scale=0.8)
-    torch.testing.assert_close(every, full, atol=2e-5, rtol=1e-5)
-    for bad in (dict(method="none", chunk_value_scale=0.0), dict(method="none", chunk_value_scale=2.5),
-                dict(method="full", chunk_value_scale=0.9), dict(method="cake", chunk_value_scale=0.9)):
-        with pytest.raises(ConfigError, match="chunk_value_scale"):
-            QueryConfig(**bad)

@@ -11,7 +11,8 @@ answer holds the truth. Resumes from OUT. Then the paired summary: mean KL with 
 per configuration, and the paired differences named by --compare.
 
     python scripts/experiments/answer_kl.py WORKDIR OUT.json --questions 60 \\
-        --config 'codes0={"method":"none"}' --config 'raw.1={"method":"infoflow","recompute_ratio":0.1,"source":"raw"}' \\
+        --config 'codes0={"method":"none"}' \\
+        --config 'raw.1={"method":"infoflow","recompute_ratio":0.1,"source":"raw"}' \\
         --compare codes0:raw.1
 """
 
@@ -90,16 +91,20 @@ def summarise(rows: list[dict], compare: list[tuple[str, str]]) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("workdir", help="a `bench fidelity --format entities --wrapper shipped` workdir (its suite and stores)")
+    p.add_argument("workdir", help="a `bench fidelity --format entities --wrapper shipped` workdir (suite, stores)")
     p.add_argument("out", help="rows JSON (resumed); the summary goes beside it as OUT.summary.json")
     p.add_argument("--questions", type=int, default=60, help="the suite's first N questions at k = 8 (default 60)")
     p.add_argument("--config", action="append", default=[], metavar="LABEL=JSON",
                    help="a configuration: Session.query's settings as JSON (repeatable)")
     p.add_argument("--compare", action="append", default=[], metavar="A:B", help="report KL(B) - KL(A), paired")
-    p.add_argument("--store", default="store-wrapped", help="the workdir's store to answer from (default store-wrapped)")
+    p.add_argument("--store", default="store-wrapped", help="the store answered from (default store-wrapped)")
     args = p.parse_args(argv)
     configs = {c.split("=", 1)[0]: json.loads(c.split("=", 1)[1]) for c in args.config}
-    rows = measure(args.workdir, args.out, args.questions, configs, args.store) if configs else json.load(open(args.out))
+    if configs:
+        rows = measure(args.workdir, args.out, args.questions, configs, args.store)
+    else:  # summarise rows already measured
+        with open(args.out) as f:
+            rows = json.load(f)
     summary = summarise(rows, [tuple(c.split(":", 1)) for c in args.compare])
     with open(args.out.removesuffix(".json") + ".summary.json", "w") as f:
         json.dump(summary, f, indent=1)

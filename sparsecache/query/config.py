@@ -82,9 +82,6 @@ class QueryConfig:
     # what a decoded method reads per chunk: the store's codes, or exact fp16 K/V computed after the same prefix and
     # header (`raw.py`): the same fusion over both splits a method's loss into the codec's and the blend's (#79)
     source: str = "codes"
-    # the values of chunk tokens read as stored and not recomputed (they never saw the other chunks) times this before
-    # the question reads them (APE-style down-weighting; `methods.base.scale_blind_values`); 1.0: as stored (#79)
-    chunk_value_scale: float = 1.0
     # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
     # effect (the one given, else the method's own) and whether it recomputes anything; None while the method is.
     spec: methods.Method | None = field(init=False, repr=False, compare=False)
@@ -131,10 +128,6 @@ class QueryConfig:
             raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if spec is not None and self.source != "codes" and self.source not in spec.sources:
             raise ConfigError(f"source {self.source} applies to the decoded methods, not --method {self.method}")
-        if isinstance(self.chunk_value_scale, bool) or not 0.0 < self.chunk_value_scale <= 2.0:
-            raise ConfigError(f"chunk_value_scale must be in (0, 2], got {self.chunk_value_scale}")
-        if self.chunk_value_scale != 1.0 and spec is not None and not isinstance(spec, methods.base.Decoded):
-            raise ConfigError(f"chunk_value_scale applies to the methods that read decoded chunks, not {self.method}")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if spec is not None and self.reorder != "none" and not spec.reorders:

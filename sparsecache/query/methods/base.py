@@ -196,22 +196,6 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
     return out
 
 
-def scale_blind_values(ctx: "Context", positions: "torch.Tensor", scale: float) -> None:
-    """Multiply, in every layer, the values of the chunk tokens not at `positions` (those that
-    never saw the other chunks: read as stored, not recomputed) by `scale`, in place: the share of
-    the question's attention output they carry shrinks, as APE's scaling does for parallel-encoded
-    context. The prefix (seen by every chunk) is left as it is."""
-    import torch
-
-    blind = torch.ones(ctx.length, dtype=torch.bool)
-    blind[: ctx.prefix_len] = False
-    blind[positions.cpu()] = False
-    idx = blind.nonzero().squeeze(1).to(ctx.token_ids.device)
-    with torch.inference_mode():  # the cache was assembled as inference tensors
-        for layer in ctx.cache.layers:
-            layer.values[:, :, idx] *= scale
-
-
 def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "Stopwatch | None" = None,
          selector=None, reuse=None):
     """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
@@ -229,10 +213,6 @@ def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "St
     if cfg.recomputes:
         with watch.step("select"):
             positions = choose(ctx, q_ids, cfg, model, selector, reuse)
-    if cfg.chunk_value_scale != 1.0:
-        with watch.step("reconstruct"):
-            scale_blind_values(ctx, positions, cfg.chunk_value_scale)
-    if cfg.recomputes:
         with watch.step("recompute"):  # the question's prefill rides in the same pass
             return recompute(ctx, positions, model, q_ids=q_ids), positions
     with watch.step("prefill"):
