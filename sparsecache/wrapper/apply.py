@@ -29,7 +29,8 @@ from .config import DEFAULT_WRAPPERS
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/; a wheel holds the default
 # model's alone, as it does its dictionary), found by the model's fingerprint (`--wrapper shipped`); a new
 # store gets its model's by default (DEFAULT_WRAPPERS)
-SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0-neutral", "gemma-3-270m-wrapper-h16-t0")
+SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0-neutral", "gemma-3-270m-wrapper-h16-t0",
+                    "qwen2.5-coder-0.5b-wrapper-h16-t0-neutral")
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1
