@@ -735,3 +735,32 @@ def with_source(req, source: str, **more) -> dict:
     p = json.loads(json.dumps(req.kv_transfer_params))
     p["sparsecache"].update(source=source, **{"method": "none", "prefill_under": 0, **more})
     return p
+
+
+def assert_shipped_opt_in_wrapper(m) -> None:
+    """A packaged model's shipped wrapper: found by the model's fingerprint, header-only (16 + 0), not a
+    default (a new store of the model stays plain unless asked), and with k = 1 the wrapped per-chunk
+    path gives full prefill's logits of `prefix | header chunk | question` (the soft tokens enter where
+    the model's scaled token embeddings do)."""
+    from sparsecache.model import default_prefix_ids
+    from sparsecache.model.generate import question_ids
+    from sparsecache.wrapper.apply import Wrapper, continuation_logits, default_wrapper, shipped_wrapper, wrapped_kv
+
+    w = Wrapper.load(shipped_wrapper(m.fingerprint()))
+    w.check_model(m)
+    assert w.lengths == (16, 0) and w.meta["eval"]["split"] == "dev"
+    assert default_wrapper(m.fingerprint()) is None
+    prefix = default_prefix_ids(m)
+    text = "The town of Velesk was founded in 1721. It has nine bridges."
+    chunk = m.tokenizer(text, add_special_tokens=False)["input_ids"]
+    q = question_ids(m, "When was Velesk founded?")
+    with torch.no_grad():
+        keys, values = wrapped_kv(m, [chunk], prefix, w.header, None)
+        got = continuation_logits(m, keys, values, q)
+        embed = m.hf.model.embed_tokens
+        x = torch.cat([embed(torch.tensor([prefix])), w.header[None].to(embed.weight.dtype),
+                       embed(torch.tensor([chunk + q]))], 1)
+        want = m.hf(inputs_embeds=x).logits[0, -len(q):].float()
+    assert keys.shape[1] == len(prefix) + 16 + len(chunk)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)  # measured on Gemma: 2e-5 of logits up to 26
+    assert (got.argmax(-1) == want.argmax(-1)).all()

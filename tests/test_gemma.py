@@ -123,29 +123,8 @@ def test_the_connector_fills_every_kv_cache_group_and_blends_in_vllm(gemma, stor
 def test_the_shipped_wrapper_is_found_by_the_model_and_one_wrapped_chunk_is_full_prefill(gemma):
     """Gemma's shipped header-only wrapper is found by the model's fingerprint (opt-in: no new
     Gemma store is wrapped unless asked), and with k = 1 the wrapped per-chunk path gives full
-    prefill's logits of `prefix | header chunk | question` (Gemma scales its embeddings: the
-    soft tokens must enter where the scaled token embeddings do)."""
-    import torch
+    prefill's logits (Gemma scales its embeddings: the soft tokens must enter where the scaled
+    token embeddings do)."""
+    from conftest import assert_shipped_opt_in_wrapper
 
-    from sparsecache.model.generate import question_ids
-    from sparsecache.model import default_prefix_ids
-    from sparsecache.wrapper.apply import Wrapper, continuation_logits, default_wrapper, shipped_wrapper, wrapped_kv
-
-    _, m = gemma
-    w = Wrapper.load(shipped_wrapper(m.fingerprint()))
-    w.check_model(m)
-    assert w.lengths == (16, 0) and w.meta["eval"]["split"] == "dev"
-    assert default_wrapper(m.fingerprint()) is None
-    prefix = default_prefix_ids(m)
-    chunk = m.tokenizer("The town of Velesk was founded in 1721. It has nine bridges.", add_special_tokens=False)["input_ids"]
-    q = question_ids(m, "When was Velesk founded?")
-    with torch.no_grad():
-        keys, values = wrapped_kv(m, [chunk], prefix, w.header, None)
-        got = continuation_logits(m, keys, values, q)
-        embed = m.hf.model.embed_tokens
-        x = torch.cat([embed(torch.tensor([prefix])), w.header[None].to(embed.weight.dtype),
-                       embed(torch.tensor([chunk + q]))], 1)
-        want = m.hf(inputs_embeds=x).logits[0, -len(q):].float()
-    assert keys.shape[1] == len(prefix) + 16 + len(chunk)
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)  # measured: 2e-5 of logits up to 26
-    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert_shipped_opt_in_wrapper(gemma[1])

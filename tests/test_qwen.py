@@ -55,31 +55,13 @@ def test_its_shipped_dictionary_is_found_and_the_default_path_keeps_full_prefill
 
 
 def test_its_shipped_wrapper_is_found_by_the_model_and_one_wrapped_chunk_is_full_prefill():
-    """Qwen's shipped header-only wrapper (#80 item 3) is found by the model's fingerprint (opt-in: a new
-    Qwen store stays plain unless asked), and with k = 1 the wrapped per-chunk path gives full prefill's
-    logits of `prefix | header chunk | question`."""
-    import torch
-
-    from sparsecache.model import default_prefix_ids, load_model
-    from sparsecache.model.generate import question_ids
-    from sparsecache.wrapper.apply import Wrapper, continuation_logits, default_wrapper, shipped_wrapper, wrapped_kv
+    """Qwen's shipped header-only wrapper (#80 item 3), learned from data no evaluation reads, is found by
+    the model's fingerprint (opt-in: a new Qwen store stays plain unless asked), and with k = 1 the
+    wrapped per-chunk path gives full prefill's logits of `prefix | header chunk | question`."""
+    from conftest import assert_shipped_opt_in_wrapper
+    from sparsecache.model import load_model
+    from sparsecache.wrapper.apply import Wrapper, shipped_wrapper
 
     m = load_model("qwen2.5-coder-0.5b")
-    w = Wrapper.load(shipped_wrapper(m.fingerprint()))
-    w.check_model(m)
-    assert w.lengths == (16, 0) and w.meta["eval"]["split"] == "dev"
-    assert w.meta["recipe"]["questions"].startswith("specimen logs"), "learned from data no evaluation reads"
-    assert default_wrapper(m.fingerprint()) is None
-    prefix = default_prefix_ids(m)
-    chunk = m.tokenizer("The town of Velesk was founded in 1721. It has nine bridges.", add_special_tokens=False)["input_ids"]
-    q = question_ids(m, "When was Velesk founded?")
-    with torch.no_grad():
-        keys, values = wrapped_kv(m, [chunk], prefix, w.header, None)
-        got = continuation_logits(m, keys, values, q)
-        embed = m.hf.model.embed_tokens
-        x = torch.cat([embed(torch.tensor([prefix])), w.header[None].to(embed.weight.dtype),
-                       embed(torch.tensor([chunk + q]))], 1)
-        want = m.hf(inputs_embeds=x).logits[0, -len(q):].float()
-    assert keys.shape[1] == len(prefix) + 16 + len(chunk)
-    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)
-    assert (got.argmax(-1) == want.argmax(-1)).all()
+    assert Wrapper.load(shipped_wrapper(m.fingerprint())).meta["recipe"]["questions"].startswith("specimen logs")
+    assert_shipped_opt_in_wrapper(m)
