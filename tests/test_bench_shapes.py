@@ -32,7 +32,9 @@ def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
     assert len(out["fractions"]) == 6 and all(f["of_full"] > 0 for f in out["fractions"])
     assert set(out["crossover_tokens"]) == {"none:0.0", "infoflow:0.1", "infoflow:0.25"}
     costs = out["costs"]  # the TTFT cost model fitted to these rows, and what it predicts for each
-    assert costs["fitted"]["p"] > 0 and costs["defaults"] is not None  # CPU: the shipped constants, scaled
+    # a busy machine can time k = 3 no slower than k = 2, so only what holds under any load is asserted:
+    # a fit with no negative constant, and the shipped CPU constants, scaled, beside it
+    assert all(v >= 0 for v in costs["fitted"].values()) and costs["defaults"] is not None
     assert len(costs["predictions"]) == 6 and all(x["fitted_ms"] is not None for x in costs["predictions"])
     assert json.loads((work / "results.json").read_text())[0]["shape"] == "toy"
     # a rerun reuses the shape's store (the encode report is the first run's), replaces the shapes it names in

@@ -20,6 +20,16 @@ def test_fit_recovers_the_lines_it_was_given():
         Costs.fit(full[:1], store)
 
 
+def test_fit_keeps_every_constant_non_negative_when_noise_makes_a_longer_context_faster():
+    """Two lengths timed on a busy machine, the longer one a little faster: a plain line's slope is
+    negative (what the toy `bench shapes` test met in CI); no cost shrinks with the context, so the fit
+    says p = 0 and keeps its level, and the store path's constants stay non-negative too."""
+    got = Costs.fit([(960, 100.0), (1440, 98.8)],
+                    [(960, 0.0, 50.0), (1440, 0.0, 49.0), (960, 0.1, 55.0), (1440, 0.1, 54.0)])
+    assert all(v >= 0 for v in got.to_dict().values())
+    assert got.p == 0 and got.full(1200) == pytest.approx(99.4, abs=1.0)
+
+
 def test_fit_recovers_attention_and_the_recomputation_factor_from_four_lengths_and_two_ratios():
     truth = Costs(a_full=40.0, p=2.0, a_store=150.0, s=0.5, q=3e-4, g=1.4)
     lengths = (300, 800, 1600, 3200)

@@ -112,32 +112,29 @@ class Costs:
 
     @classmethod
     def fit(cls, full: list[tuple[int, float]], store: list[tuple[int, float, float]]) -> "Costs":
-        """Least squares on relative errors (timings vary by a factor, not by milliseconds, and a
-        300-token context must count as much as an 8,000-token one): through full prefill's (n, ms) a
-        parabola from four or more context lengths (a line from fewer, or where the parabola bends
-        down); through the store path's (n, r, ms) a_store, s and g from two or more ratios (g = 1
-        from one)."""
+        """Non-negative least squares on relative errors (timings vary by a factor, not by
+        milliseconds, and a 300-token context must count as much as an 8,000-token one; no part of a
+        cost shrinks as the context grows, so no constant is negative, even where noise on a busy
+        machine makes a longer context time faster): through full prefill's (n, ms) a_full, p and q
+        from four or more context lengths (q = 0 from fewer); through the store path's (n, r, ms)
+        a_store, s and g from two or more ratios (g = 1 from one)."""
         import numpy as np
+        from scipy.optimize import nnls
 
         n_full, t_full = (np.array(x, dtype=float) for x in zip(*full))
         if len(set(n_full)) < 2 or len({n for n, _, _ in store}) < 2:
             raise ValueError("fitting the cost model needs two or more context lengths of each")
-        q, w_full = 0.0, 1.0 / t_full
-        if len(set(n_full)) >= 4:
-            q = float(np.polyfit(n_full, t_full, 2, w=w_full)[0])
-        if q > 0:
-            q, p, a_full = (float(c) for c in np.polyfit(n_full, t_full, 2, w=w_full))
-        else:
-            q, (p, a_full) = 0.0, (float(c) for c in np.polyfit(n_full, t_full, 1, w=w_full))
+        cols = [np.ones_like(n_full), n_full] + ([n_full * n_full] if len(set(n_full)) >= 4 else [])
+        coef = [float(c) for c in nnls(np.stack(cols, 1) / t_full[:, None], np.ones_like(t_full))[0]]
+        a_full, p, q = coef[0], coef[1], coef[2] if len(coef) == 3 else 0.0
         n, r, t = (np.array(x, dtype=float) for x in zip(*store))
         var = p * n + q * n * n
-        if len(set(r)) >= 2:
-            A = np.stack([np.ones_like(n), n, r * var], 1) / t[:, None]
-            (a_store, s, g), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-        else:
+        if len(set(r)) >= 2 and var.any():
+            a_store, s, g = nnls(np.stack([np.ones_like(n), n, r * var], 1) / t[:, None], np.ones_like(t))[0]
+        else:  # one ratio (or nothing that grows to recompute): g = 1, the rest after recomputation
             g = 1.0
-            s, a_store = np.polyfit(n, t - r * var, 1, w=1.0 / t)
-        return cls(a_full, p, float(max(a_store, 0.0)), float(max(s, 0.0)), q, float(max(g, 0.0)))
+            a_store, s = nnls(np.stack([np.ones_like(n), n], 1) / t[:, None], 1.0 - r * var / t)[0]
+        return cls(a_full, p, float(a_store), float(s), q, float(g))
 
     def rescaled(self, full: list[tuple[int, float]], store: list[tuple[int, float, float]]) -> "Costs":
         """These constants fitted to one machine's timings by two factors: full prefill's part by
