@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import statistics
 import sys
 import time
@@ -63,13 +62,9 @@ def measure(work: str, out: str, n: int, configs: dict[str, dict], store: str = 
     return rows
 
 
-def _bootstrap(values: list[float], n: int = 4000, seed: int = 0) -> tuple[float, float]:
-    rng = random.Random(seed)
-    means = sorted(sum(values[rng.randrange(len(values))] for _ in values) / len(values) for _ in range(n))
-    return means[int(0.025 * n)], means[int(0.975 * n)]
-
-
 def summarise(rows: list[dict], compare: list[tuple[str, str]]) -> dict:
+    from sparsecache.measure.stats import bootstrap
+
     by: dict[str, dict] = collections.defaultdict(dict)
     for r in rows:
         by[r["label"]][r["q"]] = r
@@ -79,12 +74,12 @@ def summarise(rows: list[dict], compare: list[tuple[str, str]]) -> dict:
     out: dict = {"questions": len(qs), "full_right": len(full_right), "configs": {}, "paired": {}}
     for label, got in by.items():
         kl = [got[q]["kl"] for q in qs]
-        out["configs"][label] = {"kl": statistics.mean(kl), "kl_ci95": _bootstrap(kl),
+        out["configs"][label] = {"kl": statistics.mean(kl), "kl_ci95": bootstrap(kl, statistics.mean),
                                  "top1_along_full": statistics.mean(got[q]["agree"] for q in qs),
                                  "right_where_full_right": sum(got[q]["correct"] for q in full_right)}
     for a, b in compare:
         d = [by[b][q]["kl"] - by[a][q]["kl"] for q in qs]
-        out["paired"][f"{b} - {a}"] = {"kl": statistics.mean(d), "ci95": _bootstrap(d),
+        out["paired"][f"{b} - {a}"] = {"kl": statistics.mean(d), "ci95": bootstrap(d, statistics.mean),
                                        "worse": sum(x > 0 for x in d), "of": len(d)}
     return out
 
