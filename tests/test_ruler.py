@@ -93,7 +93,11 @@ def test_methods_are_labels_or_method_ratio():
     assert got == {"full": {"method": "full"}, "a3:0.3": {"method": "a3", "recompute_ratio": 0.3},
                    "infoflow:0.15+reorder": {"method": "infoflow", "recompute_ratio": 0.15, "reorder": "attention"},
                    "cake": {"method": "cake"}}
-    for bad, msg in (("a3:x", "neither a label"), ("a3:0.1+flip", "unknown suffix"), (",", "names no method")):
+    # no ratio: the method's own, or what a TTFT budget buys per question (#79 item 5's candidates)
+    budgeted = parse_methods("infoflow+ttft_budget=0.5@wrapped")["infoflow+ttft_budget=0.5@wrapped"]
+    assert budgeted == {"method": "infoflow", "ttft_budget": 0.5, "store": "wrapped"}
+    for bad, msg in (("a3:x", "neither a label"), ("a3:0.1+flip", "unknown suffix"), (",", "names no method"),
+                     ("infoflow+ttft_budget=2", "ttft-budget")):
         with pytest.raises(ConfigError, match=msg):
             parse_methods(bad)
 

@@ -14,6 +14,9 @@ per configuration, and the paired differences named by --compare.
         --config 'codes0={"method":"none"}' \\
         --config 'raw.1={"method":"infoflow","recompute_ratio":0.1,"source":"raw"}' \\
         --compare codes0:raw.1
+
+A configuration may name an oracle selector ("oracle": "grad", "deviation" or "attention", below): the selector's
+headroom, what a better choice of the same number of tokens could buy.
 """
 
 from __future__ import annotations
@@ -24,6 +27,86 @@ import json
 import statistics
 import sys
 import time
+
+
+# An oracle's selection (#79 item 2: the selector's headroom). A configuration with "oracle" runs its
+# method with the scorer's scores replaced by ones computed with what a query cannot know: full
+# prefill's K/V of the same layout (every context token recomputed) and, for "grad", full prefill's
+# answer. The same count of tokens is recomputed as the method's ratio asks.
+# - "grad": the first-order decrease of the KL along that answer from giving a token its exact K/V at
+#   every layer, -sum_l <dKL/dK_l, K_l* - K_l> + <dKL/dV_l, V_l* - V_l>, one backward pass over the
+#   decoded cache;
+# - "attention": infoflow's own score (the question's attention at 3/4 of the depth) read over full
+#   prefill's K/V instead of the chunks computed apart;
+# - "deviation": the token's relative K/V error summed over layers (CacheBlend's signal at every
+#   layer, with the truth instead of a one-layer estimate).
+ORACLE: dict = {}
+
+
+def oracle_scores(ctx, q_ids: list[int], model, kind: str, reference: list[int], ref_logprobs):
+    import torch
+    from transformers import DynamicCache
+
+    from sparsecache.model.cache import Context, recompute
+
+    P, S = ctx.prefix_len, ctx.length
+    layers = ctx.cache.layers
+    with torch.inference_mode(False):
+        decoded = [(lay.keys.clone(), lay.values.clone()) for lay in layers]
+        exact_ctx = Context(DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in decoded]),
+                            ctx.token_ids, P, ctx.spans)
+    with torch.inference_mode():
+        recompute(exact_ctx, torch.arange(P, S, device=ctx.token_ids.device), model)
+    exact = [(lay.keys[:, :, :S], lay.values[:, :, :S]) for lay in exact_ctx.cache.layers]
+    with torch.inference_mode(False):
+        exact = [(k.clone(), v.clone()) for k, v in exact]
+        if kind == "attention":  # infoflow's own score, read over full prefill's K/V instead of the blind chunks'
+            from sparsecache.query.blend import attention_scores
+            from sparsecache.query.methods.base import infoflow_layer
+
+            with torch.inference_mode():
+                return attention_scores(exact_ctx, q_ids, model, infoflow_layer(model.n_layers)).float().cpu()
+        if kind == "deviation":
+            score = torch.zeros(S)
+            for (k, v), (ke, ve) in zip(decoded, exact):
+                for a, b in ((k[:, :, :S], ke), (v[:, :, :S], ve)):
+                    err = (b - a).pow(2).sum((0, 1, 3))
+                    score += err / b.pow(2).sum((0, 1, 3)).mean().clamp_min(1e-12)
+            return score
+        with torch.enable_grad():
+            leaves = [(k[:, :, :S].clone().requires_grad_(), v[:, :, :S].clone().requires_grad_()) for k, v in decoded]
+            cache = DynamicCache(ddp_cache_data=leaves)
+            ids = torch.tensor([list(q_ids) + list(reference[:-1])], device=ctx.token_ids.device)
+            pos = torch.arange(S, S + ids.shape[1], device=ids.device)[None]
+            out = model.hf(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True)
+            logp = out.logits[0, len(q_ids) - 1:].float().log_softmax(-1)
+            ref = ref_logprobs.to(logp.device)
+            kl = (ref.exp() * (ref - logp)).sum(-1).mean()
+            grads = torch.autograd.grad(kl, [x for pair in leaves for x in pair])
+        score = torch.zeros(S)
+        for i, ((ke, ve), (k, v)) in enumerate(zip(exact, leaves)):
+            gk, gv = grads[2 * i], grads[2 * i + 1]
+            score -= (gk * (ke - k.detach())).sum((0, 1, 3)) + (gv * (ve - v.detach())).sum((0, 1, 3))
+        return score
+
+
+def _patch_choose() -> None:
+    """Route `methods.base.choose` through the oracle while ORACLE names one."""
+    from sparsecache.query import blend
+    from sparsecache.query.methods import base
+
+    if getattr(base.choose, "oracle", False):
+        return
+    original = base.choose
+
+    def choose(ctx, q_ids, cfg, model, selector=None, reuse=None):
+        if not ORACLE.get("kind"):
+            return original(ctx, q_ids, cfg, model, selector, reuse)
+        scores = oracle_scores(ctx, q_ids, model, ORACLE["kind"], ORACLE["reference"], ORACLE["logprobs"])
+        return blend.select(scores.to(ctx.token_ids.device), ctx, cfg.ratio, cfg.group_window, cfg.group_min)
+
+    choose.oracle = True
+    base.choose = choose
 
 
 def measure(work: str, out: str, n: int, configs: dict[str, dict], store: str = "store-wrapped") -> list[dict]:
@@ -52,7 +135,12 @@ def measure(work: str, out: str, n: int, configs: dict[str, dict], store: str = 
                       answer_prefix=q.answer_prefix or "")
         ref = s.query(q.question, method="full", **common)
         for label in todo:
-            a = s.query(q.question, reference=ref.tokens, **common, **configs[label])
+            settings = dict(configs[label])
+            ORACLE.update(kind=settings.pop("oracle", None), reference=ref.tokens, logprobs=ref.logprobs)
+            if ORACLE["kind"]:
+                _patch_choose()
+            a = s.query(q.question, reference=ref.tokens, **common, **settings)
+            ORACLE.clear()
             kl = (ref.logprobs.exp() * (ref.logprobs - a.reference_logprobs)).sum(-1)
             rows.append(dict(q=q.id, label=label, kl=float(kl.mean()), kl_first=float(kl[0]), agree=a.agreement,
                              correct=contains(a.answer, q.truth), full_correct=contains(ref.answer, q.truth)))

@@ -168,6 +168,7 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                 row = {"k": k, "label": label, **cfg, "question": q.id, "hops": q.hops, "answer": a.answer,
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
                        "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens,
+                       "ratio_used": a.recompute_ratio,  # the method's, given, or what a TTFT budget bought
                        # retrieval's context held the chunks the answer needs; the method kept those it held
                        # (a chunk retrieval missed is no method's loss) and left out `dropped` of the context's
                        "retrieved_answer": set(needed) <= set(chunks),

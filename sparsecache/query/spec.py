@@ -22,7 +22,9 @@ METHODS = {**methods.bench_configs(RATIO),
 def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str, dict]:
     """`label,...` from METHODS (or `labels`), or `method:ratio` with suffixes: `+reorder`
     reorders by attention, `+field=value` sets another QueryConfig field (`+paths=2`); any of
-    them ending in `@wrapped` answers from the suite's store encoded with a learned wrapper."""
+    them ending in `@wrapped` answers from the suite's store encoded with a learned wrapper.
+    Without `:ratio` (`infoflow+ttft_budget=0.5`) the method recomputes its own ratio, or the one
+    a `ttft_budget` buys at each question's context length."""
     from ..query.config import QueryConfig
 
     known = {**METHODS, **(labels or {})}
@@ -35,10 +37,10 @@ def parse_methods(spec: str, labels: dict[str, dict] | None = None) -> dict[str,
         if plain in known:
             out[item] = {**known[plain], **store}
             continue
-        name, _, rest = plain.partition(":")
-        ratio, *extras = rest.split("+")
-        try:
-            cfg = {"method": name, "recompute_ratio": float(ratio or 0.0)}
+        head, *extras = plain.split("+")
+        name, _, ratio = head.partition(":")
+        try:  # no ratio (`infoflow+ttft_budget=0.5`): the method's own, or what a TTFT budget buys
+            cfg = {"method": name} | ({"recompute_ratio": float(ratio)} if ratio else {})
         except ValueError:
             raise ConfigError(f"--methods: {item!r} is neither a label ({', '.join(known)}) nor method:ratio") from None
         for extra in extras:
