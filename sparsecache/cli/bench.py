@@ -204,7 +204,8 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
                    "where every method on every question takes hours.")
 @click.option("--methods", default=None, help="Labels (gold: full prefill of the answer's chunks alone), or method:ratio "
               "with +reorder (reorder by attention) or +field=value (a QueryConfig field: superposition:0+paths=2), "
-              "and @wrapped to answer from the --wrapper store. "
+              "and @wrapped to answer from the --wrapper store; without :ratio the method's own ratio, or what "
+              "a TTFT budget buys (infoflow+ttft_budget=0.5). "
               "Default: raw, none, infoflow at r = 0.15/0.3/0.5/1.0, with reordering at 0.15/0.3, a3 and cacheblend at 0.15.")
 @click.option("--format", "format", type=click.Choice(FORMATS), default="entities", show_default=True,
               help="entities: questions about generated documents (the answer's chunks at random ranks among others); "
