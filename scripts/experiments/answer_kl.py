@@ -15,7 +15,7 @@ per configuration, and the paired differences named by --compare.
         --config 'raw.1={"method":"infoflow","recompute_ratio":0.1,"source":"raw"}' \\
         --compare codes0:raw.1
 
-A configuration may name an oracle selector ("oracle": "grad", "deviation" or "attention", below): the selector's
+A configuration may name an oracle selector ("oracle": "grad", "attention", "deviation", ..., below): the selector's
 headroom, what a better choice of the same number of tokens could buy.
 """
 
@@ -39,7 +39,12 @@ import time
 # - "attention": infoflow's own score (the question's attention at 3/4 of the depth) read over full
 #   prefill's K/V instead of the chunks computed apart;
 # - "deviation": the token's relative K/V error summed over layers (CacheBlend's signal at every
-#   layer, with the truth instead of a one-layer estimate).
+#   layer, with the truth instead of a one-layer estimate);
+# - "grad-self": "grad" with the loss a query can know, its own first token's NLL;
+# - "gradnorm", "gradnorm-self": the gradient's size times the K/V's per token (no exact K/V), with
+#   either loss: the last one needs nothing a query lacks (a backward pass of the question);
+# - "grad-draft", "gradnorm-draft": the loss is the NLL of the answer the decoded cache gives without
+#   recomputation (greedy, as long as full prefill's), which a query could know.
 ORACLE: dict = {}
 
 
@@ -50,44 +55,81 @@ def oracle_scores(ctx, q_ids: list[int], model, kind: str, reference: list[int],
     from sparsecache.model.cache import Context, recompute
 
     P, S = ctx.prefix_len, ctx.length
-    layers = ctx.cache.layers
     with torch.inference_mode(False):
-        decoded = [(lay.keys.clone(), lay.values.clone()) for lay in layers]
-        exact_ctx = Context(DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in decoded]),
-                            ctx.token_ids, P, ctx.spans)
-    with torch.inference_mode():
-        recompute(exact_ctx, torch.arange(P, S, device=ctx.token_ids.device), model)
-    exact = [(lay.keys[:, :, :S], lay.values[:, :, :S]) for lay in exact_ctx.cache.layers]
-    with torch.inference_mode(False):
-        exact = [(k.clone(), v.clone()) for k, v in exact]
-        if kind == "attention":  # infoflow's own score, read over full prefill's K/V instead of the blind chunks'
-            from sparsecache.query.blend import attention_scores
-            from sparsecache.query.methods.base import infoflow_layer
+        decoded = [(lay.keys[:, :, :S].clone(), lay.values[:, :, :S].clone()) for lay in ctx.cache.layers]
 
-            with torch.inference_mode():
-                return attention_scores(exact_ctx, q_ids, model, infoflow_layer(model.n_layers)).float().cpu()
-        if kind == "deviation":
-            score = torch.zeros(S)
-            for (k, v), (ke, ve) in zip(decoded, exact):
-                for a, b in ((k[:, :, :S], ke), (v[:, :, :S], ve)):
-                    err = (b - a).pow(2).sum((0, 1, 3))
-                    score += err / b.pow(2).sum((0, 1, 3)).mean().clamp_min(1e-12)
-            return score
-        with torch.enable_grad():
-            leaves = [(k[:, :, :S].clone().requires_grad_(), v[:, :, :S].clone().requires_grad_()) for k, v in decoded]
-            cache = DynamicCache(ddp_cache_data=leaves)
-            ids = torch.tensor([list(q_ids) + list(reference[:-1])], device=ctx.token_ids.device)
-            pos = torch.arange(S, S + ids.shape[1], device=ids.device)[None]
-            out = model.hf(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True)
-            logp = out.logits[0, len(q_ids) - 1:].float().log_softmax(-1)
-            ref = ref_logprobs.to(logp.device)
-            kl = (ref.exp() * (ref - logp)).sum(-1).mean()
-            grads = torch.autograd.grad(kl, [x for pair in leaves for x in pair])
+    def exact():  # full prefill's K/V of this layout: every context token recomputed
+        with torch.inference_mode(False):
+            full = Context(DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in decoded]),
+                           ctx.token_ids, P, ctx.spans)
+        with torch.inference_mode():
+            recompute(full, torch.arange(P, S, device=ctx.token_ids.device), model)
+        with torch.inference_mode(False):
+            return full, [(lay.keys[:, :, :S].clone(), lay.values[:, :, :S].clone()) for lay in full.cache.layers]
+
+    if kind == "attention":  # infoflow's own score, read over full prefill's K/V instead of the blind chunks'
+        from sparsecache.query.blend import attention_scores
+        from sparsecache.query.methods.base import infoflow_layer
+
+        with torch.inference_mode():
+            return attention_scores(exact()[0], q_ids, model, infoflow_layer(model.n_layers)).float().cpu()
+    if kind == "deviation":
         score = torch.zeros(S)
-        for i, ((ke, ve), (k, v)) in enumerate(zip(exact, leaves)):
-            gk, gv = grads[2 * i], grads[2 * i + 1]
-            score -= (gk * (ke - k.detach())).sum((0, 1, 3)) + (gv * (ve - v.detach())).sum((0, 1, 3))
+        for (k, v), (ke, ve) in zip(decoded, exact()[1]):
+            for a, b in ((k, ke), (v, ve)):
+                score += (b - a).pow(2).sum((0, 1, 3)) / b.pow(2).sum((0, 1, 3)).mean().clamp_min(1e-12)
         return score
+    target, combine = {"grad": ("full", "delta"), "grad-self": ("self", "delta"), "gradnorm": ("full", "norm"),
+                       "gradnorm-self": ("self", "norm"), "grad-draft": ("draft", "delta"),
+                       "gradnorm-draft": ("draft", "norm")}[kind]
+    if target == "draft":  # the answer this cache gives without recomputation, greedy (a query could know it)
+        draft = _greedy(model, decoded, q_ids, S, len(reference))
+    with torch.inference_mode(False), torch.enable_grad():
+        leaves = [(k.clone().requires_grad_(), v.clone().requires_grad_()) for k, v in decoded]
+        cache = DynamicCache(ddp_cache_data=leaves)
+        tail = list(reference[:-1]) if target == "full" else draft[:-1] if target == "draft" else []
+        ids = torch.tensor([list(q_ids) + tail], device=ctx.token_ids.device)
+        pos = torch.arange(S, S + ids.shape[1], device=ids.device)[None]
+        out = model.hf(input_ids=ids, position_ids=pos, **{model.cache_arg: cache}, use_cache=True)
+        logp = out.logits[0, len(q_ids) - 1:].float().log_softmax(-1)
+        if target == "full":  # KL from full prefill along its answer
+            ref = ref_logprobs.to(logp.device)
+            loss = (ref.exp() * (ref - logp)).sum(-1).mean()
+        elif target == "draft":  # the NLL of the cache's own greedy answer
+            loss = -logp.gather(1, torch.tensor(draft, device=logp.device)[:, None]).mean()
+        else:  # what a query knows: the NLL of its own first token
+            loss = -logp[0, logp[0].argmax()]
+        grads = torch.autograd.grad(loss, [x for pair in leaves for x in pair])
+    score = torch.zeros(S)
+    if combine == "delta":  # the predicted decrease of the loss from the token's exact K/V
+        for i, ((ke, ve), (k, v)) in enumerate(zip(exact()[1], leaves)):
+            for g, truth, x in ((grads[2 * i], ke, k), (grads[2 * i + 1], ve, v)):
+                score -= (g * (truth - x.detach())).sum((0, 1, 3))
+    else:  # sensitivity alone: |gradient| x |K/V| per token, summed over layers
+        for i, (k, v) in enumerate(leaves):
+            for g, x in ((grads[2 * i], k.detach()), (grads[2 * i + 1], v.detach())):
+                score += g.norm(dim=-1).mul(x.norm(dim=-1)).sum((0, 1))
+    return score
+
+
+def _greedy(model, kv, q_ids: list[int], S: int, n: int) -> list[int]:
+    """Up to n tokens of the greedy answer over a copy of the cache `kv` ([(K, V)] per layer)."""
+    import torch
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in kv])
+        ids, pos, out = list(q_ids), S, []
+        eos = model.tokenizer.eos_token_id
+        while len(out) < n:
+            logits = model.hf(input_ids=torch.tensor([ids]), position_ids=torch.arange(pos, pos + len(ids))[None],
+                              **{model.cache_arg: cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
+            pos += len(ids)
+            ids = [int(logits.argmax())]
+            out.append(ids[0])
+            if ids[0] == eos:
+                break
+        return out
 
 
 def _patch_choose() -> None:
