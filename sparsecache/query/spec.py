@@ -11,7 +11,8 @@ from . import methods
 
 WRAPPED = "wrapped"  # `method@wrapped`: answered from the suite's store encoded with a learned wrapper
 # The ratio a bare label recomputes at: the query default when the suite's tables were measured
-# (2026-11-23); infoflow's own ratio is now 0.25 (`Method.ratio`), asked for as "infoflow:0.25".
+# (2026-11-23); a method's own ratio (`Method.ratio`, infoflow's 0.1) is asked for as `infoflow:0.1`, or `infoflow+...`
+# without a ratio.
 RATIO = 0.15
 # Every method at RATIO (and the selector, reordering and overlap) on the same trials; a label
 # maps to `Session.query`'s settings.
