@@ -1,4 +1,5 @@
 #!/bin/bash
+# The selector's headroom (#79 item 2): oracle selectors over fid-small (a bench fidelity entities workdir of the CLI default size, SmolLM2, --wrapper shipped), the first 27 questions at k = 8; rows and *.summary.json beside (BENCHMARKS.md "The selector's headroom")
 cd /work/runs
 python /work/main/scripts/experiments/answer_kl.py fid-small oracle-rows.json --questions 27 \
  --config 'codes.1={"method":"infoflow","recompute_ratio":0.1}' \
