@@ -113,23 +113,17 @@ def oracle_scores(ctx, q_ids: list[int], model, kind: str, reference: list[int],
 
 
 def _greedy(model, kv, q_ids: list[int], S: int, n: int) -> list[int]:
-    """Up to n tokens of the greedy answer over a copy of the cache `kv` ([(K, V)] per layer)."""
+    """Up to n tokens of the greedy answer over a copy of the cache `kv` ([(K, V)] per layer), as every
+    answer is generated (`model.generate`: the question prefilled, then greedy; EOS not kept)."""
     import torch
     from transformers import DynamicCache
 
+    from sparsecache.model.generate import greedy_continue, prefill
+
     with torch.inference_mode():
         cache = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in kv])
-        ids, pos, out = list(q_ids), S, []
-        eos = model.tokenizer.eos_token_id
-        while len(out) < n:
-            logits = model.hf(input_ids=torch.tensor([ids]), position_ids=torch.arange(pos, pos + len(ids))[None],
-                              **{model.cache_arg: cache}, use_cache=True, logits_to_keep=1).logits[0, -1]
-            pos += len(ids)
-            ids = [int(logits.argmax())]
-            out.append(ids[0])
-            if ids[0] == eos:
-                break
-        return out
+        first = int(prefill(cache, q_ids, model).argmax())
+        return greedy_continue(first, cache, S + len(q_ids), model, n) or [first]
 
 
 def _patch_choose() -> None:
