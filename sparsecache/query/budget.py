@@ -16,7 +16,8 @@ so r(n) = (B·full(n) − store(n, 0)) / (g·(p·n + q·n²)), clipped to [0, 1]
 full prefill (store(n, 0) ≥ full(n)), prefilling is cheaper: the cheap-context rule's case.
 
 Constants come from timings (`Costs.fit`): the defaults below were measured on 2 CPU cores for four
-model sizes (135M to 3B compute parameters, `MEASURED`); a model gets the nearest size's, scaled by
+model sizes (135M to 3B compute parameters, `MEASURED`) and on one H100 for two (3B and 8B); a model
+gets the nearest size's on its kind of device (on a GPU, none below half the smallest), scaled by
 its compute parameters (a_full, p, a_store) and its K/V values per token (s: reading, decoding and
 scoring the context). `calibrate` refits them on
 the store's own machine; where a device kind has neither, no budget applies (the method's own
@@ -54,6 +55,16 @@ MEASURED = (
      "full": [(1039, 34372), (2002, 68426), (3966, 143021), (7984, 322538)],
      "store": [(1039, 0.1, 9502), (1039, 0.25, 15334), (2002, 0.1, 14886), (2002, 0.25, 25518), (3966, 0.1, 28113),
                (3966, 0.25, 50726), (7984, 0.1, 56237), (7984, 0.25, 110629)]},
+    # One H100 (bf16, random weights, 2026-12-06; BENCHMARKS.md "On a GPU: the Llama-3.1-8B and 3.2-3B
+    # shapes"): the store path is slower than full prefill at 3B and barely faster at 8B.
+    {"name": "Llama-3.2-3B (shape, H100)", "compute_parameters": 2_818_747_392, "kv_values": 28 * 1024,
+     "device": "cuda", "full": [(4040, 138), (7990, 206), (16019, 365)],
+     "store": [(4040, 0.1, 167), (4040, 0.25, 169), (7990, 0.1, 230), (7990, 0.25, 236), (16019, 0.1, 420),
+               (16019, 0.25, 512)]},
+    {"name": "Llama-3.1-8B (shape, H100)", "compute_parameters": 6_979_588_096, "kv_values": 32 * 1024,
+     "device": "cuda", "full": [(4040, 234), (7990, 335), (16019, 642)],
+     "store": [(4040, 0.1, 216), (4040, 0.25, 209), (7990, 0.1, 288), (7990, 0.25, 322), (16019, 0.1, 526),
+               (16019, 0.25, 678)]},
 )
 REFERENCE = MEASURED[0]  # the default model's
 TTFT_BUDGET = 0.5  # #69's rule: the default is chosen among configurations at <= half of full prefill's TTFT
@@ -154,12 +165,14 @@ class Costs:
 @functools.lru_cache(maxsize=None)  # a fit per (device, model shape): once a process
 def default_costs(device_type: str, compute_parameters: int, kv_values: int) -> Costs | None:
     """The constants measured on this kind of device for the size nearest the model's (by compute
-    parameters, on a log scale), scaled to the model; None where the device kind has none."""
+    parameters, on a log scale), scaled to the model; None where the device kind has none, and on a
+    GPU for a model under half the smallest size measured there (its launch-bound fixed costs would
+    be scaled down with the parameters; the cheap rule's GPU_TOKENS applies instead)."""
     import math
 
     sizes = [m for m in MEASURED if m["device"] == device_type]
-    if not sizes:
-        return None
+    if not sizes or (device_type != "cpu" and compute_parameters < min(m["compute_parameters"] for m in sizes) / 2):
+        return None  # a GPU's fixed costs are launch-bound: they do not shrink with a smaller model
     near = min(sizes, key=lambda m: abs(math.log(max(compute_parameters, 1) / m["compute_parameters"])))
     return _measured(near["name"]).scaled(compute_parameters, kv_values, near)
 

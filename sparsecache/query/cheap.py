@@ -9,11 +9,14 @@ which is full prefill's answer at full prefill's (small) cost.
 The rule is the TTFT cost model's own case where full prefill is cheaper (`budget.Costs.crossover`):
 where the device kind has costs (on a CPU, the constants measured for the model's size, or the
 store's `calibrate` refit), contexts shorter than the length from which the store path at the
-ratio in effect is predicted faster are prefilled. On a device kind with no costs (a GPU not yet
-calibrated), contexts under GPU_TOKENS tokens for a model of the default's size, scaled by its
-compute parameters over the model's: for the default 135M model a GPU prefills 16K tokens as fast
-as the store can be read and decoded (H200, bf16: 92 ms against 75-121 ms). `QueryConfig.prefill_under`
-(`query --prefill-under N`, the server's and connector's option) overrides it: N tokens, 0 never
+ratio in effect is predicted faster are prefilled. On a GPU that means the constants one H100
+measured for 3B and 8B shapes (the 3B model's store path was slower than prefill at every length:
+every context is prefilled). For a model under half that size on a GPU, where fixed costs do not
+shrink with the model, and on a device kind with no costs, contexts under GPU_TOKENS tokens for a
+model of the default's size, scaled by its compute parameters over the model's: for the default
+135M model a GPU prefills 16K tokens as fast as the store can be read and decoded (H200, bf16: 92 ms
+against 75-121 ms). `QueryConfig.prefill_under` (`query --prefill-under N`, the server's and
+connector's option) overrides it: N tokens, 0 never
 prefills instead. The threshold is compared with the chunks' tokens (the prefix, a few dozen tokens
 every query has, is left out).
 
@@ -74,5 +77,7 @@ def rule_text() -> str:
     cpu = default_costs("cpu", REFERENCE["compute_parameters"], REFERENCE["kv_values"]).crossover(r)
     return (f"Default: prefill contexts shorter than where the TTFT cost model predicts the store path faster "
             f"(on a CPU: {cpu} tokens for SmolLM2-135M at infoflow's r = {r:g}; a store's `calibrate` refits it), "
-            f"and on a GPU under {GPU_TOKENS} tokens for a model of SmolLM2-135M's size, scaled by its "
-            f"{REFERENCE_PARAMS // 1_000_000}M non-embedding parameters over the model's; 0 never prefills instead.")
+            f"on a GPU from 1.4B parameters the same model with constants an H100 measured (a 3B model is "
+            f"prefilled at every length there), and below that under {GPU_TOKENS} tokens for a model of "
+            f"SmolLM2-135M's size, scaled by its {REFERENCE_PARAMS // 1_000_000}M non-embedding parameters over "
+            f"the model's; 0 never prefills instead.")
