@@ -89,7 +89,7 @@ def test_the_defaults_are_the_measured_cpu_points_and_scale_with_the_model():
 
 
 def test_a_budget_is_a_fraction_of_full_prefill():
-    assert QueryConfig().ttft_budget is None
+    assert QueryConfig().ttft_budget == 0.5  # the default since #79 item 5's rule chose it
     for bad in (0, 1.5, -0.1, True):
         with pytest.raises(ConfigError, match="ttft-budget"):
             QueryConfig(ttft_budget=bad)
@@ -114,6 +114,8 @@ def test_a_query_recomputes_what_its_budget_buys(tiny_model, tiny_dictionary, em
                 prefill_under=0)
     assert 0.2 < a.recompute_ratio == pytest.approx(s.costs.ratio(a.context_tokens, 0.5), abs=1e-4)
     assert a.to_dict()["recompute_ratio"] == a.recompute_ratio
+    default = s.query("What does the statement do?", chunks=ids, max_new_tokens=1, prefill_under=0)
+    assert default.method == "infoflow" and default.recompute_ratio == a.recompute_ratio  # the path users take
     assert 0 < a.recomputed_tokens <= round(a.recompute_ratio * a.context_tokens) + 8  # whole windows of 8
     given = s.query("What does the statement do?", chunks=ids, method="infoflow", ttft_budget=0.5,
                     recompute_ratio=0.3, max_new_tokens=1, prefill_under=0)
@@ -167,7 +169,7 @@ def test_served_requests_and_the_server_take_a_budget():
     from sparsecache.query.config import served_config
     from sparsecache.vllm.config import ServeConfig
 
-    assert ServeConfig("s").blend.ttft_budget is None  # off by default, as query's
+    assert ServeConfig("s").blend.ttft_budget == QueryConfig().ttft_budget == 0.5  # one default, query's
     cfg = served_config({"ttft_budget": 0.5}, ServeConfig("s", ttft_budget=0.4).blend)
     assert cfg.ttft_budget == 0.5 and cfg.recompute_ratio is None
     for bad, match in (({"ttft_budget": "half"}, "ttft_budget must be"), ({"ttft_budget": 2}, "ttft-budget")):

@@ -69,11 +69,11 @@ def test_the_session_applies_the_rule_for_its_model_and_device(session, monkeypa
                         seen.append((p, d, given, costs, ratio)) or 7)
     assert session.prefill_under() == 7 and session.prefill_under(QueryConfig(prefill_under=3)) == 3
     assert session.prefill_under(QueryConfig(method="none")) == 7
-    assert session.prefill_under(QueryConfig(method="infoflow", ttft_budget=0.5)) == 7  # the budget's case: r = 0
-    r = QueryConfig().ratio
-    assert seen == [(session.model.compute_parameters, "cpu", None, session.costs, r),
+    assert session.prefill_under(QueryConfig(method="infoflow", recompute_ratio=0.3)) == 7
+    # the default has a TTFT budget (0.5): the rule at r = 0, the budget's own cheap case; a given ratio at it
+    assert seen == [(session.model.compute_parameters, "cpu", None, session.costs, 0.0),
                     (session.model.compute_parameters, "cpu", None, session.costs, 0.0),
-                    (session.model.compute_parameters, "cpu", None, session.costs, 0.0)]
+                    (session.model.compute_parameters, "cpu", None, session.costs, 0.3)]
 
 
 def test_a_bad_threshold_is_refused_in_one_line(tmp_path):

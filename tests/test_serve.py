@@ -204,7 +204,8 @@ def value(text: str, name: str, **labels) -> float:
 
 def test_metrics_count_requests_retrieval_and_injection(server):
     before = server.metrics()
-    server.chat(QUESTIONS[2], max_tokens=2)
+    # a ratio given: the default's TTFT budget buys r = 0 in contexts this short (the budget's case, query/budget.py)
+    server.chat(QUESTIONS[2], max_tokens=2, recompute_ratio=0.25)
     server.post("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]})
     after = server.metrics()
     assert value(after, "sparsecache_server_requests_total", endpoint="chat", outcome="ok") == \

@@ -20,11 +20,12 @@ from .options import (device_option, dtype_option, emit, fields_of, json_option,
               help=methods.summaries() + f"  [default: the store's choice for this device where `sparsecache calibrate` "
               f"measured one (`info` shows it), else {QueryConfig.method}]")
 @click.option("--recompute-ratio", type=float, default=None,
-              help="Fraction of chunk tokens to recompute (default: the method's own, " + methods.ratios() + ").")
-@click.option("--ttft-budget", type=float, default=QueryConfig.ttft_budget,
+              help="Fraction of chunk tokens to recompute (default: what --ttft-budget buys, else the method's own, "
+                   + methods.ratios() + ").")
+@click.option("--ttft-budget", type=float, default=QueryConfig.ttft_budget, show_default=True,
               help="With no --recompute-ratio, recompute the share of chunk tokens whose predicted TTFT is this "
-                   "fraction of full prefill's, by the context's length (a cost model measured per kind of device; on a device "
-                   "with none measured, the method's own ratio). Default: off (the method's own ratio).")
+                   "fraction of full prefill's, by the context's length (a cost model measured per kind of device; "
+                   "on a device with none measured, the method's own ratio). The answer says the ratio used.")
 @click.option("--group-window", default=QueryConfig.group_window, show_default=True, help="CacheClip grouping window (1 = off).")
 @click.option("--group-min", default=QueryConfig.group_min, show_default=True,
               help="0: recompute the windows with most score mass up to the budget; M > 0: CacheClip's rule, "

@@ -25,14 +25,14 @@ from .options import library_errors, model_option
                    + f"  [default: the served version's choice for this device where `sparsecache calibrate` "
                    f"measured one (full prefill: vLLM prefills every request), else {DEFAULT_METHOD}]")
 @click.option("--recompute-ratio", default=None, type=click.FloatRange(0, 1),
-              help="Fraction of chunk tokens to recompute (default: the method's own, "
+              help="Fraction of chunk tokens to recompute (default: what --ttft-budget buys, else the method's own, "
                    + methods.ratios(methods.names(connector=True)) + ").")
 @click.option("--ttft-budget", type=click.FloatRange(0, 1, min_open=True), default=ServeConfig.ttft_budget,
               help="Recompute, where no --recompute-ratio is given, the share of chunk tokens whose predicted TTFT is "
                    "this fraction of full prefill's at each request's context length (the cost model of "
                    "`sparsecache query --ttft-budget`: `calibrate`'s refit for this device where the store has one, "
-                   "else the constants measured on a CPU; none on a GPU yet, where the method's own ratio applies). "
-                   "A request may set its own. [default: off, the method's own ratio]")
+                   "else the constants measured for the device kind: a CPU's, an H100's from 1.4B parameters; "
+                   "where there are none, the method's own ratio). A request may set its own.  [default: 0.5]")
 @click.option("--prefill-under", type=click.IntRange(min=0), default=ServeConfig.prefill_under,
               help="Let vLLM prefill requests whose chunks hold fewer tokens, where that is cheaper than loading "
                    "them. " + cheap.rule_text())

@@ -58,7 +58,7 @@ class QueryConfig:
     A method's own options (cake_split, selector_*, paths) are refused with any other method.
     """
 
-    method: str | None = DEFAULT_METHOD  # #69's rule (above), at the method's own ratio (infoflow: 0.1)
+    method: str | None = DEFAULT_METHOD  # #69's rule (above), at the ratio ttft_budget buys (else the method's own)
     recompute_ratio: float | None = None  # None: the method's own (`Method.ratio`: infoflow 0.1, superposition 0.5, others 0.25)
     group_window: int = 8
     group_min: int = 0
@@ -75,8 +75,9 @@ class QueryConfig:
     # cheap contexts (#69, `cheap.py`): retrieved contexts under this many tokens are prefilled
     # (method full) instead of read from the store; None: the rule by model and device, 0: never
     prefill_under: int | None = None
-    # the recompute ratio from a time budget (`budget.py`); off until measured on the dev splits (#79)
-    ttft_budget: float | None = None
+    # the recompute ratio from a time budget (`budget.py`): half of full prefill's predicted TTFT, #69's rule's
+    # choice on the dev splits (#79: BENCHMARKS.md, "The TTFT budget among the candidates"); None: the method's own
+    ttft_budget: float | None = 0.5
     # layer 0 of decoded chunks from their tokens (exact) or from the codes: BENCHMARKS.md, "Layer 0 from the tokens"
     first_layer: str = "tokens"
     # what a decoded method reads per chunk: the store's codes, or exact fp16 K/V computed after the same prefix and

@@ -20,7 +20,7 @@ class ServeConfig:
     method: str | None = None  # None: the store version's calibrated choice for this device (`calibrate`), else DEFAULT_METHOD
     recompute_ratio: float | None = None  # None: the method's own (QueryConfig.ratio)
     prefill_under: int | None = None  # cheap contexts: None the rule by model and device (`query.cheap`), 0 never
-    ttft_budget: float | None = None  # QueryConfig's: the ratio from a fraction of full prefill's TTFT (`query.budget`)
+    ttft_budget: float | None = QueryConfig.ttft_budget  # the ratio from a fraction of full prefill's TTFT (`query.budget`)
     api_key: str | None = None
     dtype: str = "auto"  # auto: float32 on a CPU (what the store's codes were checked against), vLLM's choice on a GPU
     max_model_len: int | None = None

@@ -51,10 +51,12 @@ never used.
 device in its `kv_transfer_params["sparsecache"]`):
     store            path or URL of the store (required)
     method           "infoflow" (default), "a3", "cacheblend", "cacheclip" or "none"
-    recompute_ratio  fraction of chunk tokens recomputed (default: the method's own: infoflow 0.1, others 0.25)
+    recompute_ratio  fraction of chunk tokens recomputed (default: what ttft_budget buys, else the method's own:
+                     infoflow 0.1, others 0.25)
     ttft_budget      with no recompute_ratio, the ratio whose predicted TTFT is this fraction of full prefill's
-                     at the request's context length (`query.budget`: the store's `calibrate` refit for the
-                     engine's device kind, else the constants measured on a CPU; none on a GPU: the method's own)
+                     at the request's context length (default 0.5; `query.budget`: the store's `calibrate` refit
+                     for the engine's device kind, else the constants measured for the device kind: a CPU's,
+                     an H100's from 1.4B parameters; where there are none, the method's own ratio)
     group_window, group_min, score_layer, selector_layers, first_layer
                      as `sparsecache query`'s options of those names (first_layer "tokens", the default,
                      runs vLLM's own layer 0 on the tokens: where blending is off for the model, layer 0
