@@ -32,7 +32,9 @@ def test_the_rule_is_the_cost_models_crossover_and_a_given_threshold_overrides_i
     assert cheap.prefill_under(ref, "cpu", costs=dearer, ratio=0.6) == cheap.PREFILL_ALL  # never faster: prefill all
     assert cheap.prefill_under(ref, "cpu", given=0, costs=costs) == 0
     assert cheap.prefill_under(ref, "cuda", given=100) == 100
-    assert f"{at} tokens for SmolLM2-135M" in cheap.rule_text() and "0 never" in cheap.rule_text()
+    default_at = cheap.prefill_under(ref, "cpu", costs=costs, ratio=cheap.rule_ratio(QueryConfig()))
+    assert cheap.rule_ratio(QueryConfig()) == 0.0  # the default's TTFT budget: the rule at r = 0
+    assert f"{default_at} tokens for SmolLM2-135M" in cheap.rule_text() and "0 never" in cheap.rule_text()
 
 
 def test_compute_parameters_count_what_a_forward_pass_multiplies(tiny_model):

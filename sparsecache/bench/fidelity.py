@@ -51,6 +51,7 @@ from ..measure.answers import (CONFIDENT_MARGIN, answer_span, contains, summaris
                                value_positions, value_reference)
 from ..measure.stats import bootstrap, mean, wilson
 from ..measure.suite import Question
+from ..query.budget import TTFT_BUDGET
 
 # #69's formats: (a) generated entity documents, (b) timetable records with look-alikes (held out:
 # nothing is learned or chosen on it, `records.HELD_OUT`), (c) cloze over real text
@@ -300,7 +301,8 @@ RULE = "kept"
 HOLDS = {1: 0.99, 2: 0.95}  # #69: the needed chunks a chunk-dropping method must keep, by hops
 
 
-def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: float = 0.5, rule: str = RULE) -> dict:
+def pick_default(agreement: list[dict], ttft: list[dict], k: int = 8, budget: float = TTFT_BUDGET,
+                 rule: str = RULE) -> dict:
     """A default chosen by `rule` (RULES): among the configurations whose mean TTFT at k is at
     most `budget` of full prefill's (both from `ttft`, one run), the one highest by the rule's
     keys (from `agreement`; both are `table` rows, possibly from different runs). Returns the

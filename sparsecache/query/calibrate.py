@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigError, StoreError
 from . import methods
+from .budget import TTFT_BUDGET
 from .config import DTYPE, TOP_K, QueryConfig, calibration_line, device_record
 
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
@@ -60,7 +61,7 @@ class CalibrateConfig:
     """What `sparsecache calibrate` measures (the CLI's defaults come from here)."""
 
     target: float = 0.95  # the lower bound of kept a choice must reach
-    ttft_budget: float = 0.5  # the most TTFT a choice may take, as a fraction of full prefill's
+    ttft_budget: float = TTFT_BUDGET  # the most TTFT a choice may take, as a fraction of full prefill's
     questions: int = 100  # cloze questions from the store's documents
     top_k: int = TOP_K  # chunks each is asked with (as `query` retrieves)
     candidates: str | None = None  # `bench fidelity --methods` syntax; None: `grid()`

@@ -16,9 +16,8 @@ shrink with the model, and on a device kind with no costs, contexts under GPU_TO
 model of the default's size, scaled by its compute parameters over the model's: for the default
 135M model a GPU prefills 16K tokens as fast as the store can be read and decoded (H200, bf16: 92 ms
 against 75-121 ms). `QueryConfig.prefill_under` (`query --prefill-under N`, the server's and
-connector's option) overrides it: N tokens, 0 never
-prefills instead. The threshold is compared with the chunks' tokens (the prefix, a few dozen tokens
-every query has, is left out).
+connector's option) overrides it: N tokens, 0 never prefills instead. The threshold is compared
+with the chunks' tokens (the prefix, a few dozen tokens every query has, is left out).
 
 Benchmarks that measure a named method pass `prefill_under=0`, so what they time is the method.
 """
@@ -47,14 +46,20 @@ def prefill_under(parameters: int, device_type: str, given: int | None = None, c
     return int(GPU_TOKENS * REFERENCE_PARAMS / max(parameters, 1))
 
 
+def rule_ratio(cfg) -> float:
+    """The recompute ratio the rule compares at for a QueryConfig `cfg`: the ratio in effect (0 where
+    nothing is recomputed), r = 0 where a time budget is still to become a ratio (the budget's own
+    cheap case, `budget.py`)."""
+    unspent = cfg.ttft_budget is not None and cfg.recompute_ratio is None
+    return cfg.ratio if cfg.recomputes and not unspent else 0.0
+
+
 def for_config(cfg, parameters: int, device_type: str, costs=None) -> int:
-    """`prefill_under` for a QueryConfig `cfg`: its own threshold, else the rule at the ratio in effect,
-    r = 0 where a time budget is still to become a ratio (the budget's own cheap case, `budget.py`).
+    """`prefill_under` for a QueryConfig `cfg`: its own threshold, else the rule at `rule_ratio(cfg)`.
     What `Session` and the vLLM connector both decide by."""
     if cfg.prefill_under is not None:
         return cfg.prefill_under
-    unspent = cfg.ttft_budget is not None and cfg.recompute_ratio is None
-    return prefill_under(parameters, device_type, None, costs, cfg.ratio if cfg.recomputes and not unspent else 0.0)
+    return prefill_under(parameters, device_type, None, costs, rule_ratio(cfg))
 
 
 def applies(cfg, chunk_tokens: int, parameters: int, device_type: str, costs=None) -> int | None:
@@ -71,12 +76,14 @@ def applies(cfg, chunk_tokens: int, parameters: int, device_type: str, costs=Non
 def rule_text() -> str:
     """The rule in one sentence, for `--help`."""
     from .budget import REFERENCE, default_costs
-    from .methods import get
+    from .config import QueryConfig
 
-    r = get("infoflow").ratio
+    default = QueryConfig()
+    r = rule_ratio(default)
     cpu = default_costs("cpu", REFERENCE["compute_parameters"], REFERENCE["kv_values"]).crossover(r)
     return (f"Default: prefill contexts shorter than where the TTFT cost model predicts the store path faster "
-            f"(on a CPU: {cpu} tokens for SmolLM2-135M at infoflow's r = {r:g}; a store's `calibrate` refits it), "
+            f"(on a CPU: {cpu} tokens for SmolLM2-135M with the default {default.method} and its TTFT budget "
+            f"{default.ttft_budget:g}, compared at r = {r:g}; a store's `calibrate` refits it), "
             f"on a GPU from 1.4B parameters the same model with constants an H100 measured (a 3B model is "
             f"prefilled at every length there), and below that under {GPU_TOKENS} tokens for a model of "
             f"SmolLM2-135M's size, scaled by its {REFERENCE_PARAMS // 1_000_000}M non-embedding parameters over "

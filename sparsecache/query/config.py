@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..dtypes import DTYPE, DTYPES  # noqa: F401  (the query's dtype names: the CLI and Session read them here)
 from ..errors import ConfigError
 from . import methods
+from .budget import TTFT_BUDGET
 from .methods.base import EXCLUSIVE_OPTIONS
 
 METHODS = methods.names()  # the registry's (`sparsecache.query.methods`), in the order the CLI offers them
@@ -77,7 +78,7 @@ class QueryConfig:
     prefill_under: int | None = None
     # the recompute ratio from a time budget (`budget.py`): half of full prefill's predicted TTFT, #69's rule's
     # choice on the dev splits (#79: BENCHMARKS.md, "The TTFT budget among the candidates"); None: the method's own
-    ttft_budget: float | None = 0.5
+    ttft_budget: float | None = TTFT_BUDGET
     # layer 0 of decoded chunks from their tokens (exact) or from the codes: BENCHMARKS.md, "Layer 0 from the tokens"
     first_layer: str = "tokens"
     # what a decoded method reads per chunk: the store's codes, or exact fp16 K/V computed after the same prefix and
