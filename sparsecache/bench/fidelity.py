@@ -51,7 +51,7 @@ from ..measure.answers import (CONFIDENT_MARGIN, answer_span, contains, summaris
                                value_positions, value_reference)
 from ..measure.stats import bootstrap, mean, wilson
 from ..measure.suite import Question
-from ..query.budget import TTFT_BUDGET
+from ..query.config import TTFT_BUDGET
 
 # #69's formats: (a) generated entity documents, (b) timetable records with look-alikes (held out:
 # nothing is learned or chosen on it, `records.HELD_OUT`), (c) cloze over real text

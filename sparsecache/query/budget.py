@@ -67,9 +67,6 @@ MEASURED = (
                (16019, 0.25, 678)]},
 )
 REFERENCE = MEASURED[0]  # the default model's
-# #69's rule: the default is chosen among configurations at <= half of full prefill's TTFT (`calibrate` and
-# `bench fidelity`'s rule), and, chosen by it (#79), the default query recomputes what that half buys
-TTFT_BUDGET = 0.5
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigError, StoreError
 from . import methods
-from .budget import TTFT_BUDGET
+from .config import TTFT_BUDGET
 from .config import DTYPE, TOP_K, QueryConfig, calibration_line, device_record
 
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from ..dtypes import DTYPE, DTYPES  # noqa: F401  (the query's dtype names: the CLI and Session read them here)
 from ..errors import ConfigError
 from . import methods
-from .budget import TTFT_BUDGET
 from .methods.base import EXCLUSIVE_OPTIONS
 
 METHODS = methods.names()  # the registry's (`sparsecache.query.methods`), in the order the CLI offers them
@@ -18,6 +17,10 @@ SCORERS = methods.names(recomputes=True)  # recompute_ratio applies
 ORDERS = ("given", "reverse")
 FIRST_LAYER = ("tokens", "codes")
 SOURCES = ("codes", "raw")
+# #69's rule: the default is chosen among configurations at <= half of full prefill's TTFT (`calibrate` and
+# `bench fidelity`'s rule), and, chosen by it (#79), the default query recomputes what that half buys
+# (`budget.py`'s cost model)
+TTFT_BUDGET = 0.5
 REORDERS = ("none", "attention")
 TOP_K = 8  # chunks a query retrieves (Session.query, `sparsecache query --top-k`)
 # #69's rule (BENCHMARKS.md, "Fidelity to full prefill"): among the configurations at <= half of full prefill's
