@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sparsecache.query.calibrate import CalibrateConfig, choose, grid, summary_line
+from sparsecache.query.calibrate import CalibrateConfig, choose, grid, parse_candidates, record_of, summary_line
+from sparsecache.query.config import QueryConfig
 from sparsecache.cli.main import cli
 from sparsecache.errors import ConfigError
 
@@ -100,6 +101,48 @@ def test_the_grid_holds_servable_methods_and_exact_ones():
     assert not any(x.startswith(("superposition", "cake", "raw")) for x in labels)  # not servable by the connector
     assert [c.label for c in grid(wrapped=False) if c.exact] == ["full", "infoflow:1"]
     assert [c.label for c in grid(wrapped=True) if c.exact] == ["full"]  # a wrapper's header: not full prefill's
+    # what an uncalibrated query does (the default method at the default TTFT budget) is a candidate too
+    budget = [c for c in grid(wrapped=True) if "ttft_budget" in c.settings]
+    assert [(c.label, c.settings) for c in budget] == [
+        ("infoflow+ttft_budget=0.5", {"method": "infoflow", "ttft_budget": QueryConfig.ttft_budget})]
+    # a recomputing method named without a ratio runs at the default budget, and its settings say so
+    parsed = {c.label: c.settings for c in parse_candidates("none,infoflow+score_layer=3,cacheblend:0.2", wrapped=True)}
+    assert parsed["infoflow+score_layer=3"] == {"method": "infoflow", "score_layer": 3,
+                                                "ttft_budget": QueryConfig.ttft_budget}
+    assert "ttft_budget" not in parsed["cacheblend:0.2"] and "ttft_budget" not in parsed["none"]
+
+
+def test_a_choice_made_at_a_budget_spends_that_budget_in_query_and_serve(tiny_store, tiny_model, tmp_path):
+    from sparsecache.query.calibrate import Candidate, machine_costs
+    from sparsecache.query.session import Session
+    from sparsecache.store import Writer
+    from sparsecache.vllm.server import ServeConfig, served_calibration
+
+    store = copy(tiny_store / "store", tmp_path / "store")
+    result = {"rows": [{"label": "infoflow+ttft_budget=0.3", "method": "infoflow", "ttft_budget": 0.3,
+                        "exact": False, "kept": 1.0, "ttft_ms": 5.0, "ttft_vs_full": 0.3, "meets_target": True}],
+              "confident": 4, "target": 0.9, "ttft_budget": 0.5, "questions": 10, "top_k": 2, "full_ttft_ms": 9.0,
+              "device": "cpu", "machine": "x", "version": 2}
+    rec = record_of(result, "infoflow+ttft_budget=0.3")
+    assert rec["query_ttft_budget"] == 0.3 and rec["ttft_budget"] == 0.5 and "recompute_ratio" not in rec
+    with Writer(store) as w:
+        w.publish_calibration({"cpu": rec}, note="calibrated (cpu)")
+    s = Session(store, tiny_model)
+    assert s.default_config() == QueryConfig(method="infoflow", recompute_ratio=None, ttft_budget=0.3)
+    # the CLI's config names no method and the default budget: the store's budget; one asked for, or a ratio, wins
+    assert s.configured(QueryConfig(method=None)).ttft_budget == 0.3
+    assert s.configured(QueryConfig(method=None, ttft_budget=0.2)).ttft_budget == 0.2
+    assert s.configured(QueryConfig(method=None, recompute_ratio=0.25)).recompute_ratio == 0.25
+    served = served_calibration({"cpu": rec}, "cpu", ServeConfig(store="x"))
+    assert (served.method, served.recompute_ratio, served.ttft_budget) == ("infoflow", None, 0.3)
+    assert served_calibration({"cpu": rec}, "cpu", ServeConfig(store="x", ttft_budget=0.4)).ttft_budget == 0.4
+    # a budget's timings are not a fixed ratio's: the cost model is refitted from the fixed ratios alone
+    fixed = Candidate("infoflow:0.1", {"method": "infoflow", "recompute_ratio": 0.1}, ttft_ms=[4.0, 6.0],
+                      context_tokens=[300, 500])
+    full = Candidate("full", {"method": "full"}, exact=True, ttft_ms=[8.0, 12.0], context_tokens=[300, 500])
+    spent = Candidate("infoflow+ttft_budget=0.5", {"method": "infoflow", "ttft_budget": 0.5}, ttft_ms=[1e6, 1e6],
+                      context_tokens=[300, 500])
+    assert machine_costs(s, [full, fixed, spent]) == machine_costs(s, [full, fixed])
 
 
 @pytest.mark.parametrize("fields,message", [({"target": 0}, "--target must be in"), ({"target": 1.5}, "--target"),
@@ -233,7 +276,8 @@ def test_a_choice_is_used_only_on_its_kind_of_device_and_follows_publishes(tiny_
     with Writer(store) as w:
         w.publish_calibration({"cuda": record, "cpu": {**record, "recompute_ratio": 0.05}}, note="calibrated (cpu)")
     s = Session(store, tiny_model)
-    assert s.default_config() == QueryConfig(method="cacheblend", recompute_ratio=0.05)
+    # a fixed ratio was measured, so no budget goes with it
+    assert s.default_config() == QueryConfig(method="cacheblend", recompute_ratio=0.05, ttft_budget=None)
     assert s.query("When was Velmora founded?", max_new_tokens=1).method == "cacheblend"
     assert s.query("When was Velmora founded?", max_new_tokens=1, method="none").method == "none"
     assert s.configured(QueryConfig(method=None, recompute_ratio=0.25)).recompute_ratio == 0.25  # a ratio given wins

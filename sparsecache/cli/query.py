@@ -124,8 +124,9 @@ def calibrate_options(f):
         click.option("--candidates", default=None,
                      help="Configurations to measure, as `bench fidelity --methods` names them (e.g. "
                           "'none,infoflow:0.1,cacheblend:0.25'); full prefill is always one.  [default: full; none; "
-                          "infoflow at 0.05, 0.1, 0.15, 0.25, 0.5 (and 1.0 on a store without a wrapper); a3, "
-                          "cacheblend and cacheclip at 0.15]"),
+                          "infoflow at 0.05, 0.1, 0.15, 0.25, 0.5, at the ratio query's default TTFT budget buys "
+                          f"(infoflow+ttft_budget={QueryConfig.ttft_budget:g}) and at 1.0 on a store without a "
+                          "wrapper; a3, cacheblend and cacheclip at 0.15]"),
         click.option("--timing-questions", type=click.IntRange(min=1), default=CalibrateConfig.timing_questions,
                      show_default=True, help="Questions every candidate's TTFT is measured on, after one warm-up."),
         click.option("--compare-wrapper", default=None,

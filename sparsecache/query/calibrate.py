@@ -46,8 +46,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigError, StoreError
 from . import methods
-from .config import TTFT_BUDGET
-from .config import DTYPE, TOP_K, QueryConfig, calibration_line, device_record
+from .config import DTYPE, TOP_K, TTFT_BUDGET, QueryConfig, calibration_line, device_record
 
 RATIOS = (0.05, 0.1, 0.15, 0.25, 0.5)  # the default method's (infoflow's) ratios among the candidates
 OTHER_RATIO = 0.15  # the other scorers' (CacheBlend's constant): one each, so `calibrate --questions 100` fits 15 min
@@ -96,23 +95,32 @@ class Candidate:
     ttft_ms: list = field(default_factory=list)  # timed, by timing question
     context_tokens: list = field(default_factory=list)  # of each timed query (the cost model's n)
     rows: list = field(default_factory=list)  # fidelity, one per confident question
+    ratios: list = field(default_factory=list)  # with a TTFT budget in settings: the ratio it bought, by timed question
 
 
 def grid(wrapped: bool) -> list[Candidate]:
     """The default candidates: full prefill; `none`; the default method (infoflow) at each of
-    RATIOS; every other method the vLLM connector can serve that recomputes at OTHER_RATIO; on a
-    store without a wrapper, infoflow recomputing every token (exact). Methods `serve` cannot use
+    RATIOS and at the ratio the default TTFT budget buys (what `query` does with no calibration);
+    every other method the vLLM connector can serve that recomputes at OTHER_RATIO; on a store
+    without a wrapper, infoflow recomputing every token (exact). Methods `serve` cannot use
     (superposition, cake) are left out, so a choice serves everywhere; `--candidates` names any
-    others, and other ratios."""
+    others, and other ratios or budgets."""
     out = [Candidate("full", {"method": "full"}, exact=True)]
     for name in methods.names(connector=True):
         ratios = RATIOS if name == QueryConfig.method else (OTHER_RATIO,) if methods.get(name).recomputes else (None,)
         out += [Candidate(name if r is None else f"{name}:{r:g}",
                           {"method": name, **({} if r is None else {"recompute_ratio": r})}) for r in ratios]
+        if name == QueryConfig.method:
+            out.append(budget_candidate(name, TTFT_BUDGET))
     if not wrapped:
         out.append(Candidate(f"infoflow:{EXACT_RATIO:g}", {"method": "infoflow", "recompute_ratio": EXACT_RATIO},
                              exact=True))
     return out
+
+
+def budget_candidate(method: str, budget: float) -> Candidate:
+    """`method` at the ratio `budget` (a fraction of full prefill's TTFT) buys at each question's length."""
+    return Candidate(f"{method}+ttft_budget={budget:g}", {"method": method, "ttft_budget": budget})
 
 
 def parse_candidates(spec: str, wrapped: bool) -> list[Candidate]:
@@ -129,7 +137,10 @@ def parse_candidates(spec: str, wrapped: bool) -> list[Candidate]:
         cfg = {k: v for k, v in cfg.items() if k not in ("store", "context")}
         if cfg.get("method") == "raw":
             raise ConfigError("--candidates: raw reads exact KV files, not the store; it cannot be calibrated")
-        exact = not wrapped and methods.get(cfg["method"]).recomputes and cfg.get("recompute_ratio") == 1.0
+        recomputes = methods.get(cfg["method"]).recomputes
+        if recomputes and cfg.get("recompute_ratio") is None:  # what the query runs at, said in the record
+            cfg.setdefault("ttft_budget", QueryConfig.ttft_budget)
+        exact = not wrapped and recomputes and cfg.get("recompute_ratio") == 1.0
         out.append(Candidate(label, cfg, exact=exact))
     return out
 
@@ -219,7 +230,7 @@ def calibrate(session, cfg: CalibrateConfig = CalibrateConfig(), progress: bool 
 
 def machine_costs(session, candidates: list[Candidate]):
     """The TTFT cost model (`budget.Costs`) on this machine, from the timings just taken: full
-    prefill's, and infoflow's at its ratios (the method a budget sets the ratio of). The session's
+    prefill's, and infoflow's at its fixed ratios (the method a budget sets the ratio of). The session's
     constants rescaled to them (`Costs.rescaled`), or, on a kind of device with none, fitted where
     the questions' context lengths allow; None otherwise."""
     import numpy as np
@@ -228,7 +239,8 @@ def machine_costs(session, candidates: list[Candidate]):
 
     full = [(n, t) for c in candidates if c.settings["method"] == "full" for n, t in zip(c.context_tokens, c.ttft_ms)]
     store = [(n, c.settings.get("recompute_ratio") or 0.0, t) for c in candidates
-             if c.settings["method"] == "infoflow" and not c.exact for n, t in zip(c.context_tokens, c.ttft_ms)]
+             if c.settings["method"] == "infoflow" and not c.exact and "ttft_budget" not in c.settings
+             for n, t in zip(c.context_tokens, c.ttft_ms)]
     if not full or not store:
         return None
     base = session.costs  # the store's earlier refit, else the shipped constants
@@ -263,6 +275,8 @@ def _time(session, suite: list, timed: list[int], candidates: list[Candidate], b
             if n:
                 c.ttft_ms.append(a.timings_ms["ttft"])
                 c.context_tokens.append(a.context_tokens)
+                if "ttft_budget" in c.settings and a.recompute_ratio is not None:
+                    c.ratios.append(a.recompute_ratio)
             bar.update()
 
 
@@ -456,6 +470,8 @@ def candidate_row(c: Candidate, cfg: CalibrateConfig, confident: int) -> dict:
 
     out = {"label": c.label, **c.settings, "exact": c.exact, "ttft_ms": round(sum(c.ttft_ms) / len(c.ttft_ms), 1),
            "ttft_vs_full": round(c.ratio, 3), "within_budget": c.ratio <= cfg.ttft_budget}
+    if c.ratios:  # the ratios a budget bought on the timed questions
+        out["recompute_ratios"] = [round(r, 4) for r in c.ratios]
     if c.exact:
         out |= {"kept": 1.0, "kept_ci95": (1.0, 1.0), "meets_target": True}
     elif c.rows:
@@ -476,7 +492,10 @@ def record_of(result: dict, label: str) -> dict:
     row = next(r for r in result["rows"] if r["label"] == label)
     keep = ("method", "recompute_ratio", "label", "exact", "kept", "kept_ci95", "confident", "value_agreement",
             "value_agreement_ci95", "value_kl", "ttft_ms", "ttft_vs_full")
-    return {**{k: row[k] for k in keep if k in row}, "confident": row.get("confident", result["confident"]),
+    # a budget choice's own budget (the one the query spends) is kept apart from the calibration's limit
+    return {**{k: row[k] for k in keep if k in row}, **({"query_ttft_budget": row["ttft_budget"]}
+                                                        if row.get("ttft_budget") is not None else {}),
+            "confident": row.get("confident", result["confident"]),
             "met_target": bool(row["meets_target"]), "target": result["target"], "ttft_budget": result["ttft_budget"],
             "questions": result["questions"], "top_k": result["top_k"], "full_ttft_ms": result["full_ttft_ms"],
             "costs": result.get("costs"),

@@ -140,11 +140,15 @@ class QueryConfig:
 
     def over(self, base: "QueryConfig") -> "QueryConfig":
         """This config where it names a method; else `base`'s method (a store's measured choice) with
-        these settings, at this recompute ratio where one is given, else `base`'s."""
+        these settings, at this recompute ratio where one is given, else `base`'s (and at `base`'s
+        TTFT budget where it was chosen at one and this config asks for the default's)."""
         if self.method is not None:
             return self
         ratio = self.recompute_ratio if self.recompute_ratio is not None else base.recompute_ratio
-        return dataclasses.replace(self, method=base.method, recompute_ratio=ratio)
+        budget = self.ttft_budget
+        if ratio is None and self.ttft_budget == TTFT_BUDGET and base.ttft_budget is not None:
+            budget = base.ttft_budget  # a store's measured budget, where no other was asked for
+        return dataclasses.replace(self, method=base.method, recompute_ratio=ratio, ttft_budget=budget)
 
     def layer(self, n_layers: int) -> int:
         """The layer a scorer reads in a model of `n_layers`: --score-layer, else the method's own."""
@@ -163,7 +167,10 @@ def calibrated(records: Mapping, device: str) -> QueryConfig | None:
     record = device_record(records, device)
     if not record or record.get("method") not in methods.REGISTRY:
         return None
-    return QueryConfig(method=record["method"], recompute_ratio=record.get("recompute_ratio"))
+    # a fixed ratio where one was chosen, else the budget the choice was measured at (#79: calibrate's
+    # grid holds the default budget); records from before budgets ran at a ratio or the method's own
+    return QueryConfig(method=record["method"], recompute_ratio=record.get("recompute_ratio"),
+                       ttft_budget=record.get("query_ttft_budget"))
 
 
 def device_record(records: Mapping, device: str) -> Mapping | None:
