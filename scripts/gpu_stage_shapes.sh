@@ -12,10 +12,7 @@ D=$2
 case $1 in
 pack)
   rm -rf "$D"; mkdir -p "$D/whl" "$D/smol" "$D/emb"
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$D/whl" \
-    transformers==5.19.0 zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 gguf==0.19.0 \
-    platformdirs==4.14.8 faiss-cpu==1.15.1
+  bash "$(dirname "$0")/gpu_wheels.sh" "$D/whl" faiss-cpu==1.15.1
   smol=$(python3 -c "from sparsecache.model.gguf import model_dir; print(model_dir())")
   emb=$(python3 -c "from sparsecache.kvstore.index import default_embedder_dir; print(default_embedder_dir())")
   (cd "$smol" && cp config.json generation_config.json tokenizer*.json chat_template.jinja "$D/smol/")
