@@ -47,6 +47,12 @@ def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
     assert json.loads(again.stdout)[0]["encode"] == out["encode"]
     saved = json.loads((work / "results.json").read_text())
     assert [r["shape"] for r in saved] == ["another", "toy"] and {x["k"] for x in saved[1]["rows"]} == {2}
+    # a GPU's two decodes (the gather and the dense product), timed side by side: here on the CPU
+    from sparsecache.bench.shapes import time_decodes
+
+    both = time_decodes(work / "toy" / "store", "cpu", 2, repeats=1)
+    assert both["gather_ms"] > 0 and both["dense_ms"] > 0 and both["tokens"] >= 2 * 480
+    assert both["dense_max_rel_diff"] < 1e-2
 
 
 def test_an_unknown_shape_is_refused_with_the_names_there_are(tmp_path):

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from sparsecache.codec.bitpack import pack_sorted_rows, row_bytes, unpack_sorted_rows
 from sparsecache.codec.coding import COEF_FORMATS, Codec, coefficient_roundtrip
 from sparsecache.codec.dictionary import DictConfig, Dictionary
-from sparsecache.codec.omp import batch_omp, reconstruct
+from sparsecache.codec.omp import batch_omp, reconstruct, reconstruct_dense
 from sparsecache.codec.signals import to_signals
 from tests.conftest import unit_atoms
 
@@ -144,6 +144,39 @@ def test_cpu_decode_kernel_equals_embedding_bag(atoms_dtype, L):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     part = codec.decode((codes.indices[1:], codes.coefficients[1:]), "v", groups=slice(1, None))
     torch.testing.assert_close(part, expected[L:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("atoms_dtype", ["float16", "float32"])
+def test_the_dense_gpu_decode_equals_the_gather(atoms_dtype):
+    """`gpu_decode = "dense"` (the codes scattered into a dense matrix, times the atoms) gives the
+    gather's K/V within fp16 rounding of its output (fp16 atoms and e4m3 coefficients are exact in
+    fp16), scales and group slices included; run here on the CPU with the compiled kernel off."""
+    plain = make_dict(L=2, layers=4, atoms=300, s=7)
+    scales = {k: torch.tensor([3.0, 1.0, 0.5, 2.0]) for k in "kv"}
+    d = Dictionary(plain.keys, plain.values, plain.config, plain.model, scales=scales).stored_as(atoms_dtype)
+    codec = Codec(d, "float8", indices="elias-fano")
+    codec.cpu_kernel = False
+    codes = codec.encode(torch.randn(4, 23, 32), "k")
+    gather = codec.decode(codes, "k")
+    codec.gpu_decode = "dense"
+    dense = codec.decode(codes, "k")
+    tol = 1e-3 if atoms_dtype == "float16" else 1e-5
+    torch.testing.assert_close(dense, gather, rtol=tol, atol=tol * float(gather.abs().max()))
+    part = codec.decode((codes.indices[1:], codes.coefficients[1:]), "k", groups=slice(1, None))
+    torch.testing.assert_close(part, gather[2:], rtol=tol, atol=tol * float(gather.abs().max()))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 9), st.integers(1, 5), st.data())
+def test_dense_reconstruction_in_blocks_sums_like_the_gather(rows, s, block_rows, data):
+    """In any block size, a repeated index summed (as `embedding_bag` sums it), fp32 throughout."""
+    n, m = 40, 6
+    idx = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, n - 1), min_size=s, max_size=s),
+                                          min_size=rows, max_size=rows)))
+    coef = torch.randn(rows, s)
+    atoms = torch.randn(m, n)
+    got = reconstruct_dense(idx, coef, atoms.T.contiguous(), block_bytes=block_rows * n * 4)
+    torch.testing.assert_close(got, reconstruct(idx, coef, atoms), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=100, deadline=None)

@@ -8,7 +8,9 @@ shape for it (layers per signal and sparsity chosen for about the default's 20x 
 OMP's and the decode's costs depend on the shape, not on what the atoms are). It encodes chunks of
 ~512 tokens into a local store and times full prefill, `none` and `infoflow` at the default ratio
 and at 0.25, each beside what the machine can do: the decode's output bytes/s against its memory
-copy bandwidth, prefill's FLOP/s against its measured matrix-product rate.
+copy bandwidth, prefill's FLOP/s against its measured matrix-product rate. On a GPU it also times
+the decode of the largest k's chunks both ways a GPU can decode (`coding.GPU_DECODES`: the gather
+and the dense product) and how far apart their K/V are.
 """
 
 from __future__ import annotations
@@ -101,11 +103,49 @@ def shape_methods() -> list[tuple[str, float]]:
     return [("full", 0.0), ("none", 0.0), ("infoflow", default)] + ([("infoflow", 0.25)] if default != 0.25 else [])
 
 
-def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu", dtype=None) -> dict:
+def time_decodes(store_path, device, n_chunks: int, repeats: int = 3) -> dict:
+    """The decode of the store's first `n_chunks` chunks each way of `coding.GPU_DECODES`, on `device`:
+    its best time of `repeats` after a warm-up, the tokens, and the largest difference of K/V between
+    the ways against the largest magnitude (`dense_max_rel_diff`)."""
+    import time
+
+    import torch
+
+    from ..codec.coding import GPU_DECODES
+    from ..kvstore.view import KVStore
+
+    store = KVStore.open(store_path)
+    codes = store.read_codes([c.id for c in store.chunks()][:n_chunks])
+    codec, dev = store.codec(), torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    out, kv = {"tokens": int(sum(codes.lengths))}, {}
+    try:
+        for way in GPU_DECODES:
+            codec.gpu_decode, codec.cpu_kernel, times = way, False, []
+            for _ in range(repeats + 1):
+                sync()
+                t0 = time.perf_counter()
+                kv[way] = store.decode_codes(codes, dev)
+                sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+            out[f"{way}_ms"] = round(min(times[1:]), 2)
+    finally:
+        codec.gpu_decode, codec.cpu_kernel = GPU_DECODES[0], True
+    base, dense = kv[GPU_DECODES[0]], kv[GPU_DECODES[1]]
+    scale = max(float(t.abs().max()) for pair in base for t in pair)
+    diff = max(float((a - b).abs().max()) for p, q in zip(base, dense) for a, b in zip(p, q))
+    out["dense_max_rel_diff"] = diff / scale
+    return out
+
+
+def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu", dtype=None,
+                decodes: bool | None = None) -> dict:
     """Build the shape's model (a SHAPES name: random weights; a packaged model's name: its real
     weights and shipped dictionary), its dictionary and a store of ~512-token chunks in `workdir`
     (reused by a rerun with the same shape), then time every method at every k beside the machine's
-    limits."""
+    limits; with `decodes` (default: on a GPU) also `time_decodes` at the largest k."""
+    import torch
+
     from ..codec.coding import Codec
     from ..ingest.encoder import encode_with
     from ..measure.machine import copy_rate, cpu_model, gemm_rate
@@ -151,6 +191,8 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
             "cpu": cpu_model(), "note": "only time is measured", "encode": encode,
             "store_bytes_per_token": stored, "fp16_kv_bytes_per_token": fp16, "ratio_vs_fp16": fp16 / stored,
             "gemm_flops_per_s": flops, "copy_bytes_per_s": copy, "rows": rows}
+    if decodes if decodes is not None else torch.device(device).type == "cuda":
+        out["decodes"] = time_decodes(store, device, max(ks))
     return {**out, **summary(out)}
 
 

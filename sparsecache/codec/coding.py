@@ -5,7 +5,8 @@ indices plus s coefficients (fp16, e4m3 or fp32). Indices are either b-bit packe
 order (b = ceil(log2 atoms), the paper's layout) or, since a code's atoms are a set, sorted
 and Elias–Fano coded (~10 instead of 13 bits per index at s = 32; coefficients follow
 their atoms). Decode is unpack + gather + weighted sum: on a CPU one compiled kernel over
-cache-sized fp16 tiles of the atoms (`_decode_cpu`), on other devices `embedding_bag`.
+cache-sized fp16 tiles of the atoms (`_decode_cpu`), on other devices `embedding_bag`, or
+(`Codec.gpu_decode = "dense"`) a matrix product of the codes scattered dense with the atoms.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..errors import ConfigError
 from .bitpack import ef_low_bits, pack_rows, pack_sorted_rows, unpack_rows_torch, unpack_sorted_rows_torch
 from .codes import COEF_DTYPE_NAMES, INDEX_CODINGS, Codes, index_row_bytes
 from .dictionary import Dictionary
-from .omp import Screening, batch_omp, gram, reconstruct
+from .omp import Screening, batch_omp, gram, reconstruct, reconstruct_dense
 from .signals import from_signals, to_signals
 
 COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float8": torch.float8_e4m3fn}
@@ -28,6 +29,11 @@ assert tuple(COEF_DTYPES) == COEF_DTYPE_NAMES
 # Coefficient formats `bench quality` compares; bytes per signal for s coefficients.
 COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambda s: s + 2}
 GRAPH_MAX_DIM = 384  # signal sizes up to L2 of a 3-head×64 model; see Codec.encode
+# How a GPU decodes (`omp.reconstruct_dense`): "gather" (embedding_bag: s atom rows per signal) or
+# "dense" (the codes scattered into a dense fp16 matrix, times the atoms). Dense is the candidate
+# for large models, whose atoms do not fit a GPU's cache (#82 item 4: the 8B shape's decode ran
+# at 0.5% of an H100's bandwidth); `bench ttft --shape` times both on a GPU. Gather until measured.
+GPU_DECODES = ("gather", "dense")
 
 
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +85,7 @@ class Codec:
         self._outputs: dict[str, np.ndarray] = {}  # the CPU decode's output memory, reused (`_output`)
         self._outputs_lock = threading.Lock()
         self.cpu_kernel = True  # False: decode on the CPU as on other devices (the benchmark's baseline)
+        self.gpu_decode = GPU_DECODES[0]  # off the CPU kernel: GPU_DECODES
 
     @property
     def bits(self) -> int:
@@ -151,7 +158,10 @@ class Codec:
         G, T = shape
         if device.type == "cpu" and self.cpu_kernel:
             return self._reconstruct_cpu(idx, coef, shape, kind, groups)
-        sig = reconstruct(idx, coef, self.atoms_on(kind, device))  # (G·T, L·m)
+        if self.gpu_decode == "dense":
+            sig = reconstruct_dense(idx, coef, self.table_on(kind, device))
+        else:
+            sig = reconstruct(idx, coef, self.atoms_on(kind, device))  # (G·T, L·m)
         kv = from_signals(sig.view(G, T, -1), self.config.layers_per_signal)
         if self._scales[kind] is not None:
             scale = self.scales_on(kind, device)
@@ -236,6 +246,15 @@ class Codec:
         key = (kind, device)
         if key not in self._atoms_on:
             self._atoms_on[key] = self._atoms[kind].to(device)
+        return self._atoms_on[key]
+
+    def table_on(self, kind: str, device: torch.device) -> torch.Tensor:
+        """The K or V atoms as the dense decode's table Dᵀ [n, L·m], fp16 (float32 for float32
+        atoms), on `device`, made once."""
+        key = (kind + ".table", device)
+        if key not in self._atoms_on:
+            dtype = torch.float32 if self.dictionary.atoms_dtype == "float32" else torch.float16
+            self._atoms_on[key] = self._atoms[kind].T.to(device, dtype).contiguous()
         return self._atoms_on[key]
 
     def roundtrip(self, kv: torch.Tensor, kind: str) -> torch.Tensor:

@@ -333,6 +333,27 @@ def reference_omp(signals: torch.Tensor, atoms: torch.Tensor, sparsity: int) -> 
     return torch.stack(all_idx), torch.stack(all_coef).float()
 
 
+def reconstruct_dense(indices: torch.Tensor, coefficients: torch.Tensor, table: torch.Tensor,
+                      block_bytes: int = 1 << 28) -> torch.Tensor:
+    """`reconstruct` as matrix products: each block of codes scattered into a dense [B, n] matrix
+    of `table`'s dtype, times `table` = Dᵀ [n, m] (fp16 atoms hold their stored values exactly, and
+    so do fp16 or e4m3 coefficients). A gather reads s atom rows per signal from memory, which
+    for a large model's atoms (n·m·4 bytes, beyond a GPU's cache) runs at memory speed; a product
+    reads them once per tile and runs at the device's matrix rate, at n/s times the arithmetic
+    (for a GPU; a CPU keeps the gather). Float32 signals [N, m]; `block_bytes` bounds the dense
+    blocks' memory."""
+    n, m = table.shape
+    out = torch.empty(indices.shape[0], m, dtype=torch.float32, device=table.device)
+    rows = max(1, block_bytes // (n * table.element_size()))
+    dense = torch.empty(min(rows, indices.shape[0]), n, dtype=table.dtype, device=table.device)
+    for start in range(0, indices.shape[0], rows):
+        idx, coef = indices[start:start + rows], coefficients[start:start + rows]
+        block = dense[: idx.shape[0]].zero_()
+        block.scatter_add_(1, idx.long(), coef.to(table.dtype))  # add: a repeated index sums, as the gather does
+        out[start:start + idx.shape[0]] = block @ table
+    return out
+
+
 def reconstruct(indices: torch.Tensor, coefficients: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
     """Signals [N, m] float32 from codes (indices, coefficients [N, s]) over atoms D [m, n]."""
     table = atoms.T.to(coefficients.device, torch.float32).contiguous()  # (n, m)
