@@ -145,10 +145,8 @@ class QueryConfig:
         if self.method is not None:
             return self
         ratio = self.recompute_ratio if self.recompute_ratio is not None else base.recompute_ratio
-        budget = self.ttft_budget
-        if ratio is None and self.ttft_budget == TTFT_BUDGET and base.ttft_budget is not None:
-            budget = base.ttft_budget  # a store's measured budget, where no other was asked for
-        return dataclasses.replace(self, method=base.method, recompute_ratio=ratio, ttft_budget=budget)
+        return dataclasses.replace(self, method=base.method, recompute_ratio=ratio,
+                                   ttft_budget=chosen_budget(self.ttft_budget, ratio, base))
 
     def layer(self, n_layers: int) -> int:
         """The layer a scorer reads in a model of `n_layers`: --score-layer, else the method's own."""
@@ -157,6 +155,15 @@ class QueryConfig:
                 raise ConfigError(f"--score-layer must be in [0, {n_layers - 1}]")
             return self.score_layer
         return self.spec.layer(n_layers)
+
+
+def chosen_budget(asked: float | None, ratio: float | None, chosen: QueryConfig) -> float | None:
+    """The TTFT budget a query spends over a store's calibrated choice `chosen` (`over`, and `serve`'s
+    `served_calibration`): the choice's own where it was made at a budget, no ratio is in effect and
+    the default budget is asked (no other was), else `asked`."""
+    if ratio is None and asked == TTFT_BUDGET and chosen.ttft_budget is not None:
+        return chosen.ttft_budget
+    return asked
 
 
 def calibrated(records: Mapping, device: str) -> QueryConfig | None:

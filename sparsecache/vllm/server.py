@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
 from ..query import cheap
 from ..query.budget import budgeted, costs_for
-from ..query.config import MISSED, TTFT_BUDGET, QueryConfig, calibrated, device_record, missed_target, served_config
+from ..query.config import (MISSED, QueryConfig, calibrated, chosen_budget, device_record, missed_target,
+                            served_config)
 from .config import ServeConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
@@ -293,9 +294,8 @@ def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | 
     if chosen.method == "full":
         return served_config({"prefill_under": PREFILL_ALL}, cfg.blend, "the store's calibration")
     ratio = cfg.recompute_ratio if cfg.recompute_ratio is not None else chosen.recompute_ratio  # a ratio given wins
-    given = {"method": chosen.method, "recompute_ratio": ratio}
-    if ratio is None and chosen.ttft_budget is not None and cfg.blend.ttft_budget == TTFT_BUDGET:
-        given["ttft_budget"] = chosen.ttft_budget  # chosen at a budget: the store's, where serve was given none
+    given = {"method": chosen.method, "recompute_ratio": ratio,
+             "ttft_budget": chosen_budget(cfg.blend.ttft_budget, ratio, chosen)}
     try:
         return served_config(given, cfg.blend, "the store's calibration")
     except ConfigError:  # e.g. superposition, measured with `calibrate --candidates`: query's alone
