@@ -29,7 +29,7 @@ def test_the_readme_is_a_front_page_not_the_manual():
     """README.md stays short (#54: what it is, the two commands, the headline table, a tour,
     links into the manual); the manual lives in docs/."""
     assert len(README.splitlines()) <= 250
-    assert README.startswith("# sparsecache") and "bash scripts/setup.sh test && python3 -m pytest -q" in README
+    assert README.startswith("# sparsecache") and "bash scripts/setup.sh test && python3 -m pytest -q -n 2 --dist loadfile" in README
 
 
 def _example_lines():
