@@ -15,5 +15,6 @@ sparsecache bench fidelity $R --workdir $W/qrec-dev --split dev --limit 100 --co
   --methods "infoflow+ttft_budget=0.5,infoflow:0.1,none,raw,infoflow:1.0" --json > $W/qrec-dev.json
 sparsecache bench fidelity $R --workdir $W/qrec-test --split test --limit 44 \
   --methods "infoflow+ttft_budget=0.5,infoflow:0.1,none" --json > $W/qrec-test.json
-# (the run named infoflow:1.0 too and was stopped when it reached it, for time; none@wrapped was not run)
+# (the run named infoflow:1.0 too and was stopped when it reached it, for time)
 sparsecache bench fidelity $A --confident-only --methods "infoflow:0.1,none" --json > $W/qent-test-2.json
+sparsecache bench fidelity $A --confident-only --wrapper shipped --methods "none@wrapped" --json > $W/qent-test-3.json  # later, 2026-12-06
