@@ -11,3 +11,8 @@ python prepare.py 400
 S="--workdir s2c-dev --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --wrapper shipped --limit 160"
 sparsecache bench fidelity $S --methods "infoflow+ttft_budget=0.5@wrapped" --json
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5@wrapped,infoflow:0.1@wrapped,none@wrapped" --json
+# later: all 400 (the same two passes with --limit 400; rows resume)
+S="--workdir s2c-dev --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --wrapper shipped --limit 400"
+sparsecache bench fidelity $S --methods "infoflow+ttft_budget=0.5@wrapped" --json
+sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5@wrapped,infoflow:0.1@wrapped,none@wrapped" --json
+python ../main/docs/benchmarks/qwen-test-2026-12-06/summarise.py s2c-dev/results.json smollm2-dev-placed-summary.json
