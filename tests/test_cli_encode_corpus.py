@@ -141,3 +141,20 @@ def test_an_anchor_encodes_every_chunk_after_it_and_is_not_kept(corpus_dir, tmp_
             (getattr(x, kv).coefficients == getattr(y, kv).coefficients).all(), kv
     r = cli_encode(corpus_dir, anchored, tiny_model_dir, tiny_dictionary_dir, "--anchor", "Another anchor.")
     assert r.exit_code == 1 and "was built with anchor=" in r.output and "Traceback" not in r.output
+
+
+def test_the_forward_dtype_is_the_users_choice_reported_and_checked(corpus_dir, tmp_path, tiny_model_dir,
+                                                                     tiny_dictionary_dir):
+    """`--forward-dtype` picks the encode forward's precision (auto: bfloat16 on a CPU with native
+    bfloat16 dot products, `dtypes.native_bf16`); the report says what ran; a bad value is refused
+    before any work."""
+    from sparsecache.dtypes import forward_dtype
+
+    for given in ("float32", "bfloat16", "auto"):
+        r = cli_encode(corpus_dir, tmp_path / given, tiny_model_dir, tiny_dictionary_dir, "--forward-dtype", given,
+                       "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["forward_dtype"] == forward_dtype(given, "cpu")
+        assert KVStore.open(tmp_path / given).info()["chunks"] > 0
+    r = cli_encode(corpus_dir, tmp_path / "bad", tiny_model_dir, tiny_dictionary_dir, "--forward-dtype", "float16")
+    assert r.exit_code == 2 and "--forward-dtype" in r.output

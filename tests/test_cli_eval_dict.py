@@ -81,3 +81,19 @@ def test_each_text_is_a_domain_and_the_headline_is_the_worst(tiny_model, tiny_mo
     assert out["passages"] == 4
     recorded = Dictionary.load(tmp_path / "d").meta["eval"]
     assert set(recorded["domains"]) == {"prose", "digits.txt"} and "nmse_v_per_layer" not in recorded["domains"]["prose"]
+
+
+def test_eval_dict_codes_the_k_v_of_the_encode_forwards_dtype(tiny_model, tiny_model_dir, tmp_path):
+    """--forward-dtype: the K/V coded are those the encode's forward gives in that dtype (a store
+    encoded on a CPU with bfloat16 dot products holds those of a bfloat16-autocast forward), measured
+    against the exact float32 K/V. With s = m the codes are exact, so bfloat16's rounding is all the
+    error there is: small, and more than float32's."""
+    d = Dictionary(unit_atoms(32, 128, 1), unit_atoms(32, 128, 2), DictConfig(128, 32, 1), tiny_model.fingerprint())
+    d.save(tmp_path / "d")
+    args = ["eval-dict", str(tmp_path / "d"), "--model", str(tiny_model_dir), "--passages", 1, "--prefix-tokens", 48,
+            "--continuation-tokens", 8, "--coef", "float32", "--json"]
+    f32, bf16 = (json.loads(CliRunner().invoke(cli, args + ["--forward-dtype", dt]).stdout)
+                 for dt in ("float32", "bfloat16"))
+    assert f32["config"]["forward_dtype"] == "float32" and bf16["config"]["forward_dtype"] == "bfloat16"
+    assert f32["nmse_v"] < 1e-8 < bf16["nmse_v"] < 1e-3
+    assert bf16["nmse_v_per_layer"][0] == 0  # layer 0 as a reader gets it: recomputed from the tokens, exact

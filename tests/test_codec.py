@@ -245,3 +245,35 @@ def test_the_cpu_decode_reuses_its_memory_only_when_nothing_holds_the_last_resul
     for seed, r in zip(seeds, results):
         assert torch.equal(r, decode(seed))
     assert torch.equal(first, kept)
+
+
+def test_a_bfloat16_forward_codes_nearly_what_a_float32_forward_does(tiny_model, tiny_dictionary):
+    """`code_batch` under bfloat16 autocast (the CPU encode's default where the CPU multiplies
+    bfloat16 natively): the K/V it codes are float32 and within bfloat16 rounding of the exact
+    ones, so the decoded K/V are about as far from the exact as a float32 forward's codes."""
+    import contextlib
+
+    from sparsecache.codec.coding import Codec
+    from sparsecache.ingest.batch import code_batch
+    from sparsecache.model import extract_kv
+
+    torch.manual_seed(0)
+    chunks = [torch.randint(5, 250, (n,)).tolist() for n in (40, 64, 23)]
+    (prefix,) = [[1, 2, 3]]
+    exact = extract_kv(tiny_model, chunks, prefix)
+    k_exact = torch.cat([k for k, _ in exact], 1)
+    codec = Codec(tiny_dictionary, "float32", "cpu")
+
+    def err(dtype):
+        codes = code_batch(tiny_model, codec, chunks, prefix, 4096, lambda _: contextlib.nullcontext(),
+                           forward_dtype=dtype)[0]
+        rec = codec.decode(codes, "k")
+        return float(((rec - k_exact) ** 2).sum() / (k_exact ** 2).sum())
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (low,) = extract_kv(tiny_model, [chunks[0]], prefix)
+    assert low[0].dtype == torch.float32  # what the codec gets is float32 either way
+    drift = float(((low[0] - exact[0][0]) ** 2).sum() / (exact[0][0] ** 2).sum())
+    assert 0 < drift < 1e-3  # bfloat16's rounding, not a different computation
+    f32, bf16 = err("float32"), err("bfloat16")
+    assert bf16 < f32 * 1.05 + 1e-3, (f32, bf16)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import FORWARD_DTYPE
+
 
 @dataclass(frozen=True)
 class FrontierConfig:
@@ -33,4 +35,5 @@ class EvalConfig:
     continuation_tokens: int = 64
     coef_dtype: str = "float16"
     screening: object = None  # an omp.Screening; None: as the CPU encoder codes by default (omp.EXACT: exact Batch-OMP)
+    forward_dtype: str = FORWARD_DTYPE  # the K/V coded: the encode forward's, in this dtype (FORWARD_DTYPES)
     first_layer: str = "tokens"  # as a store is read (QueryConfig.first_layer): layer 0 exact, from the tokens; or "codes"

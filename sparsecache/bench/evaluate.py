@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from ..codec.coding import Codec
 from ..codec.dictionary import Dictionary
+from ..dtypes import forward_dtype as resolve_forward_dtype
 from ..errors import TextError
 from ..model.kvmodel import KVModel, continuation_logits, default_prefix_ids, extract_kv, rotate_keys
 from ..text.documents import read_documents, token_chunks
@@ -105,9 +106,11 @@ class Tally:
 
 @torch.inference_mode()
 def fidelity(model: KVModel, methods: dict, windows: list[list[int]], prefix_tokens: int,
-             progress: bool = True) -> dict[str, dict]:
+             progress: bool = True, forward_dtype: str = "float32") -> dict[str, dict]:
     """NMSE/perplexity/KL/top-1 of every method (anything with `roundtrip(kv, kind)`) on the
-    same passages; the exact K/V and logits of a passage are computed once for all methods."""
+    same passages; the exact K/V and logits of a passage are computed once for all methods.
+    With `forward_dtype` "bfloat16" the methods code the K/V of the encode's bfloat16-autocast
+    forward (what such a store holds, `ingest.batch.code_batch`), measured against the exact."""
     prefix = default_prefix_ids(model)
     P0, P = len(prefix), prefix_tokens
     tallies = {name: Tally(model.n_layers) for name in methods}
@@ -121,10 +124,14 @@ def fidelity(model: KVModel, methods: dict, windows: list[list[int]], prefix_tok
     for window in tqdm(windows, desc="fidelity", unit="passage", leave=False, disable=not progress):
         ctx, cont = window[:P], window[P:]
         (k, v), = extract_kv(model, [ctx], prefix)
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=forward_dtype == "bfloat16"):
+            (kin, vin), = extract_kv(model, [ctx], prefix) if forward_dtype == "bfloat16" else ((k, v),)
         lp_exact = log_probs(k, v, cont)
         target = torch.tensor(cont[1:], device=model.device)
         for name, method in methods.items():
-            kr, vr = method.roundtrip(k, "k"), method.roundtrip(v, "v")
+            kr, vr = method.roundtrip(kin, "k"), method.roundtrip(vin, "v")
+            if isinstance(method, FirstLayerExact):  # a reader recomputes layer 0 from the tokens, in float32
+                kr[0], vr[0] = k[0], v[0]
             tally = tallies[name]
             tally.add_kv("k", k, kr)
             tally.add_kv("v", v, vr)
@@ -160,7 +167,8 @@ def evaluate_dictionary(model: KVModel, dictionary: Dictionary, texts=("builtin"
     for text in texts:
         windows = passages(model, [text], cfg)
         read = FirstLayerExact(codec) if cfg.first_layer == "tokens" else codec
-        report = fidelity(model, {"codec": read}, windows, cfg.prefix_tokens)["codec"]
+        report = fidelity(model, {"codec": read}, windows, cfg.prefix_tokens,
+                          forward_dtype=resolve_forward_dtype(cfg.forward_dtype, str(model.device)))["codec"]
         domains[domain_name(text)] = {**report, "passages": len(windows),
                                       "worst_layer_nmse_v": max(report["nmse_v_per_layer"]),
                                       "worst_layer_nmse_k": max(report["nmse_k_per_layer"])}

@@ -9,8 +9,8 @@ from sparsecache.codec.codes import COEF_DTYPE_NAMES
 from sparsecache.codec.config import ATOM_DTYPE_NAMES, DictConfig, TrainConfig
 from sparsecache.wrapper.config import QUESTION_SOURCES, WrapperConfig
 
-from .options import (device_option, emit, exact_omp_option, json_option, library_errors, model_option, resolve_device,
-                      screening)
+from .options import (device_option, emit, exact_omp_option, forward_dtype_option, json_option, library_errors,
+                      model_option, resolve_device, screening)
 
 
 @click.command("check-model")
@@ -107,11 +107,12 @@ def learn_dict_cmd(model_path, texts, init_dict, out, resume, device, **settings
                                       "do) or decoded from the codes like every other layer.")
 @click.option("--record", is_flag=True, help="Also write the report into the dictionary's metadata ('eval').")
 @exact_omp_option
+@forward_dtype_option
 @device_option
 @json_option
 @library_errors
 def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, continuation_tokens, coef, first_layer,
-                  record, exact_omp, device, as_json):
+                  record, exact_omp, forward_dtype, device, as_json):
     """Fidelity of a dictionary: NMSE, perplexity, KL and top-1 agreement on held-out text.
 
     Each passage is the model's chat prefix (kept exact, as a store keeps it), then
@@ -121,7 +122,8 @@ def eval_dict_cmd(dictionary, model_path, texts, passages, prefix_tokens, contin
     from sparsecache.bench.evaluate import eval_dict, report_lines
 
     cfg = EvalConfig(passages=passages, prefix_tokens=prefix_tokens, continuation_tokens=continuation_tokens,
-                     coef_dtype=coef, screening=screening(exact_omp), first_layer=first_layer)
+                     coef_dtype=coef, screening=screening(exact_omp), first_layer=first_layer,
+                     forward_dtype=forward_dtype)
     r = eval_dict(dictionary, model_path, texts, cfg, record=record, device=resolve_device(device))
     emit(r, as_json, report_lines(r))
 

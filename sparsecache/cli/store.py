@@ -11,7 +11,8 @@ from sparsecache.ingest.config import EncodeOptions
 from sparsecache.kvstore.index_config import INDEX_KINDS, KIND_HELP
 from sparsecache.wrapper.config import DEFAULT_WRAPPER_HELP
 
-from .options import device_option, emit, exact_omp_option, json_option, library_errors, model_option, resolve_device
+from .options import (device_option, emit, exact_omp_option, forward_dtype_option, json_option, library_errors,
+                      model_option, resolve_device)
 
 store_argument = click.argument("store", metavar="STORE")  # a directory or an s3://, gs://, az:// URL
 
@@ -69,6 +70,7 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
                    "the target and TTFT budget of its last calibration on this device, else calibrate's defaults) "
                    "and record it where one meets the target: the nightly job's check.")
 @exact_omp_option
+@forward_dtype_option
 @device_option
 @json_option
 @library_errors

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import FORWARD_DTYPE, FORWARD_DTYPES
 from ..errors import ConfigError
 from ..kvstore.index_config import INDEX_KINDS
 
@@ -35,6 +36,7 @@ class EncodeOptions:
     workers: int = 0  # Ray actors on a local Ray cluster (0: this process)
     ray_address: str | None = None  # an existing Ray cluster ('auto' inside `ray job submit`)
     exact_omp: bool = False  # exact Batch-OMP instead of the CPU kernel's screening
+    forward_dtype: str = FORWARD_DTYPE  # the forward's precision (dtypes.FORWARD_DTYPES); the K/V are stored float32
     device: str = "auto"  # auto: cuda when present, else cpu
     progress: bool = True  # progress bars and "loading model" on stderr
 
@@ -46,6 +48,8 @@ class EncodeOptions:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.batch_tokens < 1:
             raise ConfigError(f"batch-tokens must be >= 1, got {self.batch_tokens}")
+        if self.forward_dtype not in FORWARD_DTYPES:
+            raise ConfigError(f"forward-dtype must be one of {', '.join(FORWARD_DTYPES)}, got {self.forward_dtype!r}")
 
     def store_fields(self) -> dict:
         """The StoreConfig fields given (None: not given)."""

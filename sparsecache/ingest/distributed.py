@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..codec.omp import Screening
+from ..dtypes import forward_dtype as resolve_forward_dtype
 from ..errors import SparseCacheError
 from ..failpoints import kill_worker, start_failure
 from ..text.corpus import chunks
@@ -96,7 +97,7 @@ class RegionEncoder:
     """A Ray Data actor: model, codec and embedder loaded once; encodes one region per call."""
 
     def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int],
-                 screening: dict | None):
+                 screening: dict | None, forward_dtype: str = "auto"):
         os.environ.pop("SPARSECACHE_PAUSE_AT", None)  # the driver's failpoints are not the workers'
         # Ray restarts a crashed actor but not one whose __init__ raised, and Ray Data fails
         # the job on the first such actor: what another attempt can cure is retried here.
@@ -104,6 +105,7 @@ class RegionEncoder:
                                                  screening and Screening(**screening)), STARTUP_ATTEMPTS,
                      "actor start-up")
         self.batch_tokens, self.prefix = batch_tokens, prefix
+        self.forward_dtype = resolve_forward_dtype(forward_dtype, device)  # this machine's CPU decides "auto"
 
     def _load(self, store: str, generation: str, model: str, device: str, screening: Screening | None) -> None:
         from ..codec.coding import Codec
@@ -147,7 +149,7 @@ class RegionEncoder:
         with zarr.config.set({"array.write_empty_chunks": True}):
             for part in _parts(region.chunks, self.batch_tokens):
                 k, v = code_batch(self.model, self.codec, [c["token_ids"] for c in part], self.prefix,
-                                  self.batch_tokens, watch.step)
+                                  self.batch_tokens, watch.step, forward_dtype=self.forward_dtype)
                 with watch.step("write"):
                     tokens = np.concatenate([np.asarray(c["token_ids"], np.int32) for c in part])
                     write_codes(self.group, tok, tokens, k, v, grow=False)
@@ -230,7 +232,8 @@ def encode_distributed(run, ray) -> None:
     header, trailer = store_wrapping(w.backend, run.model)  # wrapped: chunks after the header, trailers appended
     actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
-             "screening": run.screening and asdict(run.screening)}  # each actor's arguments
+             "screening": run.screening and asdict(run.screening),
+             "forward_dtype": run.forward_dtype}  # each actor's arguments
     n = _start_ray(ray.workers, ray.address, run.device, timer)
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
     next_id = 0

@@ -22,6 +22,7 @@ from ..codec.coding import Codec
 from ..codec.dictionary import Dictionary
 from ..codec.learn import AdaptConfig
 from ..codec.omp import EXACT, Screening
+from ..dtypes import forward_dtype as resolve_forward_dtype
 from ..errors import ConfigError
 from ..kvstore.index import Embedder, FaissIndexer
 from ..model.kvmodel import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
@@ -44,6 +45,7 @@ class EncodeReport:
     seconds: dict = field(default_factory=dict)  # per phase (wall time in this process)
     worker_seconds: dict = field(default_factory=dict)  # per phase, summed over distributed workers
     message: str = ""
+    forward_dtype: str = ""  # what this process's forward ran in ("" where it ran none)
 
     @property
     def tokens_per_s(self) -> float:
@@ -90,6 +92,7 @@ class EncodeRun:
     device: str
     batch_tokens: int  # tokens per forward batch (and, on Ray, per region at most)
     screening: Screening | None
+    forward_dtype: str  # EncodeOptions.forward_dtype (a Ray actor resolves "auto" on its own machine)
     report: EncodeReport
     timer: Stopwatch  # seconds per phase
     progress: bool
@@ -133,7 +136,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOpt
                        progress=options.progress, workers=options.workers, ray_address=options.ray_address,
                        model_path=options.model,
                        adapt=AdaptConfig(steps=options.adapt_steps) if options.adapt_steps else None,
-                       screening=EXACT if options.exact_omp else None, wrapper=wrapper)
+                       screening=EXACT if options.exact_omp else None, wrapper=wrapper,
+                       forward_dtype=options.forward_dtype)
 
 
 def dictionary_for(store, given: str | None = None, model_path: str = "default") -> Dictionary:
@@ -156,7 +160,7 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
                 delete_missing: bool = False, index: str = EncodeOptions.index_kind, keep: int = EncodeOptions.keep,
                 progress: bool = True, workers: int = 0, ray_address: str | None = None, model_path: str = "default",
                 adapt: AdaptConfig | None = None, screening: Screening | None = None,
-                wrapper: Wrapper | None = None) -> EncodeReport:
+                wrapper: Wrapper | None = None, forward_dtype: str = EncodeOptions.forward_dtype) -> EncodeReport:
     """Bring the store at `store` (a directory, an s3://, gs://, az:// URL or an open Backend)
     up to date with `corpus`, with the dictionary, model and config already chosen (what
     `encode_corpus` resolves); returns what was done and how long it took.
@@ -208,13 +212,15 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
             model = load()
             dictionary.check_model(model.fingerprint())
             w.check_compatible(config, dictionary, model.fingerprint())
-            run = EncodeRun(w, plan, model, config, str(device), batch_tokens, screening, report, timer, progress)
+            run = EncodeRun(w, plan, model, config, str(device), batch_tokens, screening, forward_dtype, report, timer,
+                            progress)
             ray = RayConfig(workers, ray_address, model_path)
             if ray.enabled:
                 from .distributed import encode_distributed
 
                 encode_distributed(run, ray)
             else:
+                report.forward_dtype = resolve_forward_dtype(forward_dtype, str(device))
                 _encode_work(run, Codec(dictionary, config.coef_dtype, device, config.index_coding, screening),
                              embedder or Embedder(config.embedder, device))
             _publish(w, plan, index, keep, report, timer)
@@ -336,7 +342,8 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
                                     timer):
         if batch:
             wrapped = [replace(c, token_ids=tuple(c.token_ids) + trailer) for c in batch] if trailer else batch
-            _encode_batch(w, wrapped, open_docs, model, codec, embedder, prefix, run.batch_tokens, timer, bar)
+            _encode_batch(w, wrapped, open_docs, model, codec, embedder, prefix, run.batch_tokens, timer, bar,
+                          report.forward_dtype)
             report.chunks += len(batch)
             report.tokens += sum(len(c.token_ids) for c in batch)
         done = {}
@@ -389,7 +396,8 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
 
 
 def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], model: KVModel, codec: Codec,
-                  embedder: Embedder, prefix: list[int], batch_tokens: int, timer: Stopwatch, bar) -> None:
+                  embedder: Embedder, prefix: list[int], batch_tokens: int, timer: Stopwatch, bar,
+                  forward_dtype: str) -> None:
     def step(name):  # the bar says what the batch is doing: a CPU batch takes ~1.5 min
         bar.set_description(f"encode ({name})")
         return timer.step(name)
@@ -402,7 +410,7 @@ def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], mod
         moved += n
 
     k_codes, v_codes = code_batch(model, codec, [list(c.token_ids) for c in batch], prefix, batch_tokens, step,
-                                  on_tokens)
+                                  on_tokens, forward_dtype)
     with step("embed"):
         emb = embedder.embed([c.text for c in batch])
     with step("write"):

@@ -181,7 +181,8 @@ def resolve_device(name: str) -> str:
 def query_dtype(name: str, device: str | torch.device) -> torch.dtype:
     """The dtype a query runs the model in: one of `dtypes.DTYPES`, where "auto" is float32
     on a CPU (the reference) and bfloat16 on a GPU (BENCHMARKS.md, "On a GPU": its answers
-    against float32's). A store's K/V are always computed in float32."""
+    against float32's). A store's K/V are float32 whatever this says (its encode's forward:
+    `encode-corpus --forward-dtype`)."""
     from ..dtypes import DTYPES
 
     if name not in DTYPES:
