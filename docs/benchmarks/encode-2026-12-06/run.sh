@@ -15,5 +15,6 @@ NUMBA_THREADING_LAYER=workqueue sparsecache encode-corpus builtin:heldout --stor
   > $E/demo-encode-auto-bfloat16-workqueue.json
 NUMBA_THREADING_LAYER=omp python $E/real2.py /tmp/demo-f32.store        # the forward after numba's pool has run: omp layer
 NUMBA_THREADING_LAYER=workqueue python $E/real2.py /tmp/demo-f32.store  # ... workqueue layer
+bash $E/ttft_layers.sh /tmp/demo-f32.store                # the README's query under each numba layer (JSON by hand)
 # omp-bf16-selection.json: a bfloat16 alpha0 for the atom choice with exact correlations at the chosen atoms (a kernel
 # patch measured and reverted: 5% faster OMP at +0.8% K NMSE)
