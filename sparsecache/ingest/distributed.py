@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..codec.omp import Screening
-from ..dtypes import forward_dtype as resolve_forward_dtype
+from ..dtypes import FORWARD_DTYPE, forward_dtype as resolve_forward_dtype
 from ..errors import SparseCacheError
 from ..failpoints import kill_worker, start_failure
 from ..text.corpus import chunks
@@ -97,7 +97,7 @@ class RegionEncoder:
     """A Ray Data actor: model, codec and embedder loaded once; encodes one region per call."""
 
     def __init__(self, store: str, generation: str, model: str, device: str, batch_tokens: int, prefix: list[int],
-                 screening: dict | None, forward_dtype: str = "auto"):
+                 screening: dict | None, forward_dtype: str = FORWARD_DTYPE):
         os.environ.pop("SPARSECACHE_PAUSE_AT", None)  # the driver's failpoints are not the workers'
         # Ray restarts a crashed actor but not one whose __init__ raised, and Ray Data fails
         # the job on the first such actor: what another attempt can cure is retried here.
