@@ -13,6 +13,8 @@ sparsecache encode-corpus builtin:heldout --store /tmp/demo-f32.store --forward-
 sparsecache encode-corpus builtin:heldout --store /tmp/demo-bf16.store --json > $E/demo-encode-auto-bfloat16.json
 NUMBA_THREADING_LAYER=workqueue sparsecache encode-corpus builtin:heldout --store /tmp/demo-wq.store --json \
   > $E/demo-encode-auto-bfloat16-workqueue.json
+NUMBA_THREADING_LAYER=workqueue sparsecache encode-corpus builtin:heldout --store /tmp/demo-wq32.store --forward-dtype float32 \
+  --json > $E/demo-encode-float32-workqueue.json
 NUMBA_THREADING_LAYER=omp python $E/real2.py /tmp/demo-f32.store        # the forward after numba's pool has run: omp layer
 NUMBA_THREADING_LAYER=workqueue python $E/real2.py /tmp/demo-f32.store  # ... workqueue layer
 bash $E/ttft_layers.sh /tmp/demo-f32.store                # the README's query under each numba layer (JSON by hand)
