@@ -26,13 +26,18 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def forward_dtype(name: str, device: str) -> str:
-    """The dtype the encode's forward runs in ("float32" or "bfloat16") for `name` in FORWARD_DTYPES
-    on `device` ("cpu", "cuda", "cuda:N")."""
+def check_forward_dtype(name: str) -> None:
+    """Refuse a forward dtype outside FORWARD_DTYPES (ConfigError, the CLI's spelling)."""
     if name not in FORWARD_DTYPES:
         from .errors import ConfigError
 
-        raise ConfigError(f"forward dtype must be one of {', '.join(FORWARD_DTYPES)}, got {name!r}")
+        raise ConfigError(f"forward-dtype must be one of {', '.join(FORWARD_DTYPES)}, got {name!r}")
+
+
+def forward_dtype(name: str, device: str) -> str:
+    """The dtype the encode's forward runs in ("float32" or "bfloat16") for `name` in FORWARD_DTYPES
+    on `device` ("cpu", "cuda", "cuda:N")."""
+    check_forward_dtype(name)
     if name != "auto":
         return name
     return "bfloat16" if str(device) == "cpu" and native_bf16() else "float32"

@@ -248,9 +248,9 @@ def test_the_cpu_decode_reuses_its_memory_only_when_nothing_holds_the_last_resul
 
 
 def test_a_bfloat16_forward_codes_nearly_what_a_float32_forward_does(tiny_model, tiny_dictionary):
-    """`code_batch` under bfloat16 autocast (the CPU encode's default where the CPU multiplies
-    bfloat16 natively): the K/V it codes are float32 and within bfloat16 rounding of the exact
-    ones, so the decoded K/V are about as far from the exact as a float32 forward's codes."""
+    """`code_batch` under bfloat16 autocast (`encode-corpus --forward-dtype bfloat16`, or auto on a
+    CPU that multiplies bfloat16 natively): the K/V it codes are float32 and within bfloat16 rounding
+    of the exact ones, so the decoded K/V are about as far from the exact as a float32 forward's codes."""
     import contextlib
 
     from sparsecache.codec.coding import Codec
@@ -270,8 +270,7 @@ def test_a_bfloat16_forward_codes_nearly_what_a_float32_forward_does(tiny_model,
         rec = codec.decode(codes, "k")
         return float(((rec - k_exact) ** 2).sum() / (k_exact ** 2).sum())
 
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        (low,) = extract_kv(tiny_model, [chunks[0]], prefix)
+    (low,) = extract_kv(tiny_model, [chunks[0]], prefix, forward_dtype="bfloat16")
     assert low[0].dtype == torch.float32  # what the codec gets is float32 either way
     drift = float(((low[0] - exact[0][0]) ** 2).sum() / (exact[0][0] ** 2).sum())
     assert 0 < drift < 1e-3  # bfloat16's rounding, not a different computation

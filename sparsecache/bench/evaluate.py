@@ -124,8 +124,8 @@ def fidelity(model: KVModel, methods: dict, windows: list[list[int]], prefix_tok
     for window in tqdm(windows, desc="fidelity", unit="passage", leave=False, disable=not progress):
         ctx, cont = window[:P], window[P:]
         (k, v), = extract_kv(model, [ctx], prefix)
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=forward_dtype == "bfloat16"):
-            (kin, vin), = extract_kv(model, [ctx], prefix) if forward_dtype == "bfloat16" else ((k, v),)
+        (kin, vin), = extract_kv(model, [ctx], prefix, forward_dtype=forward_dtype) if forward_dtype == "bfloat16" \
+            else ((k, v),)
         lp_exact = log_probs(k, v, cont)
         target = torch.tensor(cont[1:], device=model.device)
         for name, method in methods.items():

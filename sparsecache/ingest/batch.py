@@ -15,12 +15,9 @@ def code_batch(model: KVModel, codec: Codec, token_lists: list[list[int]], prefi
     """One batch of chunks through the model and Batch-OMP: (K codes, V codes) of their tokens
     in order, timed as "forward" and "omp" by `step(name)`; `on_tokens(n)` is told as OMP's
     blocks finish how many tokens' worth of signals are coded (a CPU batch codes for minutes).
-    `forward_dtype` "bfloat16" runs the forward under bfloat16 autocast (`dtypes.forward_dtype`);
-    the K/V it yields are float32 either way. The local loop and the Ray actors both encode
-    through here."""
-    autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=forward_dtype == "bfloat16")
-    with step("forward"), autocast:
-        kv = extract_kv(model, token_lists, prefix, batch_tokens)
+    `forward_dtype`: `extract_kv`'s. The local loop and the Ray actors both encode through here."""
+    with step("forward"):
+        kv = extract_kv(model, token_lists, prefix, batch_tokens, forward_dtype)
         keys = torch.cat([k for k, _ in kv], dim=1)  # (n_layers, T, m)
         values = torch.cat([v for _, v in kv], dim=1)
         del kv

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dtypes import FORWARD_DTYPE, FORWARD_DTYPES
+from ..dtypes import FORWARD_DTYPE, check_forward_dtype
 from ..errors import ConfigError
 from ..kvstore.index_config import INDEX_KINDS
 
@@ -48,8 +48,7 @@ class EncodeOptions:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.batch_tokens < 1:
             raise ConfigError(f"batch-tokens must be >= 1, got {self.batch_tokens}")
-        if self.forward_dtype not in FORWARD_DTYPES:
-            raise ConfigError(f"forward-dtype must be one of {', '.join(FORWARD_DTYPES)}, got {self.forward_dtype!r}")
+        check_forward_dtype(self.forward_dtype)
 
     def store_fields(self) -> dict:
         """The StoreConfig fields given (None: not given)."""

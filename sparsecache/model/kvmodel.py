@@ -343,19 +343,22 @@ def kv_taps(model: KVModel):
 
 @torch.inference_mode()
 def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = (),
-               batch_tokens: int = 16384) -> list[tuple[torch.Tensor, torch.Tensor]]:
+               batch_tokens: int = 16384, forward_dtype: str = "float32") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Pre-RoPE keys and values of each chunk, computed after the shared prefix.
 
     Returns one (keys, values) pair per chunk, each [n_layers, T_chunk, m] float32 on the
     model's device; the prefix's own K/V is excluded. Chunks are right-padded into batches
     (causal attention keeps real tokens blind to the padding), and the prefix is run with
     each chunk so every chunk sees exactly the context it will be placed after.
+    `forward_dtype` "bfloat16" runs the forward under bfloat16 autocast (the encode's
+    `--forward-dtype`, resolved by `dtypes.forward_dtype`); the K/V returned are float32 either way.
     """
     prefix = list(prefix_ids)
     out: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(chunks)  # type: ignore[list-item]
     order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))  # less padding
     pad = model.tokenizer.pad_token_id or 0
-    with kv_taps(model) as taps:
+    autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=forward_dtype == "bfloat16")
+    with kv_taps(model) as taps, autocast:
         for batch in _batches(order, chunks, len(prefix), batch_tokens):
             width = len(prefix) + max(len(chunks[i]) for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
