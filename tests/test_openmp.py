@@ -47,3 +47,24 @@ def test_the_cpu_kernels_leave_the_callers_openmp_thread_count_alone():
     numba's own. vLLM's CPU worker (pinned to 1 CPU, OpenMP planned for 2) then ran its next
     attention with 1 thread and aborted on its own check (`numba_pool`)."""
     assert _run(KERNELS, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="2").split() == ["2", "2"]
+
+
+NESTING = """
+import sparsecache, torch
+from sparsecache.codec import numba_pool
+runtime = numba_pool.openmp_runtime()
+before = (runtime.omp_get_max_active_levels(), runtime.omp_get_nested())
+from sparsecache.codec.omp import batch_omp, gram
+D = torch.nn.functional.normalize(torch.randn(32, 256), dim=0)
+batch_omp(torch.randn(64, 32), D, 4, gram(D))  # the fused CPU OMP: numba's first parallel kernel
+print(*before, runtime.omp_get_max_active_levels(), runtime.omp_get_nested())
+"""
+
+
+def test_the_cpu_kernels_leave_torchs_openmp_nesting_off():
+    """Starting numba's pool turns nested parallelism on in the OpenMP runtime torch uses, and
+    torch's forward then oversubscribed the cores (1.5x slower in bfloat16): `numba_pool` puts the
+    nesting back as it was. On Linux the runtime is reachable and nesting starts off."""
+    levels, nested, levels_after, nested_after = map(int, _run(NESTING).split())
+    assert nested == 0
+    assert (levels_after, nested_after) == (levels, nested)
