@@ -6,11 +6,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # the model's dtype for a q
 DTYPE = "auto"  # float32 on a CPU (the reference), bfloat16 on a GPU
 
 # The encode's forward (`encode-corpus --forward-dtype`): "auto" runs it under bfloat16 autocast on
-# a CPU that multiplies bfloat16 natively (`native_bf16`), ~1.35x faster inside the encode, the K/V
+# a CPU that multiplies bfloat16 natively (`native_bf16`), ~1.3x faster inside the encode, the K/V
 # within 2e-5 (K) and 1.3e-4 (V) NMSE of float32's, ~0.1-0.2% of the codec's own error (`eval-dict`
 # sees the codes equal), and float32 elsewhere (a GPU's encode is bound by OMP, not by the forward).
 # The default since numba_pool stopped numba's pool from slowing torch and a CPU forward runs each
-# chunk alone (`extract_kv`), so a rerun after a crash writes a fresh build's codes bit for bit
+# chunk alone (`extract_kv`), so a rerun after a crash codes a fresh build's K/V bit for bit
 # (BENCHMARKS.md, "The CPU encode's OMP, phase by phase").
 FORWARD_DTYPES = ("auto", "float32", "bfloat16")
 FORWARD_DTYPE = "auto"  # EncodeOptions' and EvalConfig's default

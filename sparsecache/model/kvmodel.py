@@ -351,10 +351,10 @@ def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = 
     chunk sees exactly the context it will be placed after. On a GPU chunks are right-padded into
     batches of about `batch_tokens` (causal attention keeps real tokens blind to the padding); on
     a CPU each chunk runs alone, which is faster there (the unpadded causal attention, no padding:
-    the demo corpus's chunks 1.2x in bfloat16, 1.3x in float32) and makes a chunk's K/V the same
+    the demo corpus's chunks 1.1x in bfloat16, 1.3x in float32) and makes a chunk's K/V the same
     bits whatever chunks it is encoded with (a batch's padding and shapes move them by the
     forward's rounding, bfloat16's under `--forward-dtype auto`), so an encode resumed after a
-    crash writes the codes a fresh one would.
+    crash codes the K/V a fresh one would.
     `forward_dtype` "bfloat16" runs the forward under bfloat16 autocast (the encode's
     `--forward-dtype`, resolved by `dtypes.forward_dtype`); the K/V returned are float32 either way.
     """
