@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from conftest import all_codes, assert_same_codes, write_corpus
-from sparsecache.dtypes import FORWARD_DTYPE, forward_dtype
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.ingest.encoder import encode_with
@@ -44,13 +43,13 @@ def test_store_decode_equals_codec_decode(store, tiny_model, tiny_dictionary):
     ids = [c.id for c in chunks]
     codes = s.read_codes(ids)
     tokens = np.split(codes.tokens, np.cumsum(codes.lengths)[:-1])
-    kv = extract_kv(tiny_model, [t.tolist() for t in tokens], prefix_ids(tiny_model, None),
-                    forward_dtype=forward_dtype(FORWARD_DTYPE, "cpu"))  # the encode's default, as the store ran it
+    kv = extract_kv(tiny_model, [t.tolist() for t in tokens], prefix_ids(tiny_model, None))
     codec = Codec(tiny_dictionary, CONFIG.coef_dtype, indices=CONFIG.index_coding)
     keys, values = (torch.cat([x[i] for x in kv], 1) for i in (0, 1))
     ref_k, ref_v = codec.encode(keys, "k"), codec.encode(values, "v")
-    # A CPU forward runs each chunk alone, in the store's encode as here, so the K/V are the same
-    # bits; the bound allows one fp16 coefficient ulp, as when a GPU's batches moved the K/V.
+    # The store ran the model in batches of other shapes than this one padded forward, so KV
+    # can differ in the last bit (seen on AVX-512 and AMD machines): the chosen atoms agree,
+    # fp16 coefficients within one ulp.
     for got, ref in ((codes.k, ref_k), (codes.v, ref_v)):
         np.testing.assert_array_equal(got.indices, ref.indices)
         np.testing.assert_allclose(got.coefficients.astype(np.float32), ref.coefficients.astype(np.float32),

@@ -49,10 +49,9 @@ def forward_dtype_option(f):
     return click.option("--forward-dtype", type=click.Choice(FORWARD_DTYPES), default=FORWARD_DTYPE, show_default=True,
                         help="The precision of the encode's forward pass (the K/V are stored float32 either way): auto "
                              "is bfloat16 autocast on a CPU with bfloat16 dot products (AVX512-BF16 or AMX), else "
-                             "float32 (a GPU's encode is bound by OMP, not by the forward). bfloat16 costs ~0.1-0.2% "
-                             "of the codec's own error (eval-dict sees the codes equal) and makes the forward ~1.3x "
-                             "faster inside an encode, the whole encode ~5% (BENCHMARKS.md, 'The CPU encode's OMP, "
-                             "phase by phase').")(f)
+                             "float32. bfloat16 costs ~0.1-0.2% of the codec's own error (eval-dict sees the codes "
+                             "equal) and makes the encode's forward ~1.2-1.5x faster (BENCHMARKS.md, 'The CPU "
+                             "encode's OMP, phase by phase').")(f)
 
 
 def screening(exact_omp: bool):

@@ -347,14 +347,9 @@ def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = 
     """Pre-RoPE keys and values of each chunk, computed after the shared prefix.
 
     Returns one (keys, values) pair per chunk, each [n_layers, T_chunk, m] float32 on the
-    model's device; the prefix's own K/V is excluded. The prefix is run with each chunk so every
-    chunk sees exactly the context it will be placed after. On a GPU chunks are right-padded into
-    batches of about `batch_tokens` (causal attention keeps real tokens blind to the padding); on
-    a CPU each chunk runs alone, which is faster there (the unpadded causal attention, no padding:
-    the demo corpus's chunks 1.1x in bfloat16, 1.3x in float32) and makes a chunk's K/V the same
-    bits whatever chunks it is encoded with (a batch's padding and shapes move them by the
-    forward's rounding, bfloat16's under `--forward-dtype auto`), so an encode resumed after a
-    crash codes the K/V a fresh one would.
+    model's device; the prefix's own K/V is excluded. Chunks are right-padded into batches
+    (causal attention keeps real tokens blind to the padding), and the prefix is run with
+    each chunk so every chunk sees exactly the context it will be placed after.
     `forward_dtype` "bfloat16" runs the forward under bfloat16 autocast (the encode's
     `--forward-dtype`, resolved by `dtypes.forward_dtype`); the K/V returned are float32 either way.
     """
@@ -364,8 +359,7 @@ def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = 
     pad = model.tokenizer.pad_token_id or 0
     autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=forward_dtype == "bfloat16")
     with kv_taps(model) as taps, autocast:
-        alone = model.device.type == "cpu"
-        for batch in _batches(order, chunks, len(prefix), 1 if alone else batch_tokens):
+        for batch in _batches(order, chunks, len(prefix), batch_tokens):
             width = len(prefix) + max(len(chunks[i]) for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             for row, i in enumerate(batch):
