@@ -50,7 +50,7 @@ def forward_dtype_option(f):
                         help="The precision of the encode's forward pass (the K/V are stored float32 either way): auto "
                              "is bfloat16 autocast on a CPU with bfloat16 dot products (AVX512-BF16 or AMX), else "
                              "float32. bfloat16 costs ~0.1-0.2% of the codec's own error (eval-dict sees the codes "
-                             "equal) and makes the encode's forward ~1.2-1.5x faster (BENCHMARKS.md, 'The CPU "
+                             "equal) and makes the encode's forward ~1.6x faster (BENCHMARKS.md, 'The CPU "
                              "encode's OMP, phase by phase').")(f)
 
 
