@@ -259,7 +259,7 @@ def test_a_bfloat16_forward_codes_nearly_what_a_float32_forward_does(tiny_model,
 
     torch.manual_seed(0)
     chunks = [torch.randint(5, 250, (n,)).tolist() for n in (40, 64, 23)]
-    (prefix,) = [[1, 2, 3]]
+    prefix = [1, 2, 3]
     exact = extract_kv(tiny_model, chunks, prefix)
     k_exact = torch.cat([k for k, _ in exact], 1)
     codec = Codec(tiny_dictionary, "float32", "cpu")
