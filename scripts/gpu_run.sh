@@ -49,8 +49,8 @@ tests)
 omp)
   stage
   stamp profile; timeout 120 python3 scripts/experiments/profile_omp.py --device cuda > "$OUT/profile-omp.txt" 2>&1; grep -A16 "===" "$OUT/profile-omp.txt" | cut -c1-150
-  cfgs=("--dict dictionaries/smollm2-135m-n8192-s16-L1 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L1 --sparsity 32"
-        "--layers-per-signal 5 --sparsity 16" "--dict dictionaries/smollm2-135m-n8192-s32-L5 --sparsity 32")
+  cfgs=("--sparsity 16" "--sparsity 32" "--layers-per-signal 5 --sparsity 32"
+        "--dict dictionaries/smollm2-135m-n8192-s80-L10 --sparsity 80")
   [ $# -gt 1 ] && cfgs=("${@:2}")  # or the configurations named on the command line
   for cfg in "${cfgs[@]}"; do
     name=$(echo "$cfg" | tr -c 'a-zA-Z0-9' '_' | tr -s _)
