@@ -672,7 +672,7 @@ from sparsecache.query.session import Session
 
 import sparsecache.query.methods.base as methods_base
 import sparsecache.vllm.connector as connector
-choose_many, fuse = methods_base.choose_many, methods_base.fuse
+choose_many, fuse = methods_base.choose_many, methods_base.Decoded.fuse
 chosen = {"vllm": [], "query": []}
 def engine(*args, **kwargs):
     positions = choose_many(*args, **kwargs)
@@ -682,7 +682,7 @@ def query(*args, **kwargs):
     logits, positions = fuse(*args, **kwargs)
     chosen["query"].append(positions.tolist())
     return logits, positions
-connector.choose_many, methods_base.fuse = engine, query
+connector.choose_many, methods_base.Decoded.fuse = engine, query
 
 model, store, question = sys.argv[1:4]
 session = Session(store, model)

@@ -355,7 +355,7 @@ def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, 
     run through the layers, their selected tokens recomputed in one run (`stack.Batch`), each
     attending over its own cache. Each gets the selection and the cache it gets alone."""
     from sparsecache.model.cache import recompute_many
-    from sparsecache.query.methods.base import choose, choose_many
+    from sparsecache.query.methods.base import choose_many
 
     cases = [(chunk_ids, QUESTION, QueryConfig(method="infoflow", recompute_ratio=0.3)),
              (chunk_ids[:2], "Why would one use it?", QueryConfig(method="a3", recompute_ratio=0.2)),
@@ -365,7 +365,7 @@ def test_contexts_blended_together_get_what_each_gets_alone(session, chunk_ids, 
     alone = []
     for (ids, _, cfg), q in zip(cases, qs):
         ctx = load_cache(session.store, ids, tiny_model)
-        positions = choose(ctx, q, cfg, tiny_model)
+        positions = cfg.spec.choose(ctx, q, cfg, tiny_model)
         recompute(ctx, positions, tiny_model)
         alone.append((ctx, positions))
     ctxs = [load_cache(session.store, ids, tiny_model) for ids, _, _ in cases]

@@ -51,7 +51,7 @@ def test_compute_parameters_count_what_a_forward_pass_multiplies(tiny_model):
 
 
 def test_a_context_under_the_threshold_is_prefilled_and_says_so(session, chunk_ids):  # noqa: F811
-    length = session.context_length(chunk_ids)
+    length = session.plan(QueryConfig(method="none", prefill_under=0), chunk_ids).chunk_tokens
     full = session.query(QUESTION, chunks=chunk_ids, method="full", max_new_tokens=4, prefill_under=0)
     cheap_answer = session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=4,
                                  prefill_under=length + 1)

@@ -160,6 +160,8 @@ def test_completions_take_the_question_as_prompt(server):
     assert r.choices[0].text and r.model_extra["sparsecache"]["chunks"][0]["doc_id"] == "tharbar.txt"
     status, body = server.post("/v1/completions", {"model": MODEL, "prompt": [QUESTIONS[0], QUESTIONS[1]]})
     assert status == 400 and "one string" in body["error"]["message"]
+    status, body = server.post("/v1/completions", {"model": MODEL, "prompt": " \n\t "})  # the plan's own check
+    assert status == 400 and "the question is empty" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("body, message", [

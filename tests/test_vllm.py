@@ -135,20 +135,20 @@ def chosen(monkeypatch):
     import sparsecache.vllm.connector as connector
 
     seen = {"vllm": [], "query": []}
-    choose_many, fuse = methods_base.choose_many, methods_base.fuse
+    choose_many, fuse = methods_base.choose_many, methods_base.Decoded.fuse
 
     def engine(*args, **kwargs):  # the connector's, for the step's requests
         positions = choose_many(*args, **kwargs)
         seen["vllm"].extend(p.tolist() for p in positions)
         return positions
 
-    def query(*args, **kwargs):  # sparsecache query's fusion: (logits, positions)
+    def query(*args, **kwargs):  # sparsecache query's fusion (a method: self first): (logits, positions)
         logits, positions = fuse(*args, **kwargs)
         seen["query"].append(positions.tolist())
         return logits, positions
 
     monkeypatch.setattr(connector, "choose_many", engine)
-    monkeypatch.setattr(methods_base, "fuse", query)
+    monkeypatch.setattr(methods_base.Decoded, "fuse", query)
     return seen
 
 

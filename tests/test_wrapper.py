@@ -170,6 +170,8 @@ def test_a_wrapped_store_keeps_the_header_once_and_each_chunks_trailer(wrapped_s
     header_ids, trailer_ids = w.ids()
     assert s.prefix()[0] == prefix_ids(tiny_model, None) and s.header()[0] == header_ids == [-1, -2, -3]
     assert s.encoded_after() == s.prefix()[0] + header_ids
+    layout = s.layout()  # the one definition of a context every reader lays out
+    assert layout.prefix == tuple(s.prefix()[0]) and layout.header == (-1, -2, -3) and layout.trailer == 2
     torch.testing.assert_close(s.soft(), w.table())
     chunk = s.chunks()[0]
     tokens = s.tokens([chunk.id])[0]

@@ -32,7 +32,6 @@ from sparsecache.model.cache import recompute
 from sparsecache.model.generate import forced_logprobs, question_ids
 from sparsecache.query import methods
 from sparsecache.query.config import QueryConfig
-from sparsecache.query.methods.base import fuse
 from sparsecache.query.session import Session
 from sparsecache.stopwatch import Stopwatch
 
@@ -51,7 +50,7 @@ def evaluate(ctx0, q_ids, ref, model, positions=None, cfg=None):
     """The value figures after recomputing `positions` (or after `fuse` with `cfg`) on a copy of ctx0."""
     ctx = copy.deepcopy(ctx0)
     if cfg is not None:
-        logits, positions = fuse(ctx, q_ids, cfg, model)
+        logits, positions = cfg.spec.fuse(ctx, q_ids, cfg, model)
     else:
         logits = recompute(ctx, positions, model, q_ids=q_ids)
     score, right = value_score(logits, ctx, len(q_ids), ref, model)

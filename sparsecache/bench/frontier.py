@@ -39,7 +39,6 @@ from ..model.generate import full_prefill, greedy_continue, question_ids
 from ..model.kvmodel import KVModel, default_prefix_ids, extract_kv
 from ..paths import cache_root
 from ..query.config import QueryConfig
-from ..query.methods.base import fuse
 from .baselines import default_baselines
 from .config import EvalConfig, FrontierConfig
 from .evaluate import domain_name, fidelity, passages
@@ -229,7 +228,7 @@ def _answer(model: KVModel, n: Needles, trial, chunk_kv, fusion: QueryConfig | N
         position = len(seq)
     else:
         ctx = assemble(n.prefix, n.prefix_kv, chunk_tokens, chunk_kv, model)
-        logits, _ = fuse(ctx, q_ids, fusion, model)
+        logits, _ = fusion.spec.fuse(ctx, q_ids, fusion, model)
         cache, position = ctx.cache, ctx.length + len(q_ids)
     # 12 tokens cannot hold a second 6-digit number after the first, so stopping at the
     # first one decides the trial exactly as the full 12 tokens would.

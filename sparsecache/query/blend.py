@@ -115,14 +115,14 @@ def stored_chunks(store, prefix_ids: list[int], prefix_kv, ids: list[str], token
 
 def with_header(store, tokens: list[list[int]], kv: list[tuple[torch.Tensor, torch.Tensor]]
                 ) -> tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Chunks' token ids and pre-RoPE K/V as a query lays them out: in a wrapped store, the store's
-    header (soft token ids, exact K/V) in front of each; as they are otherwise."""
+    """Chunks' token ids and pre-RoPE K/V as a query lays them out (`ContextLayout.chunks`): in a
+    wrapped store, the store's header (soft token ids, exact K/V) in front of each; as they are otherwise."""
     header = store.header()
     if header is None:
         return tokens, kv
-    h_ids, hk, hv = header
-    return [h_ids + t for t in tokens], [(torch.cat([hk.to(k.device, k.dtype), k], 1),
-                                          torch.cat([hv.to(v.device, v.dtype), v], 1)) for k, v in kv]
+    _, hk, hv = header
+    return store.layout().chunks(tokens), [(torch.cat([hk.to(k.device, k.dtype), k], 1),
+                                            torch.cat([hv.to(v.device, v.dtype), v], 1)) for k, v in kv]
 
 
 @torch.inference_mode()

@@ -91,7 +91,7 @@ def cake_context(store, chunk_ids: list[str], model: KVModel, split: int | None 
     chunks' layer 0 comes from their tokens (`blend.restore_first_layer`, on this thread once the
     loader is done: the model runs one pass at a time)."""
     prefix_ids, pk, pv = store.prefix()
-    tokens, _ = with_header(store, store.tokens(chunk_ids), [])  # a wrapped store's header before each chunk
+    tokens = store.layout().chunks(store.tokens(chunk_ids))  # a wrapped store's header before each chunk
     n, dev = len(chunk_ids), model.device
     pointers = _Pointers(n, split)
     decoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -25,12 +25,12 @@ from ..model.gguf import for_recorded
 from ..model.kvmodel import KVModel, kv_values, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
-from . import cheap
-from .budget import Costs, budgeted, costs_for
+from .budget import Costs
 from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, device_record, missed_target
 from .context import QueryContext, Reuse
 from .methods.cacheclip import Selectors
 from .overlap import Rates
+from .plan import Plan, check_question, costs_of, plan, prefill_under
 from .raw import RawKV
 
 STEPS = ("retrieve", "read", "transfer", "reconstruct", "select", "recompute", "prefill", "first_token")
@@ -56,6 +56,7 @@ class Answer:
     # the cheap-context threshold (tokens) when the context was under it and so prefilled (`cheap.py`)
     prefilled_under: int | None = None
     recompute_ratio: float | None = None  # the share of chunk tokens a scorer recomputed (its own, given or budgeted)
+    config: QueryConfig | None = field(default=None, repr=False)  # the config asked for, its method named
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
@@ -117,7 +118,7 @@ class Session:
         if self.device.type == "cpu":
             # set-up, like loading the model, not a query's TTFT: the decode's kernels, and its memory for
             # TOP_K full chunks (a first decode into fresh memory was ~2x slower, #82 item 3)
-            tokens = TOP_K * (self.store.config.chunk_tokens + self.header_tokens())
+            tokens = self.store.layout().chunk_tokens([self.store.config.chunk_tokens] * TOP_K)
             self.store.codec().warm_up(tokens * kv_values(self.model.config))
             if OPENMP_SPINS:
                 warnings.warn("torch was imported before sparsecache, so its OpenMP workers spin between "
@@ -126,7 +127,7 @@ class Session:
                               stacklevel=2)
         self.raw = RawKV(self.store, raw_dir)
         if warm_retrieval:  # the embedder loaded and run once, the index read and searched once
-            retrieve(self.store, self.embedder, "warm-up", TOP_K)
+            search_hits(self.store, self.embedder, "warm-up", TOP_K)
         self.selectors = Selectors(self.model, wrapped=self.store.header() is not None)
         self.rates = Rates()  # measured by every query; cake's split comes from them
         self._costs = _FROM_STORE  # `costs`: tests may set it
@@ -138,7 +139,7 @@ class Session:
         where none are). Read at each query from the session's current version, as `default_config` is."""
         if self._costs is not _FROM_STORE:
             return self._costs
-        return costs_for(self.store.calibration(), self.device.type, self.model.config)
+        return costs_of(self.store, self.model.config, self.device.type)
 
     @costs.setter
     def costs(self, costs: Costs | None):
@@ -154,17 +155,18 @@ class Session:
 
     @_at_a_live_version
     def retrieve(self, question: str, top_k: int) -> list[dict]:
-        return retrieve(self.store, self.embedder, question, top_k)
+        return search_hits(self.store, self.embedder, question, top_k)
 
     def compare(self, question: str, answer: Answer, config: QueryConfig | None = None,
                 max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
-        """How `answer` (this session's answer to `question` under `config`) compares with full
-        prefill of the same chunks: full prefill's answer and TTFT, whether the texts are the
-        same, and the share of full prefill's tokens this context predicts when fed them
-        (agreement that survives one different word). A method that kept every chunk is compared
-        in its own order; one that dropped chunks (superposition) with full prefill of every
-        retrieved chunk in the query's order, what answering without sparsecache would read."""
-        cfg = self.configured(config)
+        """How `answer` (this session's answer to `question`) compares with full prefill of the
+        same chunks: full prefill's answer and TTFT, whether the texts are the same, and the share of
+        full prefill's tokens this context predicts when fed them (agreement that survives one
+        different word). A method that kept every chunk is compared in its own order; one that
+        dropped chunks (superposition) with full prefill of every retrieved chunk in the query's
+        order, what answering without sparsecache would read. The answer's own config is compared
+        unless `config` names another."""
+        cfg = answer.config if config is None and answer.config is not None else self.configured(config)
         retrieved = [c["id"] for c in answer.chunks]
         kept_all = sorted(answer.context_ids) == sorted(retrieved)
         ref = self.query(question, cfg, method="full", reorder="none", order="given" if kept_all else cfg.order,
@@ -184,51 +186,55 @@ class Session:
         reference's tokens this context would predict, teacher-forced (then the answer is
         generated from the same cache, the reference's tokens dropped from it again). With
         `logprobs`, the answer carries the distributions behind its tokens (and the reference's)."""
-        if config is None:  # the store's measured choice, unless these changes name a method
-            config = QueryConfig() if "method" in changes else self.default_config()
-        cfg = self.configured(dataclasses.replace(config, **changes))
+        check_question(question)
         if top_k < 1:
             raise ConfigError("--top-k must be at least 1")
+        if config is None:  # the store's measured choice, unless these changes name a method
+            config = QueryConfig() if "method" in changes else self.default_config()
+        asked = self.configured(dataclasses.replace(config, **changes))
         watch = Stopwatch(self.device)
         with watch.step("retrieve"):
-            # the module's retrieve, not the method: this query already checks its version once
-            hits = retrieve(self.store, self.embedder, question, top_k) if chunks is None else \
+            # not the method `retrieve`: this query already checks its version once
+            hits = search_hits(self.store, self.embedder, question, top_k) if chunks is None else \
                 given_hits(self.store, chunks)
         ids = [h["id"] for h in hits]
         if not ids:
             raise ConfigError("nothing to answer from: the store returned no chunks" if chunks is None
                               else "--chunks is empty")
-        if cfg.order == "reverse":
+        if asked.order == "reverse":
             ids = ids[::-1]
         q_ids = question_ids(self.model, question, answer_prefix)
-        length = self.context_length(ids)
-        self._warn_if_too_long(length, len(q_ids) + max_new_tokens)
-        under = cheap.applies(cfg, length, self.model.compute_parameters, self.device.type, self.costs)
-        prefilled = under is not None
-        if prefilled:  # prefilling these few tokens costs less than the store path (`cheap.py`)
-            cfg = QueryConfig(method="full", order=cfg.order, prefill_under=cfg.prefill_under)
-        else:  # the cost model counts the context as answers report it: the prefix too
-            cfg = self.budgeted(cfg, length + len(self.store.prefix()[0]))
-        p = cfg.spec.prefilled(self.context(), ids, q_ids, cfg, watch)
+        p = self.plan(asked, ids)
+        self._warn_if_too_long(p.context_tokens + len(q_ids) + max_new_tokens)
+        cfg = p.config
+        out = cfg.spec.prefilled(self.context(), ids, q_ids, cfg, watch)
         with watch.step("first_token"):
-            first = int(p.logits.argmax())
+            first = int(out.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
         timings["ttft"] = round(sum(timings.values()), 3)
-        position = p.context_tokens + len(q_ids)
+        position = out.context_tokens + len(q_ids)
         agreement = forced = None
-        steps = [p.logits.float()] if logprobs else None
+        steps = [out.logits.float()] if logprobs else None
         with watch.step("generate"):
             if reference is not None:
-                forced = forced_logprobs(p.logits, p.cache, position, reference, self.model)
+                forced = forced_logprobs(out.logits, out.cache, position, reference, self.model)
                 agreement = top1_agreement(forced, reference) / len(reference) if reference else 0.0
-                truncate(p.cache, position)
-            tokens = greedy_continue(first, p.cache, position, self.model, max_new_tokens, steps=steps)
+                truncate(out.cache, position)
+            tokens = greedy_continue(first, out.cache, position, self.model, max_new_tokens, steps=steps)
         timings["generate"] = round(watch["generate"], 3)
         text = self.model.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         own = torch.stack(steps[: len(tokens)]).log_softmax(-1).cpu() if logprobs and tokens else None
-        return Answer(text, hits, timings, p.recomputed, p.bytes_read, p.context_tokens, cfg.method, p.context_ids,
-                      p.logits, tokens, agreement, own, forced.cpu() if logprobs and forced is not None else None,
-                      under if prefilled else None, cfg.ratio if cfg.recomputes else None)
+        return Answer(answer=text, chunks=hits, timings_ms=timings, recomputed_tokens=out.recomputed,
+                      bytes_read=out.bytes_read, context_tokens=out.context_tokens, method=cfg.method,
+                      context_ids=out.context_ids, logits=out.logits, tokens=tokens, agreement=agreement,
+                      logprobs=own, reference_logprobs=forced.cpu() if logprobs and forced is not None else None,
+                      prefilled_under=p.prefilled_under, recompute_ratio=p.recompute_ratio, config=asked)
+
+    def plan(self, config: QueryConfig, ids: list[str]) -> Plan:
+        """What a context of the chunks `ids` gets under `config` (its method named): `plan.plan` with this
+        session's store, model, device and `costs`."""
+        n = self.store.layout().context_tokens(self.store.chunk(c).token_length for c in ids)
+        return plan(config, self.store, self.model.config, self.device.type, n, self.costs)
 
     def default_config(self) -> QueryConfig:
         """What a query does when it names no method: the configuration `sparsecache calibrate`
@@ -258,29 +264,13 @@ class Session:
             return self.default_config()
         return config if config.method is not None else config.over(self.default_config())
 
-    def budgeted(self, cfg: QueryConfig, context_tokens: int) -> QueryConfig:
-        """`cfg` with the recompute ratio its `ttft_budget` buys at this context length (`budget.budgeted`
-        with this session's `costs`)."""
-        return budgeted(cfg, context_tokens, self.costs)
-
     def prefill_under(self, config: QueryConfig | None = None) -> int:
         """The context tokens under which `config`'s queries prefill instead of reading the store
-        (`cheap.prefill_under`: its own setting, else where this session's TTFT cost model predicts the store
-        path at the config's ratio faster; with a TTFT budget, at r = 0, the budget's own cheap case)."""
-        return cheap.for_config(self.configured(config), self.model.compute_parameters, self.device.type, self.costs)
+        (`plan.prefill_under` with this session's TTFT cost model)."""
+        return prefill_under(self.configured(config), self.model.config, self.device.type, self.costs)
 
-    def context_length(self, ids: list[str]) -> int:
-        """The tokens the chunks `ids` take in a context (each with the store's header, if any)."""
-        header = self.header_tokens()
-        return sum(self.store.chunk(c).token_length + header for c in ids)
-
-    def header_tokens(self) -> int:
-        """The tokens a wrapped store's header puts before every chunk (0 without a wrapper)."""
-        return len(self.store.encoded_after()) - len(self.store.prefix()[0])
-
-    def _warn_if_too_long(self, context_length: int, extra: int) -> None:
+    def _warn_if_too_long(self, total: int) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        total = len(self.store.prefix()[0]) + context_length + extra
         if limit and total > limit:
             warnings.warn(f"{total} tokens exceed the model's {limit} positions; expect worse answers "
                           "(use fewer or shorter chunks)", stacklevel=3)
@@ -313,7 +303,7 @@ class Session:
             self._reuse = None
 
 
-def retrieve(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
+def search_hits(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:
     """The top_k chunks for `question` (id, doc_id, ordinal, score), best first; with
     `documents`, only among those documents' chunks."""
     q = embedder.embed([question])[0]
@@ -337,9 +327,9 @@ def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None =
     `config` (None, or a config whose method is None: the store's measured choice,
     `Session.configured`) from the `top_k` retrieved chunks (or the given `chunks`), and with
     `compare` how it compares with full prefill of the same chunks (`Session.compare`; None without)."""
+    check_question(question)  # before the model loads
     session = Session(store, model, device, dtype=dtype, warm_retrieval=chunks is None)
-    config = session.configured(config)
     answer = session.query(question, config, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
     if not compare:
         return answer, None
-    return answer, session.compare(question, answer, config, max_new_tokens)
+    return answer, session.compare(question, answer, max_new_tokens=max_new_tokens)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from .backend import Backend, LocalBackend, ObjectBackend, is_url, open_backend
 from .compact import compact
+from .context_layout import ContextLayout
 from .layout import CODE_ARRAYS, FORMAT_VERSION, StoreConfig, compressors
 from .layout import config_for as _config_for
 from .reader import ChunkCodes, ChunkInfo, Store, plain_chunks, read_spans_direct, read_zarr
@@ -86,7 +87,7 @@ def existing_dictionary(where):
     return b.fetch_dir("dictionary")
 
 
-__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "FORMAT_VERSION", "Lease",
+__all__ = ["Backend", "CODE_ARRAYS", "ChunkCodes", "ChunkInfo", "ContextLayout", "FORMAT_VERSION", "Lease",
            "LocalBackend", "Lock", "Manifest", "ObjectBackend", "Store", "StoreConfig", "Writer", "compact",
            "compressors", "config_for", "existing_dictionary", "is_url", "open_backend", "plain_chunks",
            "read_manifest", "read_spans_direct", "read_zarr", "store_exists", "verify", "VersionPoller", "versions"]

@@ -19,6 +19,7 @@ from ..errors import StoreCorrupt, StoreError, VersionGone
 from ..model.fingerprint import check_same_model
 from .backend import Backend, open_backend
 from .calibration import read_calibration
+from .context_layout import ContextLayout
 from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_rows, read_strings, root_attrs,
                      store_config, text_arrays, zarr_points)
 from .versions import READ_ATTEMPTS, Manifest, manifest_key, read_manifest, versions
@@ -485,6 +486,11 @@ class Store:
         """The token ids every chunk was encoded after: the prefix, and a wrapped store's header."""
         return self._prefix_group()[0]
 
+    def layout(self) -> ContextLayout:
+        """How a context of this store's chunks is laid out (`context_layout`)."""
+        ids, _, _, soft = self._prefix_group()
+        return ContextLayout.of(ids, 0 if soft is None else soft.shape[0])
+
     def soft(self) -> torch.Tensor | None:
         """A wrapped store's soft tokens [H + T, hidden] (`KVModel.soft`); None without a wrapper."""
         return self._prefix_group()[3]
@@ -600,10 +606,9 @@ class Store:
         codes_disk = sum(disk[n] for n in CODE_ARRAYS)
         dict_disk = self.backend.size("dictionary")
         live_tokens = m.live_tokens
-        ids, _, _, soft = self._prefix_group()
-        header = sum(t < 0 for t in ids)
-        trailer = 0 if soft is None else soft.shape[0] - header
-        text_tokens = m.tokens - trailer * m.chunks  # every stored chunk ends with the trailer
+        layout = self.layout()
+        header, trailer = len(layout.header), layout.trailer
+        text_tokens = layout.text_tokens(m.tokens, m.chunks)
 
         def ratio(num, den):
             return round(num / den, 3) if den else None
@@ -632,7 +637,7 @@ class Store:
             "index_segments": len(m.index_pieces()),
             "document_segments": len(m.segments),
             **({"wrapper": {"digest": self.config.wrapper, "header": header, "trailer": trailer,
-                            "trailer_tokens": trailer * m.chunks}} if soft is not None else {}),
+                            "trailer_tokens": trailer * m.chunks}} if self.soft() is not None else {}),
             "model": fp,
             "dictionary": self.attrs["dictionary"],
             "config": self.attrs["config"],

@@ -92,13 +92,12 @@ from ..codec import numba_pool
 from ..errors import ConfigError, ModelError, SparseCacheError, StoreCorrupt
 from ..kvstore.view import KVStore
 from ..model.cache import recompute_many
-from ..model.kvmodel import Rope, compute_parameters, config_fingerprint
-from ..query import cheap
-from ..query.budget import budgeted, costs_for
+from ..model.kvmodel import Rope, config_fingerprint
 from ..query.blend import decode_chunks, restore_first_layer
 from ..query.config import QueryConfig, served_config
 from ..query.methods.base import choose_many
 from ..query.methods.full import text_ids
+from ..query.plan import plan
 from ..query.raw import RawKV, read_raw
 from ..stopwatch import Stopwatch
 from ..store import VersionPoller, open_backend
@@ -221,7 +220,6 @@ class SparsecacheConnector(KVConnectorBase_V1):
         self.dtype = vllm_config.model_config.dtype
         self.placeholder = placeholder_id(vllm_config.model_config.hf_config)  # for a wrapper's soft tokens
         # the cheap-context rule's inputs: the model's compute parameters and the engine's device
-        self._parameters = compute_parameters(vllm_config.model_config.hf_config)
         self._model_config = vllm_config.model_config.hf_config  # --ttft-budget's cost model scales by its sizes
         self._device_type = vllm_config.device_config.device_type or "cpu"
         self._stores: dict[int, KVStore] = {}
@@ -312,16 +310,15 @@ class SparsecacheConnector(KVConnectorBase_V1):
         store = self._store(version)
         expected = context_ids(store, chunks, self.placeholder)
         prompt = list(request.prompt_token_ids or [])
-        blend = served_config(params, self.blend, "kv_transfer_params")
-        costs = costs_for(store.calibration(), self._device_type, self._model_config)
-        # cheap: the request's chunk tokens (after the prefix) under the cheap-context rule's threshold, or its
-        # own, decided before a time budget becomes a ratio, as `query` decides it
-        cheap_context = cheap.applies(blend, len(expected) - len(store.prefix()[0]), self._parameters,
-                                      self._device_type, costs) is not None
+        # one plan, as `query` makes it (`query.plan`): cheap where the request's chunk tokens are under the
+        # cheap-context threshold; else the method with a time budget's ratio at this context's length
+        p = plan(served_config(params, self.blend, "kv_transfer_params"), store, self._model_config,
+                 self._device_type, len(expected))
+        cheap_context = p.prefill
         if not _starts(prompt, expected):
             # a wrapped store's cheap context laid out as text (`RagRequest.as_text`): vLLM's prefill is full prefill
             wrapped_as_text = store.header() is not None and _starts(prompt, text_ids(store, chunks))
-            return LoadSpec(request.request_id, list(chunks), store.version, "codes", 0, 0, blend,
+            return LoadSpec(request.request_id, list(chunks), store.version, "codes", 0, 0, p.blend,
                             cheap_context=True) if cheap_context and wrapped_as_text else None
         if cheap_context and store.header() is not None:
             # laid out with soft tokens, whose placeholder ids vLLM would prefill as text: read from the store
@@ -333,8 +330,7 @@ class SparsecacheConnector(KVConnectorBase_V1):
             missing = self._raw(store).missing(chunks)
             if missing:
                 raise SparseCacheError(f"no raw KV file for chunk(s) {', '.join(missing)}")
-        # a time budget without a ratio (the extra config's or the request's): the ratio at this context's length
-        blend = budgeted(blend, len(expected), costs)
+        blend = p.blend
         # the whole context is claimed, blended or as stored; vLLM prefills the question
         return LoadSpec(request.request_id, list(chunks), store.version, source, 0, len(expected), blend,
                         prompt[len(expected):] if blend.recomputes else [], cheap_context=cheap_context)

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SparseCacheError, StoreCorrupt, StoreUnavailable
 from ..query import cheap
-from ..query.budget import budgeted, costs_for
+from ..query.plan import plan
 from ..query.config import (MISSED, QueryConfig, calibrated, chosen_budget, device_record, missed_target,
                             served_config)
 from .config import ServeConfig
@@ -127,14 +127,12 @@ class Rag:
         import torch
         from prometheus_client import REGISTRY, Counter, Histogram
 
-        from ..model.kvmodel import compute_parameters
         from .serving import RagPrompts
 
         self.cfg = cfg
         self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where vLLM runs: whose calibration applies
         self._calibrated: dict[int, QueryConfig | None] = {}
         self.prompts = RagPrompts(cfg.store, cfg.model, follow_s=cfg.version_poll, timeout_s=cfg.store_timeout)
-        self._parameters = compute_parameters(self.prompts.model_config)  # the cheap-context rule scales by them
         self.prompts.store.warm()  # the index files into the page cache (a thread) while vLLM starts
         self._lock = threading.Lock()  # one embedding and FAISS search at a time; each takes milliseconds
         self.prompts.retrieve("warm-up", 1)  # the embedder loads now, not in the first request
@@ -230,19 +228,18 @@ class Rag:
         self.retrieval.observe(time.perf_counter() - t)
         self.chunks.observe(len(req.chunks))
         blend = opts.get("blend") or self.base()
-        store = self.prompts.store
-        costs = costs_for(store.calibration(), self.device, self.prompts.model_config)
-        # a cheap context (`query.cheap`, decided as `query` decides it): vLLM prefills it, laid out as text,
-        # and the connector, told to prefill every context, leaves it alone
-        if cheap.applies(blend, req.context_tokens - len(store.prefix()[0]), self._parameters, self.device, costs):
+        # one plan, as `query` makes it (`query.plan`): a cheap context is prefilled by vLLM, laid out as
+        # text, and the connector, told to prefill every context, leaves it alone; else a budget's ratio
+        # at this context's length is fixed here
+        p = plan(blend, self.prompts.store, self.prompts.model_config, self.device, req.context_tokens)
+        if p.prefill:
             req = req.as_text()
             req.params.update({"method": blend.method, "prefill_under": PREFILL_ALL})
             req.prefilled = True
             return req
-        blend = budgeted(blend, req.context_tokens, costs)  # a budget's ratio at this context's length, fixed here
-        req.params.update({"method": blend.method, "recompute_ratio": blend.ratio})  # the ratio in effect: one salt
-        if blend.prefill_under is not None:
-            req.params["prefill_under"] = blend.prefill_under
+        req.params.update({"method": p.blend.method, "recompute_ratio": p.blend.ratio})  # the ratio in effect: one salt
+        if p.blend.prefill_under is not None:
+            req.params["prefill_under"] = p.blend.prefill_under
         return req
 
     def sources(self, req: RagRequest) -> dict:

@@ -139,13 +139,13 @@ class RagPrompts:
 
     def retrieve(self, question: str, top_k: int, documents: list[str] | None = None,
                  store: KVStore | None = None) -> list[dict]:
-        from ..query.session import retrieve
+        from ..query.session import search_hits
 
         if self._embedder is None:
             from ..kvstore.index import Embedder
 
             self._embedder = Embedder(self.store.config.embedder, self.device)
-        return retrieve(store or self.current(), self._embedder, question, top_k, documents)
+        return search_hits(store or self.current(), self._embedder, question, top_k, documents)
 
     def request(self, question: str, top_k: int = 4, chunks: list[str] | None = None,
                 answer_prefix: str = "", order: str = QueryConfig.order,
@@ -155,9 +155,10 @@ class RagPrompts:
         puts the first chunk next to the question."""
         if order not in ORDERS:
             raise ConfigError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        if not question.strip():
-            raise ConfigError("the question is empty")
+        from ..query.plan import check_question
         from ..query.session import given_hits
+
+        check_question(question)
 
         store = self.current()
         if chunks is None:
@@ -179,9 +180,6 @@ class RagPrompts:
 
 
 def context_ids(store: KVStore, chunk_ids: list[str], placeholder: int) -> list[int]:
-    """The prompt's context as an engine is given it: the store's prefix, then each chunk's token
-    ids (`header chunk trailer` in a wrapped store, soft tokens as `placeholder`)."""
-    header = store.header()
-    head = header[0] if header is not None else []
-    ids = store.prefix()[0] + [t for toks in store.tokens(chunk_ids) for t in head + toks]
-    return with_placeholders(ids, placeholder)
+    """The prompt's context as an engine is given it (`ContextLayout.ids`): the store's prefix, then each
+    chunk's token ids (`header chunk trailer` in a wrapped store, soft tokens as `placeholder`)."""
+    return with_placeholders(store.layout().ids(store.tokens(chunk_ids)), placeholder)

@@ -5,7 +5,7 @@ logits (`prefilled`). The families:
 
 - `Method`: anything (`full` prefills the text, `cake` overlaps prefill and decoding);
 - `Decoded`: the chunks' decoded codes (or another per-chunk K/V) at their global positions,
-  optionally reordered by the question's attention, then `fuse`d: the question prefilled,
+  optionally reordered by the question's attention, then fused (`Decoded.fuse`): the question prefilled,
   after recomputing what a scorer selects;
 - `Scorer`: a `Decoded` method that scores every context token and recomputes the top
   `recompute_ratio` of them (grouped into windows);
@@ -117,9 +117,31 @@ class Decoded(Method):
 
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
         ctx, nbytes, ids = self.context(qc, ids, q_ids, cfg, watch)
-        logits, positions = fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model), qc.reuse)
+        logits, positions = self.fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model), qc.reuse)
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids))
 
+
+    def fuse(self, ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "Stopwatch | None" = None,
+             selector=None, reuse=None):
+        """Score, select and recompute per `cfg` (this method's config), the question prefilled in the
+        recomputation's pass: (next-token logits, recomputed positions). Where nothing is recomputed it
+        only prefills the question. `selector`, `reuse`: `Scorer.choose`'s."""
+        import torch
+
+        from ...model.cache import recompute
+        from ...model.generate import prefill
+        from ...stopwatch import Stopwatch
+
+        watch = watch if watch is not None else Stopwatch(model.device)
+        positions = torch.zeros(0, dtype=torch.long)
+        if cfg.recomputes:
+            with watch.step("select"):
+                positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
+            with watch.step("recompute"):  # the question's prefill rides in the same pass
+                return recompute(ctx, positions, model, q_ids=q_ids), positions
+        with watch.step("prefill"):
+            logits = prefill(ctx.cache, q_ids, model)
+        return logits, positions
 
 # Reordering without recomputation scores a chunk by its top 15% of tokens (what InfoFlow selects).
 REORDER_BUDGET = 0.15
@@ -140,6 +162,26 @@ class Scorer(Decoded):
         """float32 [S]: how much each context position needs recomputing."""
         raise NotImplementedError
 
+    def choose(self, ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector=None,
+               reuse=None) -> "torch.Tensor":
+        """Sorted int64 positions this scorer selects under `cfg` among the chunk tokens for the question
+        `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the model
+        itself) over its first `cfg.selector_layers` layers (default: a quarter of them). With `reuse`
+        (`context.Reuse`), the scores of this question are computed once."""
+        from ...model.stack import as_stack
+        from ..blend import select
+
+        stack = as_stack(model)
+
+        def scores():
+            return self.scores(ctx, q_ids, cfg, stack, selector)
+
+        # the scores read the context's cache: its source (codes or exact K/V) and layer 0's are part of the key
+        key = ("scores", tuple(q_ids), self.name, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
+               cfg.selector_layers, cfg.first_layer, cfg.source)
+        return select(scores() if reuse is None else reuse.get(key, scores), ctx, cfg.ratio, cfg.group_window,
+                      cfg.group_min)
+
 
 class AttentionScorer(Scorer):
     """Scores by the question's attention mass on each context token at one layer."""
@@ -150,71 +192,26 @@ class AttentionScorer(Scorer):
         return attention_scores(ctx, q_ids, stack, cfg.layer(stack.n_layers))
 
 
-# ---------------------------------------------------------------- fusion
-
-
-def choose(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, selector=None, reuse=None) -> "torch.Tensor":
-    """Sorted int64 positions `cfg`'s scorer selects among the chunk tokens for the question
-    `q_ids` (which follows the context). `cacheclip` scores with `selector` (default: the
-    model itself) over its first `cfg.selector_layers` layers (default: a quarter of them).
-    With `reuse` (`context.Reuse`), a scorer's scores of this question are computed once."""
-    from ...model.stack import as_stack
-    from ..blend import select
-    from . import get
-
-    stack = as_stack(model)
-
-    def scores():
-        return get(cfg.method).scores(ctx, q_ids, cfg, stack, selector)
-
-    # the scores read the context's cache: its source (codes or exact K/V) and layer 0's are part of the key
-    key = ("scores", tuple(q_ids), cfg.method, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
-           cfg.selector_layers, cfg.first_layer, cfg.source)
-    return select(scores() if reuse is None else reuse.get(key, scores), ctx, cfg.ratio, cfg.group_window,
-                  cfg.group_min)
+# ---------------------------------------------------------------- several contexts at once
 
 
 def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["QueryConfig"], model) -> list:
-    """`choose` for several contexts; those scored by the question's attention at the same
-    layer run their questions through the layers together (`blend.attention_scores_many`)."""
+    """`Scorer.choose` for several contexts, each by its config's scorer; those scored by the question's
+    attention at the same layer run their questions through the layers together
+    (`blend.attention_scores_many`)."""
     from ...model.stack import as_stack
     from ..blend import attention_scores_many, select
-    from . import get
 
     stack = as_stack(model)
     out: list = [None] * len(ctxs)
     by_layer: dict[int, list[int]] = {}
     for i, cfg in enumerate(cfgs):
-        if isinstance(get(cfg.method), AttentionScorer):
+        if isinstance(cfg.spec, AttentionScorer):
             by_layer.setdefault(cfg.layer(stack.n_layers), []).append(i)
         else:
-            out[i] = choose(ctxs[i], q_ids[i], cfg, stack)
+            out[i] = cfg.spec.choose(ctxs[i], q_ids[i], cfg, stack)
     for layer, idx in by_layer.items():
         scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
         for i, sc in zip(idx, scores):
             out[i] = select(sc, ctxs[i], cfgs[i].ratio, cfgs[i].group_window, cfgs[i].group_min)
     return out
-
-
-def fuse(ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "Stopwatch | None" = None,
-         selector=None, reuse=None):
-    """Score, select and recompute per `cfg`, the question prefilled in the recomputation's
-    pass: (next-token logits, recomputed positions). A method that recomputes nothing only
-    prefills the question. `cacheclip` scores with `selector` (default: `model`); `reuse`:
-    `choose`'s."""
-    import torch
-
-    from ...model.cache import recompute
-    from ...model.generate import prefill
-    from ...stopwatch import Stopwatch
-
-    watch = watch if watch is not None else Stopwatch(model.device)
-    positions = torch.zeros(0, dtype=torch.long)
-    if cfg.recomputes:
-        with watch.step("select"):
-            positions = choose(ctx, q_ids, cfg, model, selector, reuse)
-        with watch.step("recompute"):  # the question's prefill rides in the same pass
-            return recompute(ctx, positions, model, q_ids=q_ids), positions
-    with watch.step("prefill"):
-        logits = prefill(ctx.cache, q_ids, model)
-    return logits, positions

@@ -22,9 +22,8 @@ class Full(Method):
 
 def text_ids(store, ids: list[str]) -> list[int]:
     """The token ids full prefill reads for the chunks `ids` (in context order): the store's
-    prefix and the chunks' text (a wrapped store's soft tokens are not text)."""
-    prefix, _, _ = store.prefix()
-    return prefix + [t for c in store.tokens(ids) for t in c if t >= 0]
+    prefix and the chunks' text (`ContextLayout.text`: a wrapped store's soft tokens are not text)."""
+    return store.layout().text(store.tokens(ids))
 
 
 register(Full())

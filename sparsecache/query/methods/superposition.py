@@ -19,7 +19,7 @@ the KV of the prompt's chunks that vLLM was given, and dropping chunks changes t
 """
 
 from . import register
-from .base import AttentionScorer, Prefilled, fuse, infoflow_layer
+from .base import AttentionScorer, Prefilled, infoflow_layer
 
 
 class Superposition(AttentionScorer):
@@ -51,7 +51,7 @@ class Superposition(AttentionScorer):
         kept = chunks.reordered(best)
         with watch.step("reconstruct"):
             ctx = kept.assemble(qc.model)
-        logits, positions = fuse(ctx, q_ids, cfg, qc.model, watch)
+        logits, positions = self.fuse(ctx, q_ids, cfg, qc.model, watch)
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids)
 
 
