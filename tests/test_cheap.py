@@ -34,7 +34,7 @@ def test_the_rule_is_the_cost_models_crossover_and_a_given_threshold_overrides_i
     assert cheap.prefill_under(ref, "cuda", given=100) == 100
     default_at = cheap.prefill_under(ref, "cpu", costs=costs, ratio=cheap.rule_ratio(QueryConfig()))
     assert cheap.rule_ratio(QueryConfig()) == 0.0  # the default's TTFT budget: the rule at r = 0
-    assert f"{default_at} tokens for SmolLM2-135M" in cheap.rule_text() and "0 never" in cheap.rule_text()
+    assert default_at >= 0 and "measured_costs.json" in cheap.rule_text() and "0 never" in cheap.rule_text()
 
 
 def test_compute_parameters_count_what_a_forward_pass_multiplies(tiny_model):
@@ -91,9 +91,9 @@ def test_a_bad_threshold_is_refused_in_one_line(tmp_path):
     r = CliRunner().invoke(cli, ["query", str(tmp_path), "q", "--prefill-under", "-5"])
     assert r.exit_code == 2 and "-5 is not in the range x>=0" in r.output
     text = " ".join(CliRunner().invoke(cli, ["query", "--help"]).output.split())
-    assert "prefill contexts shorter than where the TTFT cost model predicts the store path faster" in text
+    assert "prefill contexts shorter than the length from which the TTFT cost model predicts the store path faster" in text
     text = " ".join(CliRunner().invoke(cli, ["serve", "--help"]).output.split())
-    assert "--prefill-under" in text and "tokens for SmolLM2-135M" in text
+    assert "--prefill-under" in text and "tokens for a model of SmolLM2-135M" in text
 
 
 def test_benchmarks_measure_the_method_they_name():

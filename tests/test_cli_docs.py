@@ -25,6 +25,23 @@ def test_every_command_is_documented_and_has_help():
         assert r.exit_code == 0 and "Usage" in r.output
 
 
+def test_help_states_defaults_and_meanings_not_benchmark_figures():
+    """#96: a figure in `--help` goes stale with the next run, and a user cannot tell on which machine it
+    was true. The product's commands say what an option does and its default; measured speed-ups, times
+    and machines live in BENCHMARKS.md and the manual (`bench` commands describe measurements, and may)."""
+    import re
+
+    figure = re.compile(r"\d+(\.\d+)?\s?(x|×)(?![a-z])|\d+(\.\d+)?\s?(ms|min|minutes|GB/s|tokens/s)\b|\btook\b|"
+                        r"EPYC|Xeon|H100|H200|\d{4}-\d{2}-\d{2}")
+    found = []
+    for path in command_paths(cli):
+        if path.startswith("sparsecache bench"):
+            continue
+        r = CliRunner().invoke(cli, path.split()[1:] + ["--help"], terminal_width=10_000)
+        found += [f"{path}: {line.strip()}" for line in r.output.splitlines() if figure.search(line)]
+    assert found == []
+
+
 def test_the_readme_is_a_front_page_not_the_manual():
     """README.md stays short (#54: what it is, the two commands, the headline table, a tour,
     links into the manual); the manual lives in docs/."""

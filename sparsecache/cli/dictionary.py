@@ -146,7 +146,7 @@ W = WrapperConfig()
 @click.option("--questions", type=click.Choice(QUESTION_SOURCES), default=W.questions, show_default=True,
               help="Where question prompts come from: specimens+cloze (synthetic specimen logs from a generator no "
                    "evaluation uses, and cloze over the calibration text's train part: nothing a benchmark reads) "
-                   "or fidelity-train (the fidelity suite's train split, how the 2026-11-28 wrapper was learned).")
+                   "or fidelity-train (the fidelity suite's train split, how the first shipped wrapper was learned).")
 @click.option("--eval-every", default=W.eval_every, show_default=True,
               help="Steps between learning-curve points and checkpoints.")
 @click.option("--eval-questions", default=W.eval_questions, show_default=True,

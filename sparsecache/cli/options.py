@@ -37,10 +37,9 @@ def dtype_option(f):
 def exact_omp_option(f):
     return click.option("--exact-omp", is_flag=True,
                         help="Code with exact Batch-OMP (the reference) instead of the CPU kernel's candidate "
-                             "screening, whose kernel is ~2.5x faster (1.7x for a whole encode) at +0.1-0.2% "
-                             "held-out error with the default dictionary; dictionaries with 10x more atoms than "
-                             "signal values (the L1 ones) code exactly anyway (BENCHMARKS.md, 'Encode and decode against the machine's limits'). "
-                             "GPUs always run exact.")(f)
+                             "screening (faster, at slightly higher error: BENCHMARKS.md has the figures). "
+                             "Dictionaries with many more atoms than signal values code exactly anyway; GPUs always "
+                             "run exact.")(f)
 
 
 def forward_dtype_option(f):
@@ -49,9 +48,8 @@ def forward_dtype_option(f):
     return click.option("--forward-dtype", type=click.Choice(FORWARD_DTYPES), default=FORWARD_DTYPE, show_default=True,
                         help="The precision of the encode's forward pass (the K/V are stored float32 either way): auto "
                              "is bfloat16 autocast on a CPU with bfloat16 dot products (AVX512-BF16 or AMX), else "
-                             "float32. bfloat16 costs ~0.1-0.2% of the codec's own error (eval-dict sees the codes "
-                             "equal) and makes the encode's forward ~1.6x faster (BENCHMARKS.md, 'The CPU "
-                             "encode's OMP, phase by phase').")(f)
+                             "float32. bfloat16 is faster at a small fraction of the codec's own error (BENCHMARKS.md "
+                             "has the figures).")(f)
 
 
 def screening(exact_omp: bool):

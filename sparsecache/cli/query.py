@@ -133,7 +133,7 @@ def calibrate_options(f):
                      help="Also measure the store encoded the other way, on a temporary twin of the questions' "
                           "chunks (reported, never recorded: re-encode to use it): 'none' for a wrapped store's plain "
                           "variant, 'shipped' or a learn-wrapper directory for a plain store's wrapped one. Adds the "
-                          "twin's encode (~4 min for the demo store's chunks here) and its measurements."),
+                          "twin's encode of the questions' chunks and its measurements."),
         click.option("--accept-best", is_flag=True,
                      help="Where no candidate reaches --target, record the best one anyway (default: record nothing)."),
     )):
@@ -163,11 +163,10 @@ def calibrate_cmd(store, model_path, device, dtype, as_json, **options):
     method is named (`info` shows it). A choice is kept per kind of device: one measured on a CPU
     is not used on a GPU.
 
-    Time: on the demo store (32 documents, k = 8 contexts of ~2,900 tokens), `--questions 100`
-    took 11.5 min end to end on 2 vCPUs of an AMD EPYC (2026-12-02): full prefill's answers 4.7
-    min, TTFT 2.6 min, fidelity 4.1 min (51 confident questions, too few for 0.95, so candidates
-    stopped after 20). A target the questions can reach keeps the candidates that can still reach it
-    answering every confident question: `--target 0.8` took 28 min there, the CPU shared.
+    Time: it answers every question by full prefill once, times the candidates and measures
+    their fidelity, so it costs a few full-prefill queries per question; candidates that can no
+    longer reach the target are dropped as it goes (the manual's "Choosing a configuration"
+    page gives measured times).
     """
     from sparsecache.query.calibrate import calibrate_store, report_lines
 

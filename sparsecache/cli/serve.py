@@ -31,7 +31,7 @@ from .options import library_errors, model_option
               help="Recompute, where no --recompute-ratio is given, the share of chunk tokens whose predicted TTFT is "
                    "this fraction of full prefill's at each request's context length (the cost model of "
                    "`sparsecache query --ttft-budget`: `calibrate`'s refit for this device where the store has one, "
-                   "else the constants measured for the device kind: a CPU's, an H100's from 1.4B parameters; "
+                   "else the constants measured for the device kind (sparsecache/query/measured_costs.json); "
                    "where there are none, the method's own ratio). A request may set its own.  [default: 0.5]")
 @click.option("--prefill-under", type=click.IntRange(min=0), default=ServeConfig.prefill_under,
               help="Let vLLM prefill requests whose chunks hold fewer tokens, where that is cheaper than loading "

@@ -15,8 +15,8 @@ The cost model, for a context of n tokens on one device (milliseconds, fitted):
 so r(n) = (B·full(n) − store(n, 0)) / (g·(p·n + q·n²)), clipped to [0, 1]. Where even r = 0 costs more than
 full prefill (store(n, 0) ≥ full(n)), prefilling is cheaper: the cheap-context rule's case.
 
-Constants come from timings (`Costs.fit`): the defaults below were measured on 2 CPU cores for four
-model sizes (135M to 3B compute parameters, `MEASURED`) and on one H100 for two (3B and 8B); a model
+Constants come from timings (`Costs.fit`): the defaults are fitted from `measured_costs.json`, timed on
+2 CPU cores for four model sizes (135M to 3B compute parameters) and on one H100 for two (3B and 8B); a model
 gets the nearest size's on its kind of device (on a GPU, none below half the smallest), scaled by
 its compute parameters (a_full, p, a_store) and its K/V values per token (s: reading, decoding and
 scoring the context). `calibrate` refits them on
@@ -28,45 +28,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-# TTFT measured on a 2-vCPU AMD EPYC with the CPU to itself, per model size (ms by context tokens):
-# full prefill, and infoflow at ratio r over the store. SmolLM2: #69's 10 questions per length over the
-# wrapped store (300-1,130 tokens, k = 8 short chunks; BENCHMARKS.md "Fidelity to full prefill") and
-# `bench shapes` (2-16 chunks of ~500 tokens); the others `bench shapes` alone (BENCHMARKS.md "Where the
-# store pays"), Llama's shapes with random weights. A model is predicted from the measured size nearest
-# its compute parameters, scaled (`Costs.scaled`); beyond the largest, scaled from it.
-MEASURED = (
-    {"name": "SmolLM2-135M-Instruct", "compute_parameters": 106_203_456, "kv_values": 30 * 192, "device": "cpu",
-     "full": [(300, 598), (590, 1068), (1130, 2095), (1018, 1819), (1983, 3592), (3983, 10023), (7993, 27757)],
-     "store": [(300, 0.1, 350), (590, 0.1, 483), (1130, 0.1, 810), (1018, 0.1, 672), (1018, 0.25, 783),
-               (1983, 0.1, 1293), (1983, 0.25, 2181), (3983, 0.1, 2654), (3983, 0.25, 4879), (7993, 0.1, 6359),
-               (7993, 0.25, 13609)]},
-    {"name": "Qwen2.5-Coder-0.5B-Instruct", "compute_parameters": 357_870_464, "kv_values": 24 * 128, "device": "cpu",
-     "full": [(1008, 4554), (2017, 9608), (3965, 22130), (7985, 61614)],
-     "store": [(1008, 0.1, 1039), (1008, 0.25, 1638), (2017, 0.1, 2195), (2017, 0.25, 4035), (3965, 0.1, 4217),
-               (3965, 0.25, 7912), (7985, 0.1, 10937), (7985, 0.25, 20112)]},
-    {"name": "Llama-3.2-1B (shape)", "compute_parameters": 973_146_112, "kv_values": 16 * 512, "device": "cpu",
-     "full": [(1039, 12850), (2002, 24624), (3966, 54776), (7984, 129810)],
-     "store": [(1039, 0.1, 3168), (1039, 0.25, 5055), (2002, 0.1, 5296), (2002, 0.25, 10230), (3966, 0.1, 9965),
-               (3966, 0.25, 18426), (7984, 0.1, 22193), (7984, 0.25, 45126)]},
-    {"name": "Llama-3.2-3B (shape)", "compute_parameters": 2_818_747_392, "kv_values": 28 * 1024, "device": "cpu",
-     "full": [(1039, 34372), (2002, 68426), (3966, 143021), (7984, 322538)],
-     "store": [(1039, 0.1, 9502), (1039, 0.25, 15334), (2002, 0.1, 14886), (2002, 0.25, 25518), (3966, 0.1, 28113),
-               (3966, 0.25, 50726), (7984, 0.1, 56237), (7984, 0.25, 110629)]},
-    # One H100 (bf16, random weights, 2026-12-06; BENCHMARKS.md "On a GPU: the Llama-3.1-8B and 3.2-3B
-    # shapes"): the store path is slower than full prefill at 3B and barely faster at 8B.
-    {"name": "Llama-3.2-3B (shape, H100)", "compute_parameters": 2_818_747_392, "kv_values": 28 * 1024,
-     "device": "cuda", "full": [(4040, 138), (7990, 206), (16019, 365)],
-     "store": [(4040, 0.1, 167), (4040, 0.25, 169), (7990, 0.1, 230), (7990, 0.25, 236), (16019, 0.1, 420),
-               (16019, 0.25, 512)]},
-    {"name": "Llama-3.1-8B (shape, H100)", "compute_parameters": 6_979_588_096, "kv_values": 32 * 1024,
-     "device": "cuda", "full": [(4040, 234), (7990, 335), (16019, 642)],
-     "store": [(4040, 0.1, 216), (4040, 0.25, 209), (7990, 0.1, 288), (7990, 0.25, 322), (16019, 0.1, 526),
-               (16019, 0.25, 678)]},
-)
-REFERENCE = MEASURED[0]  # the default model's
+# The measured timings the constants are fitted from live in data, each with its provenance (machine,
+# date, command, JSON): `measured_costs.json` beside this module. A model is predicted from the measured
+# size nearest its compute parameters on its kind of device, scaled (`Costs.scaled`); beyond the largest,
+# scaled from it. `sparsecache calibrate` refits them on a store's own machine.
+MEASURED_FILE = Path(__file__).with_name("measured_costs.json")
+
+
+def load_measured(path: Path = MEASURED_FILE) -> tuple[tuple[dict, ...], dict]:
+    """(every measured entry, the reference entry: the default model's) from `path`."""
+    data = json.loads(path.read_text())
+    entries = tuple({**m, "full": [tuple(x) for x in m["full"]], "store": [tuple(x) for x in m["store"]]}
+                    for m in data["measured"])
+    return entries, next(m for m in entries if m["name"] == data["reference"])
+
+
+MEASURED, REFERENCE = load_measured()
 
 
 @dataclass(frozen=True)

@@ -74,17 +74,10 @@ def applies(cfg, chunk_tokens: int, parameters: int, device_type: str, costs=Non
 
 
 def rule_text() -> str:
-    """The rule in one sentence, for `--help`."""
-    from .budget import REFERENCE, default_costs
-    from .config import QueryConfig
-
-    default = QueryConfig()
-    r = rule_ratio(default)
-    cpu = default_costs("cpu", REFERENCE["compute_parameters"], REFERENCE["kv_values"]).crossover(r)
-    return (f"Default: prefill contexts shorter than where the TTFT cost model predicts the store path faster "
-            f"(on a CPU: {cpu} tokens for SmolLM2-135M with the default {default.method} and its TTFT budget "
-            f"{default.ttft_budget:g}, compared at r = {r:g}; a store's `calibrate` refits it), "
-            f"on a GPU from 1.4B parameters the same model with constants an H100 measured (a 3B model is "
-            f"prefilled at every length there), and below that under {GPU_TOKENS} tokens for a model of "
-            f"SmolLM2-135M's size, scaled by its {REFERENCE_PARAMS // 1_000_000}M non-embedding parameters over "
-            f"the model's; 0 never prefills instead.")
+    """The rule in one sentence, for `--help`: what it decides by, not what it measured."""
+    return ("Default: prefill contexts shorter than the length from which the TTFT cost model predicts the store "
+            "path faster at the ratio in effect (with a TTFT budget, at r = 0): the constants measured for the "
+            "model's size on this kind of device (sparsecache/query/measured_costs.json), or a store's own from "
+            f"`calibrate`; where the device kind has none (a GPU and a small model), under {GPU_TOKENS} tokens for a "
+            "model of SmolLM2-135M's size, scaled by its non-embedding parameters over the model's; "
+            "0 never prefills instead.")
