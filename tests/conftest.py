@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from sparsecache.testing import unit_atoms  # noqa: F401  test modules import it from here
 from sparsecache.cli.main import cli
+from sparsecache.ingest.config import EncodeOptions
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.failpoints import Crash, crash_at
 from sparsecache.kvstore import KVStore
@@ -322,8 +323,9 @@ def history_encode(tiny_model, tiny_dictionary):
     fake = FakeEmbedder()
 
     def run(corpus, store):
-        return encode_with([str(corpus)], str(store), tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
-                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False)
+        return encode_with([str(corpus)], str(store), tiny_dictionary, tiny_model, HISTORY_CONFIG,
+                           EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False),
+                           embedder=fake)
     return run
 
 
@@ -493,7 +495,7 @@ def reference(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_fact
 
     out = tmp_path_factory.mktemp("ref") / "store"
     encode_with([str(crash_corpus)], out, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
-                  embedder=embedder, batch_tokens=256, progress=False)
+                EncodeOptions(batch_tokens=256, progress=False), embedder=embedder)
     return out
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import eager_attention_mass
-from sparsecache.model.cache import Context, recompute
-from sparsecache.query.blend import attention_scores, load_cache, select
-from sparsecache.model.generate import question_ids
-from sparsecache.model.generate import prefill
-from sparsecache.query.config import QueryConfig
+
 from sparsecache.errors import ConfigError
+from sparsecache.model.cache import Context, recompute
+from sparsecache.model.generate import prefill, question_ids
+from sparsecache.query.blend import attention_scores, load_cache, select
+from sparsecache.query.config import QueryConfig
 from sparsecache.query.session import Session
 
 QUESTION = "What does the statement do?"
@@ -20,13 +19,15 @@ QUESTION = "What does the statement do?"
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, tmp_path_factory):
     from conftest import write_corpus
+
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.store import StoreConfig
 
     root = tmp_path_factory.mktemp("blend")
     corpus = write_corpus(root / "corpus")
     encode_with([str(corpus)], root / "store", tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
-                  embedder=embedder, batch_tokens=512, progress=False)
+                EncodeOptions(batch_tokens=512, progress=False), embedder=embedder)
     s = Session(root / "store", tiny_model)
     s._embedder = embedder
     return s
@@ -88,6 +89,8 @@ def test_raw_kv_of_a_store_rebuilt_at_the_same_path_is_not_the_old_encodings(tin
     import shutil
 
     from conftest import write_corpus
+
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.store import StoreConfig
 
@@ -95,7 +98,8 @@ def test_raw_kv_of_a_store_rebuilt_at_the_same_path_is_not_the_old_encodings(tin
     for prefix in (None, "Answer from the context below, briefly.\n"):
         shutil.rmtree(tmp_path / "store", ignore_errors=True)
         encode_with([str(corpus)], tmp_path / "store", tiny_dictionary, tiny_model,
-                    StoreConfig(chunk_tokens=64, prefix=prefix), embedder=embedder, batch_tokens=512, progress=False)
+                    StoreConfig(chunk_tokens=64, prefix=prefix), EncodeOptions(batch_tokens=512, progress=False),
+                    embedder=embedder)
         s = Session(tmp_path / "store", tiny_model)
         s._embedder = embedder
         one = [c.id for c in s.store.chunks()][:1]

@@ -53,6 +53,26 @@ def test_the_ratio_spends_the_budget_and_is_clipped():
     assert c.ratio(50, 0.5) is None  # full prefill is cheaper than the store path: the cheap-context case
 
 
+def test_the_measured_timings_are_data_with_their_provenance(tmp_path):
+    """#96 item 4: the cost model's timings live in a data file, each entry naming the machine, date, command
+    and JSON it came from (the JSON in this repository), and the module reads them from there."""
+    import json
+    from pathlib import Path
+
+    from sparsecache.query.budget import MEASURED, MEASURED_FILE, load_measured
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads(MEASURED_FILE.read_text())
+    assert len(data["measured"]) == len(MEASURED) >= 4 and REFERENCE["name"] == data["reference"]
+    for m in data["measured"]:
+        assert m["machine"] and m["command"] and m["date"] >= "2026-11-01" and m["device"] in ("cpu", "cuda")
+        assert m["json"] and all((root / j).is_file() for j in m["json"]), m["name"]
+    data["measured"][0]["full"] = [[n, 2 * ms] for n, ms in data["measured"][0]["full"]]  # another machine's
+    (tmp_path / "costs.json").write_text(json.dumps(data))
+    entries, reference = load_measured(tmp_path / "costs.json")
+    assert reference["full"][0] == (REFERENCE["full"][0][0], 2 * REFERENCE["full"][0][1])
+
+
 def test_the_defaults_are_the_measured_cpu_points_and_scale_with_the_model():
     """Each measured size's constants predict its own timings (short and long contexts alike: the fit
     is on relative errors); a model gets the nearest measured size's, scaled; no GPU is measured."""
@@ -100,12 +120,14 @@ def test_a_query_recomputes_what_its_budget_buys(tiny_model, tiny_dictionary, em
     """The ratio follows the context's length through the session's costs; a given ratio overrides
     the budget; a device kind with no costs keeps the method's own ratio; the answer says which."""
     from conftest import write_corpus
+
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
 
     encode_with([str(write_corpus(tmp_path / "corpus"))], tmp_path / "store", tiny_dictionary, tiny_model,
-                StoreConfig(chunk_tokens=64), embedder=embedder, batch_tokens=512, progress=False)
+                StoreConfig(chunk_tokens=64), EncodeOptions(batch_tokens=512, progress=False), embedder=embedder)
     s = Session(tmp_path / "store", tiny_model)
     s._embedder = embedder
     s.costs = Costs(a_full=10.0, p=2.0, a_store=20.0, s=0.2)  # ~0.37 at this context's ~260 tokens
@@ -133,12 +155,14 @@ def test_a_session_follows_costs_calibrated_after_it_opened(tiny_model, tiny_dic
     """No override: the shipped constants, then, once `calibrate` publishes a refit and the session moves
     to that version (as it does when its own is deleted), the refit, without reopening the session."""
     from conftest import write_corpus
+
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig, Writer
 
     encode_with([str(write_corpus(tmp_path / "corpus"))], tmp_path / "store", tiny_dictionary, tiny_model,
-                StoreConfig(chunk_tokens=64), embedder=embedder, batch_tokens=512, progress=False)
+                StoreConfig(chunk_tokens=64), EncodeOptions(batch_tokens=512, progress=False), embedder=embedder)
     s = Session(tmp_path / "store", tiny_model)
     s._embedder = embedder
     m = tiny_model

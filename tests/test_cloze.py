@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from sparsecache.measure.cloze import BLANK, blank, make_cloze, sentences, split_of
-from sparsecache.measure.suite import load_suite, save_suite
 from sparsecache.bench.fidelity import parse_configs, run_fidelity, table
 from sparsecache.errors import ConfigError
+from sparsecache.measure.cloze import BLANK, blank, make_cloze, sentences, split_of
+from sparsecache.measure.suite import load_suite, save_suite
 
 DOCS = {
     "uuid.md": "The uuid module generates identifiers as specified in RFC 4122. Call uuid.uuid4() for a random one.",
@@ -45,6 +45,7 @@ def test_splits_are_by_document_and_stable():
 
 @pytest.fixture(scope="module")
 def cloze_session(tiny_model, tiny_dictionary, embedder, tmp_path_factory):
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
@@ -52,7 +53,7 @@ def cloze_session(tiny_model, tiny_dictionary, embedder, tmp_path_factory):
     root = tmp_path_factory.mktemp("cloze")
     (root / "corpus.jsonl").write_text("".join(json.dumps({"id": d, "text": t}) + "\n" for d, t in DOCS.items()))
     encode_with([str(root / "corpus.jsonl")], root / "store", tiny_dictionary, tiny_model,
-                StoreConfig(chunk_tokens=24), embedder=embedder, progress=False)
+                StoreConfig(chunk_tokens=24), EncodeOptions(progress=False), embedder=embedder)
     return root, Session(root / "store", tiny_model)
 
 

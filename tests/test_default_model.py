@@ -64,14 +64,16 @@ def test_recomputation_recovers_needles_that_decoded_kv_loses(default_model, tmp
     of a needle in one of 4 chunks, recomputing 30% (a3, infoflow) is on average at least as
     accurate as the decoded KV alone (and full prefill is the bound). The RULER-style suite
     (`bench ruler`) measures this at scale; here it guards the real model's path."""
-    from sparsecache.codec.dictionary import default_dictionary
-    from sparsecache.ingest.encoder import encode_with
     from sparsecache.bench.passkey import make_task, run_trials
+    from sparsecache.codec.dictionary import default_dictionary
+    from sparsecache.ingest.config import EncodeOptions
+    from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
 
     trials = make_task(default_model.tokenizer, tmp_path, trials=10, k=4, tokens_per_chunk=120, seed=1)
     encode_with([str(tmp_path / "corpus.jsonl")], tmp_path / "store", Dictionary.load(default_dictionary()),
-                  default_model, progress=False)
+                default_model, StoreConfig(), EncodeOptions(progress=False))
     s = Session(tmp_path / "store", default_model)
     acc = {m: run_trials(s, trials, m, 0.3 if m in ("a3", "infoflow") else 0.0)["accuracy"]
            for m in ("none", "a3", "infoflow", "full")}
@@ -86,15 +88,17 @@ def test_bench_ttft_end_to_end(default_model, tmp_path):
     import runpy
 
     from sparsecache.codec.dictionary import default_dictionary
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import STEPS
+    from sparsecache.store import StoreConfig
     from sparsecache.text.documents import read_documents
 
     doc = max(read_documents(["builtin"], split="heldout"), key=lambda d: len(d.text))
     ids = default_model.tokenizer(doc.text, add_special_tokens=False)["input_ids"][:2000]
     (tmp_path / "doc.txt").write_text(default_model.tokenizer.decode(ids))
     encode_with([str(tmp_path / "doc.txt")], tmp_path / "store", Dictionary.load(default_dictionary()),
-                  default_model, progress=False)
+                default_model, StoreConfig(), EncodeOptions(progress=False))
     r = CliRunner().invoke(cli, ["bench", "ttft", "--store", str(tmp_path / "store"), "--k", "1,2",
                                  "--repeats", "1", "--plot", str(tmp_path / "t.png"), "--json"])
     assert r.exit_code == 0, r.output

@@ -9,12 +9,13 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import HISTORY_BATCH_TOKENS, HISTORY_CONFIG, Corpus, FakeEmbedder, assert_same_live_chunks
 
-from sparsecache.ingest.encoder import encode_with
 from sparsecache.failpoints import Crash, crash_at
+from sparsecache.ingest.config import EncodeOptions
+from sparsecache.ingest.encoder import ModelLoader, encode_with
 from sparsecache.kvstore import verify
 from sparsecache.store import read_manifest
-from conftest import HISTORY_BATCH_TOKENS, HISTORY_CONFIG, Corpus, FakeEmbedder, assert_same_live_chunks
 
 ray = pytest.importorskip("ray", reason="needs the ray extra")
 
@@ -32,9 +33,10 @@ def encode(tiny_model, tiny_model_dir, tiny_dictionary):
     fake = FakeEmbedder()
 
     def run(corpus, store, workers=0):
-        return encode_with([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG, embedder=fake,
-                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
-                             workers=workers, model_path=str(tiny_model_dir))
+        return encode_with([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG,
+                           EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
+                                         workers=workers, model=str(tiny_model_dir)),
+                           embedder=fake)
     return run
 
 
@@ -125,8 +127,8 @@ def test_distributed_crash_then_single_process_rerun(ray_cluster, encode, corpus
 
 
 def test_transient_errors_are_retried_and_others_are_not(caplog):
-    from sparsecache.ingest.distributed import transient, with_retries
     from sparsecache.errors import ModelError
+    from sparsecache.ingest.distributed import transient, with_retries
 
     calls = []
 
@@ -205,16 +207,15 @@ def test_a_wrapped_store_encodes_on_ray_as_in_one_process(ray_cluster, tiny_mode
     from sparsecache.model import load_model
     from sparsecache.wrapper.apply import initial_wrapper
 
-    def fresh():  # the driver's model takes the wrapper's soft tokens: not the session's shared tiny model
-        return load_model(str(tiny_model_dir))
-
-    wrapper = initial_wrapper(fresh(), 3, 2)
+    wrapper = initial_wrapper(load_model(str(tiny_model_dir)), 3, 2)
     config = replace(HISTORY_CONFIG, wrapper=wrapper.digest())
 
     def run(store, workers=0):
-        return encode_with([str(corpus.root)], store, tiny_dictionary, fresh, config, embedder=FakeEmbedder(),
-                             batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
-                             workers=workers, model_path=str(tiny_model_dir), wrapper=wrapper)
+        # a loader: the driver's model takes the wrapper's soft tokens, so not the session's shared tiny model
+        options = EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
+                                workers=workers, model=str(tiny_model_dir))
+        return encode_with([str(corpus.root)], store, tiny_dictionary, ModelLoader(options), config, options,
+                           embedder=FakeEmbedder(), wrapper=wrapper)
 
     for _ in range(2):  # a first encode, then an incremental one after the corpus changed
         assert run(tmp_path / "ray", workers=2).published

@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sparsecache.store import open_backend
 from sparsecache.store.doctable import DocTable, Segment, appended, read_live, read_segment, resolve, write_live
@@ -100,13 +101,15 @@ def _inline(store) -> None:
 def test_a_store_with_inline_manifests_opens_answers_and_migrates_on_the_next_publish(
         tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
     from conftest import assert_same_live_chunks
+
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.kvstore import KVStore, verify
     from sparsecache.store import StoreConfig, read_manifest
 
     def build(store):
         encode_with([str(corpus_dir)], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
-                      embedder=embedder, batch_tokens=256, progress=False)
+                    EncodeOptions(batch_tokens=256, progress=False), embedder=embedder)
 
     store, fresh = tmp_path / "old", tmp_path / "fresh"
     build(store)

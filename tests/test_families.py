@@ -5,13 +5,13 @@ table per layer type); tiny random models built from their config classes."""
 
 import pytest
 import torch
+from conftest import GEMMA2, GEMMA3, eager_attention_mass, tiny, unit_atoms, write_corpus
 
-from conftest import eager_attention_mass, GEMMA2, GEMMA3, tiny, unit_atoms, write_corpus
-from sparsecache.model.cache import assemble
-from sparsecache.query.blend import attention_scores, value_deviation
-from sparsecache.model.generate import question_ids
 from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.model import default_prefix_ids, extract_kv, load_model
+from sparsecache.model.cache import assemble
+from sparsecache.model.generate import question_ids
+from sparsecache.query.blend import attention_scores, value_deviation
 
 QUESTION = "What does the statement do?"
 
@@ -63,6 +63,7 @@ def test_value_deviation_is_zero_for_one_exact_chunk(model):
 
 def test_encode_store_query_end_to_end(model, embedder, tmp_path):
     """encode-corpus → store → query; recomputing every chunk token reproduces full prefill."""
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
@@ -70,8 +71,8 @@ def test_encode_store_query_end_to_end(model, embedder, tmp_path):
     m = model.m
     d = Dictionary(unit_atoms(m, 512, 1), unit_atoms(m, 512, 2), DictConfig(512, 4, 1), model.fingerprint())
     corpus = write_corpus(tmp_path / "corpus")
-    encode_with([str(corpus)], tmp_path / "store", d, model, StoreConfig(chunk_tokens=64), embedder=embedder,
-                  batch_tokens=512, progress=False)
+    encode_with([str(corpus)], tmp_path / "store", d, model, StoreConfig(chunk_tokens=64),
+                EncodeOptions(batch_tokens=512, progress=False), embedder=embedder)
     s = Session(tmp_path / "store", model)
     s._embedder = embedder
     ids = [c.id for c in s.store.chunks()][:3]

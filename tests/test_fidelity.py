@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from sparsecache.measure.answers import answer_span, contains
-from sparsecache.measure.suite import load_suite, make_suite
 from sparsecache.bench.fidelity import run_fidelity, table
-from sparsecache.query.spec import parse_methods
-from sparsecache.measure.stats import wilson
 from sparsecache.errors import ConfigError
+from sparsecache.measure.answers import answer_span, contains
+from sparsecache.measure.stats import wilson
+from sparsecache.measure.suite import load_suite, make_suite
+from sparsecache.query.spec import parse_methods
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,7 @@ def test_token_f1_gives_partial_credit_by_words():
 
 @pytest.fixture(scope="module")
 def session(tiny_model, tiny_dictionary, embedder, suite, tmp_path_factory):
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
@@ -91,7 +92,7 @@ def session(tiny_model, tiny_dictionary, embedder, suite, tmp_path_factory):
     out, _, _ = suite
     store = tmp_path_factory.mktemp("fidelity-store") / "store"
     encode_with([str(out / "corpus.jsonl")], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=512),
-                  embedder=embedder, batch_tokens=4096, progress=False)
+                EncodeOptions(batch_tokens=4096, progress=False), embedder=embedder)
     s = Session(store, tiny_model)
     s._embedder = embedder
     return s
@@ -125,8 +126,8 @@ def test_a_run_agrees_with_full_prefill_where_the_method_is_exact_and_resumes(se
 def test_bench_fidelity_refuses_bad_settings_before_loading_the_model(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from sparsecache.cli.main import cli
     import sparsecache.model.kvmodel
+    from sparsecache.cli.main import cli
 
     def no_model(*a, **kw):
         raise AssertionError("the model was loaded for a suite that cannot run")

@@ -45,8 +45,10 @@ def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_an
     from pydoc_data.topics import topics
 
     from sparsecache.codec.dictionary import MODEL_DICTIONARIES, SHIPPED_DIR, Dictionary
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import dictionary_for, encode_with
     from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
 
     path, model = gemma
     d = dictionary_for(tmp_path / "store", None, path)
@@ -58,7 +60,8 @@ def test_the_shipped_dictionary_is_found_by_the_model_and_keeps_full_prefills_an
     (tmp_path / "corpus").mkdir()
     for t in ("pass", "assert"):
         (tmp_path / "corpus" / f"{t}.txt").write_text(topics[t][:2000])
-    encode_with([str(tmp_path / "corpus")], tmp_path / "store", d, model, embedder=embedder, progress=False)
+    encode_with([str(tmp_path / "corpus")], tmp_path / "store", d, model, StoreConfig(),
+                EncodeOptions(progress=False), embedder=embedder)
     session = Session(tmp_path / "store", model)
     answer = session.query(QUESTION, top_k=2, max_new_tokens=16)
     compared = session.compare(QUESTION, answer, max_new_tokens=16)
@@ -73,9 +76,12 @@ def store(gemma, embedder, tmp_path_factory):
     from pydoc_data.topics import topics
 
     from conftest import unit_atoms
+
     from sparsecache.codec.dictionary import DictConfig, Dictionary
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
 
     _, model = gemma
     root = tmp_path_factory.mktemp("gemma")
@@ -83,7 +89,8 @@ def store(gemma, embedder, tmp_path_factory):
     for t in ("assert", "break", "continue", "pass", "global", "del"):
         (root / "corpus" / f"{t}.txt").write_text(topics[t][:2500])
     d = Dictionary(unit_atoms(model.m, 512, 1), unit_atoms(model.m, 512, 2), DictConfig(512, 8, 1), model.fingerprint())
-    encode_with([str(root / "corpus")], root / "store", d, model, embedder=embedder, progress=False)
+    encode_with([str(root / "corpus")], root / "store", d, model, StoreConfig(), EncodeOptions(progress=False),
+                embedder=embedder)
     session = Session(root / "store", model)
     session.raw_files([c.id for c in session.store.chunks()])
     return session

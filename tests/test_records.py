@@ -42,13 +42,14 @@ def test_dev_and_test_share_no_names_or_phrasings(tmp_path):
 
 
 def test_a_records_questions_context_is_what_retrieval_returns(tmp_path, tiny_model, tiny_dictionary, embedder):
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
 
     facts = make_records(tmp_path, questions=10, families=4, split="test")
     encode_with([str(tmp_path / "corpus.jsonl")], tmp_path / "store", tiny_dictionary, tiny_model,
-                StoreConfig(chunk_tokens=512), embedder=embedder, progress=False)
+                StoreConfig(chunk_tokens=512), EncodeOptions(progress=False), embedder=embedder)
     session = Session(tmp_path / "store", tiny_model)
     suite = records_suite(session, facts, ks=(4,))
     chunk_doc = {c.id: c.doc_id for c in session.store.chunks()}
@@ -62,9 +63,10 @@ def test_bench_fidelity_asks_records_questions_after_their_store_exists(tmp_path
     """`bench fidelity --format records`: the corpus is generated, encoded, then each question's
     context comes from that store's retrieval; a rerun reuses the questions."""
     import sparsecache.bench.suite as bench
-    from sparsecache.measure.suite import load_suite
     from sparsecache.bench.fidelity import parse_configs
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
+    from sparsecache.measure.suite import load_suite
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
 
@@ -73,7 +75,7 @@ def test_bench_fidelity_asks_records_questions_after_their_store_exists(tmp_path
             make(tiny_model)
             (work / "suite.json").write_text(json.dumps(settings))
         encode_with([str(work / "corpus.jsonl")], work / "store", tiny_dictionary, tiny_model, StoreConfig(),
-                    embedder=embedder, progress=False)
+                    EncodeOptions(progress=False), embedder=embedder)
         return Session(work / "store", tiny_model)
 
     monkeypatch.setattr(bench, "_suite_session", suite_session)

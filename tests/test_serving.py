@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import ConfigError, StoreError
-from sparsecache.vllm.serving import PARAMS_KEY, RagPrompts
+from sparsecache.ingest.config import EncodeOptions
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.store import StoreConfig
+from sparsecache.vllm.serving import PARAMS_KEY, RagPrompts
 
 CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
 
@@ -15,8 +16,8 @@ CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16"
 @pytest.fixture
 def built(tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
     def run():
-        encode_with([str(corpus_dir)], tmp_path / "store", tiny_dictionary, tiny_model, embedder=embedder,
-                      config=CONFIG, batch_tokens=256, progress=False)
+        encode_with([str(corpus_dir)], tmp_path / "store", tiny_dictionary, tiny_model, CONFIG,
+                    EncodeOptions(batch_tokens=256, progress=False), embedder=embedder)
         return tmp_path / "store"
     return run
 

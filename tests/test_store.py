@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import all_codes, assert_same_codes, write_corpus
+
 from sparsecache.codec.coding import Codec
 from sparsecache.codec.dictionary import DictConfig, Dictionary
-from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import DictionaryMismatch, StoreCorrupt, StoreError, StoreLocked, StoreUnavailable, TextError
+from sparsecache.ingest.config import EncodeOptions
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.kvstore import KVStore, compact, verify
 from sparsecache.model import extract_kv, prefix_ids
 from sparsecache.store import Lock, StoreConfig, VersionPoller, Writer, open_backend, read_manifest, versions
@@ -24,10 +25,10 @@ CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16"
 
 @pytest.fixture
 def build(tiny_model, tiny_dictionary, embedder):
-    def run(corpus, store, **kw):
-        kw.setdefault("config", CONFIG)
-        return encode_with([str(c) for c in corpus], store, tiny_dictionary, tiny_model, embedder=embedder,
-                             batch_tokens=kw.pop("batch_tokens", 256), progress=False, **kw)
+    def run(corpus, store, config=CONFIG, **options):
+        options = EncodeOptions(**{"batch_tokens": 256, "progress": False, **options})
+        return encode_with([str(c) for c in corpus], store, tiny_dictionary, tiny_model, config, options,
+                           embedder=embedder)
     return run
 
 
@@ -283,10 +284,10 @@ def test_wrong_dictionary_is_refused(build, store, corpus_dir, tiny_model):
     other = Dictionary(unit_atoms(32, 512, 7), unit_atoms(32, 512, 8), DictConfig(512, 4, 1), tiny_model.fingerprint())
     write_corpus(corpus_dir, ("return",))
     with pytest.raises(DictionaryMismatch, match="was encoded with dictionary"):
-        encode_with([str(corpus_dir)], store, other, tiny_model, CONFIG, progress=False)
+        encode_with([str(corpus_dir)], store, other, tiny_model, CONFIG, EncodeOptions(progress=False))
     foreign = Dictionary(other.keys, other.values, other.config, {**tiny_model.fingerprint(), "config_hash": "x"})
     with pytest.raises(DictionaryMismatch, match="learned for"):
-        encode_with([str(corpus_dir)], store, foreign, tiny_model, CONFIG, progress=False)
+        encode_with([str(corpus_dir)], store, foreign, tiny_model, CONFIG, EncodeOptions(progress=False))
     assert versions(store) == [1, 2]
 
 

@@ -8,11 +8,12 @@ import signal
 import time
 
 import pytest
+from conftest import CRASH_TOPICS, all_codes, assert_same_codes, encode_cmd, kill_at, rerun, start_encode
 
+from sparsecache.ingest.config import EncodeOptions
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.kvstore import KVStore, verify
 from sparsecache.store import read_manifest
-from conftest import all_codes, assert_same_codes, CRASH_TOPICS, encode_cmd, kill_at, rerun, start_encode
 
 
 @pytest.mark.parametrize("point", ["commit:2", "index:1", "publish:1"])
@@ -59,8 +60,9 @@ def test_killed_inside_a_document_then_the_corpus_changes(crash_corpus, tiny_mod
     fresh encode of the changed corpus (it used to alias the two documents' rows)."""
     import shutil
 
-    from sparsecache.store import StoreConfig
     from conftest import assert_same_live_chunks
+
+    from sparsecache.store import StoreConfig
 
     corpus = tmp_path / "corpus"
     shutil.copytree(crash_corpus, corpus)
@@ -73,5 +75,5 @@ def test_killed_inside_a_document_then_the_corpus_changes(crash_corpus, tiny_mod
     assert verify(store)["ok"]
     fresh = tmp_path / "fresh"
     encode_with([str(corpus)], fresh, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
-                  embedder=embedder, batch_tokens=256, progress=False)
+                EncodeOptions(batch_tokens=256, progress=False), embedder=embedder)
     assert_same_live_chunks(store, fresh)

@@ -25,12 +25,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import POOL, Corpus, FakeEmbedder, assert_same_live_chunks, crashing
 
-from sparsecache.ingest.encoder import encode_with
 from sparsecache.errors import StoreError
+from sparsecache.ingest.config import EncodeOptions
+from sparsecache.ingest.encoder import encode_with
 from sparsecache.kvstore import verify
 from sparsecache.store import StoreConfig, read_manifest
-from conftest import Corpus, FakeEmbedder, POOL, assert_same_live_chunks, crashing
 
 
 @pytest.fixture(autouse=True)
@@ -176,7 +177,7 @@ def test_random_history_on_the_default_model(default_model, tmp_path, seed):
     fake = FakeEmbedder()
 
     def encode(corpus: Path, store: Path):
-        return encode_with([str(corpus)], store, d, default_model, config, embedder=fake, batch_tokens=32,
-                             delete_missing=True, keep=3, progress=False)
+        return encode_with([str(corpus)], store, d, default_model, config,
+                           EncodeOptions(batch_tokens=32, delete_missing=True, keep=3, progress=False), embedder=fake)
 
     assert run_history(encode, seed, tmp_path, steps=3, scale=0.15) >= 1

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from sparsecache.ingest.config import EncodeOptions
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.kvstore import KVStore
 from sparsecache.store import StoreConfig
@@ -24,7 +25,7 @@ def open_ts(path):
 def test_every_array_reads_with_tensorstore(tiny_model, tiny_dictionary, embedder, corpus_dir, tmp_path):
     store = tmp_path / "store"
     encode_with([str(corpus_dir)], store, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64),
-                  embedder=embedder, batch_tokens=256, progress=False)
+                EncodeOptions(batch_tokens=256, progress=False), embedder=embedder)
     s = KVStore.open(store)
     arrays = sorted(p.parent for p in store.rglob("zarr.json") if json.loads(p.read_text())["node_type"] == "array")
     assert len(arrays) >= 20

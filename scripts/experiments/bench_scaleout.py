@@ -28,8 +28,10 @@ from sparsecache.testing import moto_copy
 def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
     """The same corpus encoded three ways into fresh stores; seconds per phase for each."""
     from sparsecache.codec.dictionary import Dictionary, default_dictionary
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.model import load_model
+    from sparsecache.store import StoreConfig
 
     corpus = work / "corpus"
     _corpus(corpus, tokens)
@@ -38,8 +40,8 @@ def encode_runs(work: Path, tokens: int, device: str) -> list[dict]:
     rows = []
     for label, workers in (("1 process", 0), ("ray, 1 actor", 1), ("ray, 2 actors", 2)):
         t = time.perf_counter()
-        r = encode_with([str(corpus)], work / f"store-{workers}", d, model, device=device, progress=False,
-                          workers=workers)
+        r = encode_with([str(corpus)], work / f"store-{workers}", d, model, StoreConfig(),
+                        EncodeOptions(device=device, progress=False, workers=workers))
         wall = time.perf_counter() - t
         s = r.seconds
         ray_fixed = s.get("ray start", 0.0)

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 from conftest import GEMMA2, GEMMA3, tiny  # noqa: E402  (the tests' tiny-model builder)
 
 import sparsecache.model.stack as stack
-from sparsecache.model.check import check_model  # noqa: E402
 from sparsecache.errors import ModelError  # noqa: E402
 from sparsecache.model import KVModel, load_model  # noqa: E402
+from sparsecache.model.check import check_model  # noqa: E402
 
 LLAMA3 = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 256}}
@@ -63,15 +63,18 @@ def vllm_store(model, root: Path) -> Path:
     from pydoc_data.topics import topics
 
     from conftest import unit_atoms
+
     from sparsecache.codec.dictionary import DictConfig, Dictionary
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.query.session import Session
+    from sparsecache.store import StoreConfig
 
     (root / "corpus").mkdir(parents=True)
     for t in ("assert", "break", "continue", "pass"):
         (root / "corpus" / f"{t}.txt").write_text(topics[t][:1500])
     d = Dictionary(unit_atoms(model.m, 256, 1), unit_atoms(model.m, 256, 2), DictConfig(256, 8, 1), model.fingerprint())
-    encode_with([str(root / "corpus")], root / "store", d, model, progress=False)
+    encode_with([str(root / "corpus")], root / "store", d, model, StoreConfig(), EncodeOptions(progress=False))
     session = Session(root / "store", model)
     session.raw_files([c.id for c in session.store.chunks()])
     return root / "store"

@@ -49,10 +49,11 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
 
-    from sparsecache.measure.suite import load_suite
     from sparsecache.bench.fidelity import parse_configs, run_fidelity
     from sparsecache.codec.dictionary import Dictionary, shipped_dictionary
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
+    from sparsecache.measure.suite import load_suite
     from sparsecache.model import load_model
     from sparsecache.query.session import Session
     from sparsecache.store import StoreConfig
@@ -82,8 +83,8 @@ def main() -> None:
         configs = (("anchored", enriched),) if args.no_plain else (("plain", StoreConfig()), ("anchored", enriched))
         for name, config in configs:
             start = time.perf_counter()
-            encode_with([str(args.work / "corpus.jsonl")], args.work / name, d, model, config, device=args.device,
-                          wrapper=wrapper if config.wrapper else None)
+            encode_with([str(args.work / "corpus.jsonl")], args.work / name, d, model, config,
+                        EncodeOptions(device=args.device), wrapper=wrapper if config.wrapper else None)
             t_name = time.perf_counter() - start
             json.dump({**(json.loads(report.read_text()) if report.exists() else {}), f"{name}_s": round(t_name, 1),
                        "anchor_tokens": len(model.tokenizer(anchor, add_special_tokens=False)["input_ids"]),

@@ -19,8 +19,10 @@ from pathlib import Path
 
 from sparsecache.bench.storage import bench_corpus
 from sparsecache.codec.dictionary import Dictionary, default_dictionary
+from sparsecache.ingest.config import EncodeOptions
 from sparsecache.ingest.encoder import encode_with
 from sparsecache.model import load_model
+from sparsecache.store import StoreConfig
 
 
 def main():
@@ -37,7 +39,7 @@ def main():
         for fsync in (True, False):
             os.fsync = real_fsync if fsync else (lambda fd: None)
             store = work / f"store-{i}-{fsync}"
-            r = encode_with([str(work / "corpus")], store, d, model, progress=False)
+            r = encode_with([str(work / "corpus")], store, d, model, StoreConfig(), EncodeOptions(progress=False))
             os.fsync = real_fsync
             row = {"fsync": fsync, "tokens": r.tokens, "tokens_per_s": round(r.tokens_per_s, 2), **r.seconds}
             runs.append(row)

@@ -67,6 +67,7 @@ def full_rebuild_s(store: Path) -> tuple[float, int, str]:
 def measure(work: Path, n: int, changed: int, workers: int, model_dir: Path, dictionary, model) -> dict:
     import ray
 
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.store import StoreConfig
 
@@ -76,16 +77,16 @@ def measure(work: Path, n: int, changed: int, workers: int, model_dir: Path, dic
     if not (store / "manifests").exists():
         write_corpus(corpus, n, set(), 0)
         t = time.perf_counter()
-        r = encode_with([str(corpus)], str(store), dictionary, model, StoreConfig(chunk_tokens=64), progress=True,
-                          batch_tokens=32768, model_path=str(model_dir))
+        r = encode_with([str(corpus)], str(store), dictionary, model, StoreConfig(chunk_tokens=64),
+                        EncodeOptions(progress=True, batch_tokens=32768, model=str(model_dir)))
         row["first_encode_s"] = round(time.perf_counter() - t, 1)
         row["first_encode_phases_s"] = {k: round(v, 2) for k, v in r.seconds.items()}
     for edit in (1, 2):  # the second re-index is the one reported: Ray's start-up paid once before
         write_corpus(corpus, n, edited, edit)
         before = index_bytes(store)
         t = time.perf_counter()
-        r = encode_with([str(corpus)], str(store), dictionary, lambda: model, StoreConfig(chunk_tokens=64),
-                          progress=False, workers=workers, model_path=str(model_dir))
+        r = encode_with([str(corpus)], str(store), dictionary, model, StoreConfig(chunk_tokens=64),
+                        EncodeOptions(progress=False, workers=workers, model=str(model_dir)))
         wall = time.perf_counter() - t
     after = index_bytes(store)
     ray.shutdown()
@@ -110,8 +111,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from sparsecache.measure.machine import cpu_model
-    from sparsecache.testing import tiny_dictionary, write_tiny_llama
     from sparsecache.model import load_model
+    from sparsecache.testing import tiny_dictionary, write_tiny_llama
 
     a.work.mkdir(parents=True, exist_ok=True)
     model_dir = a.work / "tiny-llama"

@@ -147,15 +147,15 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
     import torch
 
     from ..codec.coding import Codec
+    from ..durable import write_atomic
+    from ..ingest.config import EncodeOptions
     from ..ingest.encoder import encode_with
     from ..measure.machine import copy_rate, cpu_model, gemm_rate
     from ..model.kvmodel import compute_parameters
-    from ..durable import write_atomic
+    from ..model.packaged import PACKAGED
     from ..store import StoreConfig
     from .storage import bench_corpus
     from .ttft import measure_ttft
-
-    from ..model.packaged import PACKAGED
 
     work = Path(workdir) / name
     real = name in PACKAGED or name == "default"
@@ -165,8 +165,8 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
     report = work / "encode.json"
     if not report.exists():  # twice the tokens the largest k reads: chunks end at sentences, tokenizers differ
         bench_corpus(work / "corpus", int(max(ks) * 512 * 2))
-        r = encode_with([str(work / "corpus")], store, d, model, StoreConfig(chunk_tokens=512), device=device,
-                        progress=False)
+        r = encode_with([str(work / "corpus")], store, d, model, StoreConfig(chunk_tokens=512),
+                        EncodeOptions(device=device, progress=False))
         write_atomic(report, json.dumps(r.to_dict()))
     encode = json.loads(report.read_text())
     rows = measure_ttft(store, model, device, ks, repeats, shape_methods())

@@ -92,6 +92,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     from safetensors.torch import load
 
     from ..codec.dictionary import default_dictionary
+    from ..ingest.config import EncodeOptions
     from ..ingest.encoder import encode_with
     from ..kvstore.view import KVStore
     from ..model.kvmodel import load_model
@@ -105,7 +106,7 @@ def bench_store(workdir, n_chunks: int = 32, repeats: int = 5, device="cpu", min
     report_file = work / "encode.json"
     if not report_file.exists():
         bench_corpus(work / "corpus", min_tokens)
-        r = encode_with([str(work / "corpus")], store_path, d, model, StoreConfig(), device=device)
+        r = encode_with([str(work / "corpus")], store_path, d, model, StoreConfig(), EncodeOptions(device=device))
         write_atomic(report_file, json.dumps(r.to_dict()))
     encode = json.loads(report_file.read_text())
     store = KVStore.open(store_path)
@@ -153,6 +154,7 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     import shutil
     from pathlib import Path
 
+    from ..ingest.config import EncodeOptions
     from ..codec.dictionary import default_dictionary
     from ..codec.omp import EXACT, Screening
     from ..ingest.encoder import encode_with
@@ -164,9 +166,11 @@ def bench_encode(workdir, corpus=("builtin:heldout",), device="cpu") -> dict:
     model = load_model(device=device)
     d = Dictionary.load(default_dictionary())
     runs = {}
-    for name, screening in (("exact", EXACT), ("screened", Screening())):  # the default's screening, forced
+    # exact Batch-OMP against the CPU kernel's default screening
+    for name, screening in (("exact", EXACT), ("screened", Screening.default_for(d.keys.shape[0], d.config.atoms))):
         shutil.rmtree(work / name, ignore_errors=True)
-        r = encode_with(list(corpus), work / name, d, model, StoreConfig(), device=device, screening=screening)
+        r = encode_with(list(corpus), work / name, d, model, StoreConfig(),
+                        EncodeOptions(device=device, exact_omp=name == "exact"))
         runs[name] = {**r.to_dict(), "screening": {"candidates": screening.candidates, "refresh": screening.refresh}}
     stores = {name: KVStore.open(work / name) for name in runs}
     chunks = {name: {(c.doc_id, c.ordinal): c.id for c in st.chunks()} for name, st in stores.items()}

@@ -143,6 +143,7 @@ def _suite_session(work, settings: dict, make, device, corpus=None, config=None)
     import json
 
     from ..codec.dictionary import shipped_dictionary
+    from ..ingest.config import EncodeOptions
     from ..ingest.encoder import encode_with
     from ..model.kvmodel import load_model
     from ..query.session import Session
@@ -157,7 +158,7 @@ def _suite_session(work, settings: dict, make, device, corpus=None, config=None)
         make(model)
         write_atomic(made, json.dumps(settings))
     encode_with(corpus or [str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
-                config or StoreConfig(), device=device)
+                config or StoreConfig(), EncodeOptions(device=device))
     return Session(work / "store", model, device)
 
 
@@ -167,14 +168,15 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=N
     dictionary and settings; incremental like the plain store (another wrapper there is refused)."""
     from dataclasses import replace
 
+    from ..ingest.config import EncodeOptions
     from ..ingest.encoder import encode_with
     from ..query.session import Session
     from ..wrapper.apply import load_wrapper
 
     w = load_wrapper(wrapper, session.model.fingerprint())
-    encode_with(corpus or [str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary, session.model,
-                  replace(session.store.config, wrapper=w.digest()), embedder=embedder, device=device, wrapper=w,
-                  progress=False)
+    encode_with(corpus or [str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary,
+                session.model, replace(session.store.config, wrapper=w.digest()),
+                EncodeOptions(device=device, progress=False), embedder=embedder, wrapper=w)
     return Session(work / "store-wrapped", session.model, device)
 
 

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..codec.omp import Screening
-from ..dtypes import FORWARD_DTYPE, forward_dtype as resolve_forward_dtype
+from ..dtypes import FORWARD_DTYPE
+from ..dtypes import forward_dtype as resolve_forward_dtype
 from ..errors import SparseCacheError
 from ..failpoints import kill_worker, start_failure
 from ..text.corpus import chunks
@@ -215,10 +216,11 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
         yield part
 
 
-def encode_distributed(run, ray) -> None:
-    """Encode `run.plan.work` (an `encoder.EncodeRun`) on the Ray actors `ray` (an
-    `encoder.RayConfig`) names, into the store `run.writer` writes (see the module docstring).
-    Each actor loads `ray.model_path`, the store's own dictionary copy and its embedder.
+def encode_distributed(run) -> None:
+    """Encode `run.work.work` (an `encoder.EncodeRun`) on the Ray actors its options name (`workers` actors
+    on a Ray started here, or the cluster at `ray_address`), into the store `run.writer` writes (see the
+    module docstring). Each actor loads `options.model` (the default model or a directory every node can
+    read), the store's own dictionary copy and its embedder.
 
     Works in rounds of about ROUND_TOKENS tokens, so the driver holds one round's token ids
     at a time however large the corpus is."""
@@ -227,21 +229,21 @@ def encode_distributed(run, ray) -> None:
     from ..model.kvmodel import chunk_context_ids
     from ..wrapper.apply import store_wrapping
 
-    w, timer, config = run.writer, run.timer, run.config
-    hashes = {s.id: s.hash for s in run.plan.work}
+    w, timer, config, options = run.writer, run.timer, run.config, run.options
+    hashes = {s.id: s.hash for s in run.work.work}
     header, trailer = store_wrapping(w.backend, run.model)  # wrapped: chunks after the header, trailers appended
-    actor = {"model": ray.model_path, "device": run.device, "batch_tokens": run.batch_tokens,
+    actor = {"model": options.model, "device": options.device, "batch_tokens": options.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
              "screening": run.screening and asdict(run.screening),
-             "forward_dtype": run.forward_dtype}  # each actor's arguments
-    n = _start_ray(ray.workers, ray.address, run.device, timer)
-    bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
+             "forward_dtype": options.forward_dtype}  # each actor's arguments (it resolves "auto" on its machine)
+    n = _start_ray(options.workers, options.ray_address, options.device, timer)
+    bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not options.progress, dynamic_ncols=True)
     next_id = 0
     try:
-        for docs in _rounds(run.plan.work, run.model.tokenizer, config.chunk_tokens, timer, trailer):
+        for docs in _rounds(run.work.work, run.model.tokenizer, config.chunk_tokens, timer, trailer):
             start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
-            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, _region_tokens(docs, run.batch_tokens, n),
-                                   next_id)
+            size = _region_tokens(docs, options.batch_tokens, n)
+            regions = plan_regions(docs, *start, config.zarr_chunk_tokens, size, next_id)
             next_id += len(regions)
             if not regions:
                 continue
@@ -250,7 +252,7 @@ def encode_distributed(run, ray) -> None:
                 end = _allocate(w, regions)
             w.backend.delete_tree("work")
             w.commit({}, *end, extra={"allocated_by": "distributed"})
-            _encode_round(w, regions, end, hashes, actor, n, run.report, timer, bar)
+            _encode_round(run, regions, end, hashes, actor, n, bar)
             w.rewind(*end)
     finally:
         bar.close()
@@ -281,8 +283,9 @@ def _rounds(work, tokenizer, chunk_tokens: int, timer, trailer: tuple[int, ...] 
         yield docs
 
 
-def _encode_round(w, regions, end, hashes, actor: dict, n, report, timer, bar) -> None:
+def _encode_round(run, regions, end, hashes, actor: dict, n, bar) -> None:
     """Run one round's regions on the actor pool; record each region's documents as it finishes."""
+    w, report, timer = run.writer, run.report, run.timer
     by_id = {r.id: r for r in regions}
     def own() -> float:  # the driver's own writes and commits
         return timer["write"] + timer["commit"]

@@ -57,7 +57,7 @@ class EncodeReport:
 
 
 @dataclass
-class Plan:
+class Work:
     """What a run has to do, decided before any encoding."""
 
     work: list[Source]  # new or changed documents, in id order
@@ -66,36 +66,23 @@ class Plan:
     resume_open: dict | None  # a document a crashed run was in the middle of: {id, hash, first, count, ...}
 
 
-@dataclass(frozen=True)
-class RayConfig:
-    """Where a distributed encode runs (`distributed`): `workers` actors on a Ray started here,
-    or the cluster at `address`; each actor loads `model_path` (the default model or a
-    directory every node can read)."""
-
-    workers: int = 0
-    address: str | None = None
-    model_path: str = "default"
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.workers or self.address)
-
-
 @dataclass
 class EncodeRun:
-    """One `encode_corpus` call's work in progress, as the local loop and the Ray one share it."""
+    """One `encode_corpus` call's work in progress, as the local loop and the Ray one share it: the
+    options the CLI was given travel here whole (`options.device` resolved)."""
 
     writer: Writer  # holds the store's lock or lease
-    plan: Plan
+    work: Work
     model: KVModel
     config: StoreConfig
-    device: str
-    batch_tokens: int  # tokens per forward batch (and, on Ray, per region at most)
-    screening: Screening | None
-    forward_dtype: str  # EncodeOptions.forward_dtype (a Ray actor resolves "auto" on its own machine)
+    options: EncodeOptions
     report: EncodeReport
     timer: Stopwatch  # seconds per phase
-    progress: bool
+
+    @property
+    def screening(self) -> Screening | None:
+        """The CPU OMP's candidate screening: exact Batch-OMP with `exact_omp`, else the codec's default."""
+        return EXACT if self.options.exact_omp else None
 
 
 def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOptions = EncodeOptions()
@@ -108,9 +95,8 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOpt
     model only when there is something to encode and passes it through the model gate
     (`check.ensure_checked`: a model whose K/V would be stored wrongly is refused), then runs
     `encode_with`. The store is opened once."""
-    from ..model.check import ensure_checked
     from ..model.gguf import for_recorded
-    from ..model.kvmodel import load_model, resolve_device
+    from ..model.kvmodel import resolve_device
     from ..store import config_for, open_backend, store_exists
     from ..store.layout import root_attrs
     from ..wrapper.apply import wrapper_for
@@ -122,22 +108,34 @@ def encode_corpus(corpus: list[str] | tuple[str, ...], store, options: EncodeOpt
     wrapper = wrapper_for(backend, options.wrapper, options.model)
     config = config_for(backend, **options.store_fields(), wrapper=wrapper.digest() if wrapper else None)
     dictionary = dictionary_for(backend, options.dictionary, options.model)
-    device = resolve_device(options.device)
 
-    def model() -> KVModel:  # called only when there is something to encode
-        if options.progress:
-            tqdm.write(f"loading model {options.model} on {device}", file=sys.stderr)
-        loaded = load_model(options.model, device=device)
+    options = replace(options, device=str(resolve_device(options.device)))
+    return encode_with(corpus, backend, dictionary, ModelLoader(options), config, options, wrapper=wrapper)
+
+
+@dataclass(frozen=True)
+class ModelLoader:
+    """`options.model`, loaded on `options.device` and through the model gate (`check.ensure_checked`) when
+    called: only where there is something to encode. Its fingerprint comes from the model's config alone,
+    so an idle run and the compatibility check need no weights."""
+
+    options: EncodeOptions
+
+    def fingerprint(self) -> dict:
+        from ..model.kvmodel import model_fingerprint
+
+        return model_fingerprint(self.options.model)
+
+    def __call__(self) -> KVModel:
+        from ..model.check import ensure_checked
+        from ..model.kvmodel import load_model, resolve_device
+
+        device = resolve_device(self.options.device)
+        if self.options.progress:
+            tqdm.write(f"loading model {self.options.model} on {device}", file=sys.stderr)
+        loaded = load_model(self.options.model, device=device)
         ensure_checked(loaded)  # once per model fingerprint
         return loaded
-
-    return encode_with(corpus, backend, dictionary, model, config, device=device, batch_tokens=options.batch_tokens,
-                       delete_missing=options.delete_missing, index=options.index_kind, keep=options.keep,
-                       progress=options.progress, workers=options.workers, ray_address=options.ray_address,
-                       model_path=options.model,
-                       adapt=AdaptConfig(steps=options.adapt_steps) if options.adapt_steps else None,
-                       screening=EXACT if options.exact_omp else None, wrapper=wrapper,
-                       forward_dtype=options.forward_dtype)
 
 
 def dictionary_for(store, given: str | None = None, model_path: str = "default") -> Dictionary:
@@ -155,34 +153,38 @@ def dictionary_for(store, given: str | None = None, model_path: str = "default")
 
 
 def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictionary,
-                model: KVModel | Callable[[], KVModel], config: StoreConfig = StoreConfig(),
-                embedder: Embedder | None = None, device="cpu", batch_tokens: int = EncodeOptions.batch_tokens,
-                delete_missing: bool = False, index: str = EncodeOptions.index_kind, keep: int = EncodeOptions.keep,
-                progress: bool = True, workers: int = 0, ray_address: str | None = None, model_path: str = "default",
-                adapt: AdaptConfig | None = None, screening: Screening | None = None,
-                wrapper: Wrapper | None = None, forward_dtype: str = EncodeOptions.forward_dtype) -> EncodeReport:
+                model: KVModel | ModelLoader, config: StoreConfig = StoreConfig(),
+                options: EncodeOptions = EncodeOptions(), *, embedder: Embedder | None = None,
+                wrapper: Wrapper | None = None) -> EncodeReport:
     """Bring the store at `store` (a directory, an s3://, gs://, az:// URL or an open Backend)
     up to date with `corpus`, with the dictionary, model and config already chosen (what
-    `encode_corpus` resolves); returns what was done and how long it took.
+    `encode_corpus` resolves); `options` says how this run goes (its store-format fields are
+    `encode_corpus`'s to resolve into `config`, and are not read here). Returns what was done and
+    how long it took.
 
-    `model` may be a function that loads it: it is only called when there is work, so an
-    unchanged corpus is answered from the scan alone. `workers` > 0 or a `ray_address` encode
-    on Ray actors (see `distributed`), each loading `model_path` (the default model or a
-    directory every node can read). After publishing, versions beyond the newest `keep` are
-    deleted (0 keeps them all).
+    `model` may be a `ModelLoader`: it is only called when there is work, so an unchanged corpus is
+    answered from the scan alone. The model (by its fingerprint), the dictionary and the store are checked
+    against each other once, where the run starts (`_check_compatible`). `options.workers` > 0 or a
+    `ray_address` encode on Ray actors (see `distributed`), each loading `options.model` (the default model or a
+    directory every node can read). After publishing, versions beyond the newest `options.keep`
+    are deleted (0 keeps them all).
 
-    `adapt` fits the dictionary to a sample of the corpus before a new store's first encode
-    (`learn.adapt`); the store keeps the adapted copy, and a rerun that names the same
-    starting dictionary reuses it.
-
-    `screening` is the CPU OMP's candidate screening (`omp.Screening`; `omp.EXACT` for exact
-    Batch-OMP; None: the dictionary's default). It is not part of the store: codes from
-    either are the same format.
+    `options.adapt_steps` fits the dictionary to a sample of the corpus before a new store's first
+    encode (`learn.adapt`); the store keeps the adapted copy, and a rerun that names the same
+    starting dictionary reuses it. `options.exact_omp` codes with exact Batch-OMP instead of the CPU
+    kernel's screening; it is not part of the store: codes from either are the same format.
 
     `wrapper` (a learned chunk wrapper, `wrapper/apply.py`; `config.wrapper` must be its digest) wraps
     every chunk of a new store as prefix | header | chunk | trailer: the header's K/V is kept
     once with the prefix's, the trailer's with each chunk's codes. An existing store keeps its own.
+    `embedder`: one already loaded (default: `config.embedder`'s, loaded when needed).
     """
+    from ..model.kvmodel import resolve_device
+
+    device = resolve_device(options.device)
+    options = replace(options, device=str(device))
+    adapt = AdaptConfig(steps=options.adapt_steps) if options.adapt_steps else None
+    progress = options.progress
     if config.wrapper and wrapper is not None and wrapper.digest() != config.wrapper:
         raise ConfigError(f"the wrapper given is {wrapper.digest()}, the config names {config.wrapper}")
     t_start = time.perf_counter()
@@ -190,9 +192,11 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
     with timer.step("scan"):
         sources = scan(corpus)
     load = _loader(model, timer)
-    if isinstance(model, KVModel):
-        dictionary.check_model(model.fingerprint())
+    fingerprint = model.fingerprint()  # a loader's from the model's config: no weights loaded for it
     with Writer(store) as w:
+        if w.initialised() and adapt is not None:
+            dictionary = _stored_adaptation(w, dictionary)
+        _check_compatible(w, config, dictionary, fingerprint)
         if not w.initialised():
             if adapt is not None:
                 with timer.step("adapt"):
@@ -200,32 +204,34 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
             if config.wrapper and wrapper is None:
                 raise ConfigError(f"a new store with wrapper {config.wrapper} needs the wrapper itself (--wrapper DIR)")
             _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device), wrapper)
-        elif adapt is not None:
-            dictionary = _stored_adaptation(w, dictionary)
-        w.check_compatible(config, dictionary, None)  # a wrong --dict or option is refused even when idle
-        plan = _plan(w, sources, delete_missing)
-        report = EncodeReport(str(store), w.base.version, False, plan.counts)
-        if not plan.work and not w.done and not plan.deleted:
+        work = _work(w, sources, options.delete_missing)
+        report = EncodeReport(str(store), w.base.version, False, work.counts)
+        if not work.work and not w.done and not work.deleted:
             report.message = (f"unchanged: {len(sources)} documents match version {w.base.version}; "
                               "nothing to encode, no new version")
         else:
             model = load()
-            dictionary.check_model(model.fingerprint())
-            w.check_compatible(config, dictionary, model.fingerprint())
-            run = EncodeRun(w, plan, model, config, str(device), batch_tokens, screening, forward_dtype, report, timer,
-                            progress)
-            ray = RayConfig(workers, ray_address, model_path)
-            if ray.enabled:
+            run = EncodeRun(w, work, model, config, options, report, timer)
+            if options.workers or options.ray_address:
                 from .distributed import encode_distributed
 
-                encode_distributed(run, ray)
+                encode_distributed(run)
             else:
-                report.forward_dtype = resolve_forward_dtype(forward_dtype, str(device))
-                _encode_work(run, Codec(dictionary, config.coef_dtype, device, config.index_coding, screening),
+                report.forward_dtype = resolve_forward_dtype(options.forward_dtype, options.device)
+                _encode_work(run, Codec(dictionary, config.coef_dtype, device, config.index_coding, run.screening),
                              embedder or Embedder(config.embedder, device))
-            _publish(w, plan, index, keep, report, timer)
+            _publish(w, work, options, report, timer)
     report.seconds = {**{k: round(v, 3) for k, v in timer.items()}, "total": round(time.perf_counter() - t_start, 3)}
     return report
+
+
+def _check_compatible(w: Writer, config: StoreConfig, dictionary: Dictionary, fingerprint: dict) -> None:
+    """The one check, where a run starts, that the model (by its fingerprint), the dictionary, the options
+    and an existing store agree: a wrong --dict, --model or store option is refused even when there is
+    nothing to encode."""
+    dictionary.check_model(fingerprint)
+    if w.initialised():
+        w.check_compatible(config, dictionary, fingerprint)
 
 
 def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg: AdaptConfig, device,
@@ -253,19 +259,20 @@ def _stored_adaptation(w: Writer, dictionary: Dictionary) -> Dictionary:
     return stored if stored.meta.get("adapt", {}).get("from") == dictionary.fingerprint() else dictionary
 
 
-def _publish(w: Writer, plan: Plan, index: str, keep: int, report: EncodeReport, timer: Stopwatch) -> None:
-    """Index the live chunks and publish them as the next version; prune to `keep` versions."""
-    deleted = set(plan.deleted)
+def _publish(w: Writer, work: Work, options: EncodeOptions, report: EncodeReport, timer: Stopwatch) -> None:
+    """Index the live chunks and publish them as the next version; prune to `options.keep` versions."""
+    deleted = set(work.deleted)
     with timer.step("index+publish"):
-        note = ", ".join(f"{v} {k}" for k, v in plan.counts.items() if v)
-        m = w.publish({k: v for k, v in w.done.items() if k not in deleted}, deleted, FaissIndexer(index), note)
-        if keep:
-            w.prune(keep)
+        note = ", ".join(f"{v} {k}" for k, v in work.counts.items() if v)
+        m = w.publish({k: v for k, v in w.done.items() if k not in deleted}, deleted, FaissIndexer(options.index_kind),
+                      note)
+        if options.keep:
+            w.prune(options.keep)
     report.version, report.published = m.version, True
     report.message = f"published version {m.version}: {m.n_documents} documents, {m.live_chunks} chunks ({note})"
 
 
-def _loader(model, timer: Stopwatch) -> Callable[[], KVModel]:
+def _loader(model: KVModel | ModelLoader, timer: Stopwatch) -> Callable[[], KVModel]:
     """A function returning the model, loading it (timed as "load") on its first call only."""
     if isinstance(model, KVModel):
         return lambda: model
@@ -284,7 +291,6 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
             wrapper: Wrapper | None = None) -> None:
     """Lay out a new store for this model, dictionary and embedder (and wrapper: its header
     follows the prefix in the prefix group, its soft tokens beside them)."""
-    dictionary.check_model(model.fingerprint())
     ids = prefix_ids(model, config.prefix)
     soft = None
     if wrapper is not None:
@@ -297,7 +303,7 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
              FaissIndexer(), None if soft is None else soft.numpy())
 
 
-def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
+def _work(w: Writer, sources: list[Source], delete_missing: bool) -> Work:
     """What to encode, given the last version and what a crashed run already wrote.
 
     A document a crashed run was in the middle of is continued first, whatever documents
@@ -319,17 +325,18 @@ def _plan(w: Writer, sources: list[Source], delete_missing: bool) -> Plan:
     deleted = sorted({d for d in (*base, *done) if d not in ids}) if delete_missing else []
     counts = {"new": sum(s.id not in held for s in work), "changed": sum(s.id in held for s in work),
               "unchanged": len(sources) - len(work), "deleted": len(deleted), "resumed": len(done)}
-    return Plan(work, deleted, counts, open_doc)
+    return Work(work, deleted, counts, open_doc)
 
 
 def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
-    """Encode `run.plan.work` batch by batch, recording progress in the store after every batch."""
-    w, plan, model, timer, report = run.writer, run.plan, run.model, run.timer, run.report
+    """Encode `run.work.work` batch by batch, recording progress in the store after every batch."""
+    w, plan, model, timer, report = run.writer, run.work, run.model, run.timer, run.report
+    batch_tokens, progress = run.options.batch_tokens, run.options.progress
     header, trailer = store_wrapping(w.backend, model)
     prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor) + header
-    with timer.step("chunk"):
-        total = token_estimate(plan.work, model.tokenizer) if run.progress else 0
-    bar = tqdm(total=total, unit="tok", unit_scale=True, desc="encode", disable=not run.progress, dynamic_ncols=True)
+    size = BarSize(plan.work)
+    bar = tqdm(total=size.total(0), unit="tok", unit_scale=True, desc="encode", disable=not progress,
+               dynamic_ncols=True)
     open_docs: dict[str, dict] = {}  # rows written per unfinished document
     skip = {}
     if plan.resume_open:
@@ -338,14 +345,14 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
         skip[o["id"]] = o["count"]
     end = (w.finished_tokens, w.finished_chunks)  # extents after the last finished document
     hashes = {s.id: s.hash for s in plan.work}
-    for batch, finished in _batches(plan.work, model.tokenizer, run.config.chunk_tokens, run.batch_tokens, skip,
-                                    timer):
+    for batch, finished in _batches(plan.work, model.tokenizer, run.config.chunk_tokens, batch_tokens, skip, timer):
         if batch:
             wrapped = [replace(c, token_ids=tuple(c.token_ids) + trailer) for c in batch] if trailer else batch
-            _encode_batch(w, wrapped, open_docs, model, codec, embedder, prefix, run.batch_tokens, timer, bar,
-                          report.forward_dtype)
+            _encode_batch(run, wrapped, open_docs, codec, embedder, prefix, bar)
             report.chunks += len(batch)
             report.tokens += sum(len(c.token_ids) for c in batch)
+        size.finished(finished, report.tokens)
+        bar.total = max(bar.n, size.total(bar.n))
         done = {}
         for s in finished:
             d = open_docs.pop(s.id, None) or {"first": end[1], "count": 0, "tokens": 0, "token_offset": end[0]}
@@ -359,9 +366,28 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
     bar.close()
 
 
-def token_estimate(work: list[Source], tokenizer) -> int:
-    """Tokens of the documents to encode (a streamed pre-pass: ~0.1% of the encode's time)."""
-    return sum(len(tokenizer(b, add_special_tokens=False)["input_ids"]) for s in work for b in s.blocks())
+class BarSize:
+    """The encode bar's size in tokens without tokenising the corpus twice: the bytes of the documents
+    still to chunk times the tokens per byte of those chunked so far (TOKENS_PER_BYTE before any)."""
+
+    TOKENS_PER_BYTE = 0.25  # English prose under a BPE tokenizer, about 4 bytes a token
+
+    def __init__(self, work: list[Source]):
+        self.left = sum(s.size for s in work)
+        self.done_bytes = 0
+        self.rate = self.TOKENS_PER_BYTE
+
+    def finished(self, sources: list[Source], tokens: int) -> None:
+        """`sources` were chunked in full, and `tokens` tokens were chunked in all so far."""
+        n = sum(s.size for s in sources)
+        self.left -= n
+        self.done_bytes += n
+        if self.done_bytes and tokens:
+            self.rate = tokens / self.done_bytes
+
+    def total(self, counted: int) -> int:
+        """The bar's total once `counted` tokens are on it."""
+        return counted + round(max(self.left, 0) * self.rate)
 
 
 def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,9 +421,10 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
         yield batch, finished
 
 
-def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], model: KVModel, codec: Codec,
-                  embedder: Embedder, prefix: list[int], batch_tokens: int, timer: Stopwatch, bar,
-                  forward_dtype: str) -> None:
+def _encode_batch(run: EncodeRun, batch: list[Chunk], open_docs: dict[str, dict], codec: Codec, embedder: Embedder,
+                  prefix: list[int], bar) -> None:
+    w, timer = run.writer, run.timer
+
     def step(name):  # the bar says what the batch is doing: a CPU batch takes ~1.5 min
         bar.set_description(f"encode ({name})")
         return timer.step(name)
@@ -409,8 +436,8 @@ def _encode_batch(w: Writer, batch: list[Chunk], open_docs: dict[str, dict], mod
         bar.update(n)
         moved += n
 
-    k_codes, v_codes = code_batch(model, codec, [list(c.token_ids) for c in batch], prefix, batch_tokens, step,
-                                  on_tokens, forward_dtype)
+    k_codes, v_codes = code_batch(run.model, codec, [list(c.token_ids) for c in batch], prefix,
+                                  run.options.batch_tokens, step, on_tokens, run.report.forward_dtype)
     with step("embed"):
         emb = embedder.embed([c.text for c in batch])
     with step("write"):

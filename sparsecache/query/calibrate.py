@@ -325,6 +325,7 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
     import json
     import tempfile
 
+    from ..ingest.config import EncodeOptions
     from ..ingest.encoder import encode_with
     from ..measure.suite import chunk_ids_by_doc
     from .session import Session
@@ -340,8 +341,8 @@ def other_variant(session, cfg: CalibrateConfig, suite: list, refs: list, confid
         bar.set_description("calibrate (encoding the other variant)")
         config = dataclasses.replace(store.config, wrapper=None if w is None else w.digest(),
                                      chunk_tokens=2 * store.config.chunk_tokens)  # one chunk per chunk
-        encode_with([corpus], f"{tmp}/twin", store.dictionary, session.model, config, embedder=session.embedder,
-                    device=session.device, progress=False, wrapper=w)
+        encode_with([corpus], f"{tmp}/twin", store.dictionary, session.model, config,
+                    EncodeOptions(device=str(session.device), progress=False), embedder=session.embedder, wrapper=w)
         twin = Session(f"{tmp}/twin", session.model, session.device)
         of = chunk_ids_by_doc(twin.store)
 

@@ -40,6 +40,12 @@ class Source:
     text: str | None = None  # JSONL and built-in documents are already in memory
     meta: dict = field(default_factory=dict)
 
+    @property
+    def size(self) -> int:
+        """The document's bytes as stored (an HTML file's markup included): what a progress bar can be
+        sized by before the document is read."""
+        return self.path.stat().st_size if self.text is None else len(self.text.encode("utf-8"))
+
     def blocks(self) -> Iterator[str]:
         """The document's text in pieces of about BLOCK_BYTES."""
         if self.text is not None:
