@@ -164,3 +164,47 @@ def test_publishing_changes_and_deletions_keeps_the_table_counts_and_live_rows_a
         rows = sorted(r for d in model.values() for r in range(d["first"], d["first"] + d["count"]))
         np.testing.assert_array_equal(m.live_rows(), rows)
     assert verify(path, None, FaissIndexer(), None)["ok"]
+
+
+class _Base:
+    """What `doctable.updated` reads of a base version: its table, its live rows and counts."""
+
+    def __init__(self, table: dict[str, dict], chunks: int):
+        self.documents = DocTable.from_dict(table)
+        self.segments = [{"key": "any"}]  # segmented: the new table is a change to this one
+        self.rows = self.documents.rows()
+        self.live_tokens = sum(e["tokens"] for e in table.values())
+        self.n_documents = len(table)
+
+    def live_rows(self):
+        return self.rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.integers(0, 11), max_size=5), st.sets(st.integers(0, 11), max_size=4)),
+                min_size=1, max_size=6))
+def test_a_publishs_set_algebra_is_a_plain_dicts(nights):
+    """`updated` (the set algebra a publish runs: #96 moved it out of the writer) gives the live rows,
+    tokens and document count a plain dict of the live documents gives, night after night."""
+    from sparsecache.store.doctable import updated
+
+    table: dict[str, dict] = {}
+    chunks = 0
+    for night, (changed_ids, deleted_ids) in enumerate(nights):
+        changed = {}
+        for i in sorted(changed_ids):  # re-encoded or new: rows appended after everything so far
+            changed[f"d{i}"] = {"hash": f"h{night}", "first": chunks, "count": 1 + i % 3, "tokens": 10 * (1 + i % 3),
+                                "token_offset": 0}
+            chunks += 1 + i % 3
+        deleted = [f"d{i}" for i in deleted_ids]
+        base = _Base(table, chunks) if table else None
+        u = updated(changed, deleted, chunks, base)
+        table = {k: v for k, v in {**table, **changed}.items() if k not in set(deleted) - set(changed)}
+        want = np.zeros(chunks, bool)
+        for e in table.values():
+            want[e["first"]:e["first"] + e["count"]] = True
+        assert np.array_equal(u.live, want)
+        assert u.live_tokens == sum(e["tokens"] for e in table.values()) and u.n_documents == len(table)
+        read = resolve([Segment(base.documents), u.segment]) if base else u.segment.entries  # as a reader reads it
+        assert {k: (e["hash"], e["first"]) for k, e in read.items()} == \
+            {k: (e["hash"], e["first"]) for k, e in table.items()}

@@ -20,7 +20,8 @@ row of the chunk table): what a reader needs to answer searches without reading 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -162,6 +163,48 @@ class Segment:
             h.update(name.encode())
             h.update(np.ascontiguousarray(arrays[name]).tobytes())
         return h.hexdigest()[:24]
+
+
+@dataclass
+class Update:
+    """A new version's document table as a change to its base (`updated`)."""
+
+    segment: Segment  # what the new version adds, replaces and deletes (or the whole table)
+    refs: list[dict]  # the base's segments it follows ([] where it is the whole table)
+    live: np.ndarray  # bool [chunks]: the chunk-table rows live in the new version
+    live_tokens: int
+    n_documents: int
+
+
+def updated(changed: Mapping[str, dict], deleted: Iterable[str], chunks: int, base=None) -> Update:
+    """The document table of a version of `chunks` chunk-table rows: `base`'s (a Manifest of the same
+    generation, or None: a new store or generation) with the documents `deleted` removed and the
+    `changed` ones ({id: {hash, first, count, tokens, token_offset}}) put in. On a segmented base the
+    new segment holds what changed (entries equal to base's are no change); otherwise it is the whole
+    table. Costs O(change) in Python and a vectorised O(documents) pass over `base`'s table."""
+    new = DocTable.from_dict(changed)
+    gone = np.array(sorted({d.encode("utf-8") for d in deleted} - set(new.ids.tolist())), dtype=np.bytes_)
+    live = np.zeros(chunks, bool)
+    if base is not None and base.segments:  # what changed since base
+        old = base.documents
+        at = old.find(new.ids)
+        same = at >= 0
+        same[same] = (old.hashes[at[same]] == new.hashes[same]) & np.logical_and.reduce(
+            [old.cols[f][at[same]] == new.cols[f][same] for f in FIELDS])
+        new = new.take(~same)
+        at = at[~same]
+        gone = gone[old.find(gone) >= 0]
+        replaced = np.concatenate([old.find(gone), at[at >= 0]])  # entries no longer live
+        live[base.live_rows()] = True
+        live[old.take(np.sort(replaced)).rows()] = False
+        live[new.rows()] = True
+        tokens = base.live_tokens + int(new.cols["tokens"].sum()) - int(old.cols["tokens"][replaced].sum())
+        return Update(Segment(new, gone), base.segments, live, int(tokens),
+                      base.n_documents + int((at < 0).sum()) - len(gone))
+    if base is not None:  # a base of the inline format: the whole table
+        new = base.documents.then(new, gone)
+    live[new.rows()] = True
+    return Update(Segment(new), [], live, int(new.cols["tokens"].sum()), len(new))
 
 
 def _bytes(values: list[str]) -> np.ndarray:

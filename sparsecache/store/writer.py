@@ -314,38 +314,14 @@ class Writer:
         """Write `m`'s document table and live-row bitmap (`doctable`): on top of `base` (same
         generation, segmented) a segment of what changed, else `changed` as the whole table.
 
-        Costs O(change) in Python and a vectorised O(documents) pass over `base`'s table."""
-        from .doctable import FIELDS, DocTable, Segment, appended, write_live
+        The set algebra is `doctable.updated`'s."""
+        from .doctable import appended, updated, write_live
 
-        new = DocTable.from_dict(changed)
-        gone = np.array(sorted({d.encode("utf-8") for d in deleted} - set(new.ids.tolist())), dtype=np.bytes_)
-        live = np.zeros(m.chunks, bool)
-        same_generation = base is not None and base.generation == m.generation
-        if same_generation and base.segments:  # what changed since base
-            old = base.documents
-            at = old.find(new.ids)
-            same = at >= 0
-            same[same] = (old.hashes[at[same]] == new.hashes[same]) & np.logical_and.reduce(
-                [old.cols[f][at[same]] == new.cols[f][same] for f in FIELDS])
-            new = new.take(~same)  # entries equal to base's are no change
-            at = at[~same]
-            gone = gone[old.find(gone) >= 0]
-            replaced = np.concatenate([old.find(gone), at[at >= 0]])  # entries no longer live
-            live[base.live_rows()] = True
-            live[old.take(np.sort(replaced)).rows()] = False
-            segment, refs = Segment(new, gone), base.segments
-            tokens = base.live_tokens + int(new.cols["tokens"].sum()) - int(old.cols["tokens"][replaced].sum())
-            n_documents = base.n_documents + int((at < 0).sum()) - len(gone)
-        else:  # a new store or generation, or a base of the inline format: the whole table
-            if same_generation:
-                new = base.documents.then(new, gone)
-            segment, refs = Segment(new), []
-            tokens, n_documents = int(new.cols["tokens"].sum()), len(new)
-        live[new.rows()] = True
-        m.segments = appended(self.backend, refs, segment)
-        m.live = write_live(self.backend, live)
-        m.n_documents, m.live_chunks, m.live_tokens = n_documents, int(live.sum()), int(tokens)
-        m.hold_live_rows(np.flatnonzero(live).astype(np.int64))
+        u = updated(changed, deleted, m.chunks, base if base is not None and base.generation == m.generation else None)
+        m.segments = appended(self.backend, u.refs, u.segment)
+        m.live = write_live(self.backend, u.live)
+        m.n_documents, m.live_chunks, m.live_tokens = u.n_documents, int(u.live.sum()), u.live_tokens
+        m.hold_live_rows(np.flatnonzero(u.live).astype(np.int64))
 
     def publish_manifest(self, m: Manifest, calibration: dict | None = None) -> None:
         """Make `m` the latest version: sync, create its manifest (never overwriting), drop pending.
