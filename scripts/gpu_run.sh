@@ -131,13 +131,12 @@ EOF
   wait "${pids[@]}"; kill $merger; merge; stamp done
   grep -a "same answer\|Error" $R/log.txt | tail -40; nvidia-smi --query-gpu=name --format=csv,noheader
   ;;
-shards)  # #51: fidelity questions in disjoint shards, one process each (fidelity_shard.py answers a question
-  # with full prefill and every method before the next, so a cut-short run leaves complete rows). Staged by
-  # scripts/gpu_stage.sh: whl/,
-  # pkgs/, dict/ (the stores' dictionary, once) and fid-*/ (`bench fidelity` workdirs made on a CPU, their
-  # store's dictionary/ left out; a seed.json beside the suite holds rows done on the CPU). SHARD_JOBS: lines
-  # "WORKDIR ARGS" (ARGS: fidelity_shard.py's --job K:METHODS...), run in order by every shard; SHARDS: how
-  # many processes (14). Each workdir's rows come back merged as $OUT/WORKDIR.json.
+shards)  # #51: fidelity questions in disjoint shards, one process each (`bench fidelity --shard I/N` answers a
+  # question with full prefill and every method before the next, so a cut-short run leaves complete rows). Staged
+  # by scripts/gpu_stage.sh: whl/, pkgs/, dict/ (the stores' dictionary, once) and fid-*/ (`bench fidelity`
+  # workdirs made on a CPU, their store's dictionary/ left out; a seed.json beside the suite holds rows done on
+  # the CPU). SHARD_JOBS: lines "WORKDIR ARGS" (ARGS: bench fidelity's --k K --methods M ..., and the
+  # workdir's own --questions/--split/--format, which it checks), run in order by every shard; SHARDS: how many processes (14). Each workdir's rows come back merged as $OUT/WORKDIR.json.
   stage
   LIMIT=${2:-540} R=/tmp/shards N=${SHARDS:-14}; mkdir -p $R
   for w in /tmp/stage/fid-*; do [ -e $w/store/dictionary ] || cp -r /tmp/stage/dict $w/store/dictionary; done
@@ -146,19 +145,19 @@ shards)  # #51: fidelity questions in disjoint shards, one process each (fidelit
   python3 -c "from sparsecache.model import load_model; load_model()" || exit 1  # convert once, before the fan-out
   merge() { python3 -c "
 import glob, json, os, sys
-for w in {os.path.basename(f).rsplit('-', 1)[0] for f in glob.glob(sys.argv[1] + '/*.json')}:
+for w in glob.glob('/tmp/stage/fid-*'):
     rows = {}
-    for f in sorted(glob.glob(f'{sys.argv[1]}/{w}-*.json')):
+    for f in sorted(glob.glob(f'{w}/results-*-of-*.json')):
         try: rows.update({(r['k'], r['label'], r['question']): r for r in json.load(open(f))['rows']})
         except ValueError: pass  # (a file being replaced)
-    json.dump({'rows': list(rows.values())}, open(f'{sys.argv[2]}/{w}.json', 'w'))" $R "$OUT"; }
+    json.dump({'rows': list(rows.values())}, open(f'{sys.argv[1]}/{os.path.basename(w)}.json', 'w'))" "$OUT"; }
   ( while sleep 20; do merge; done ) & merger=$!
   stamp "shards: $N"; pids=()
   for i in $(seq 0 $((N - 1))); do
     ( while read -r w args; do
         [ -n "$w" ] || continue
-        timeout $(( LIMIT - SECONDS )) python3 scripts/experiments/fidelity_shard.py /tmp/stage/$w $R/$w-$i.json \
-          --shard $i/$N --seed /tmp/stage/$w/seed.json --device cuda $args >> $R/log-$i.txt 2>&1
+        OMP_NUM_THREADS=1 timeout $(( LIMIT - SECONDS )) $SC bench fidelity --workdir /tmp/stage/$w --shard $i/$N \
+          --resume --seed /tmp/stage/$w/seed.json --device cuda $args >> $R/log-$i.txt 2>&1
       done <<< "$SHARD_JOBS" ) & pids+=($!)
   done
   wait "${pids[@]}"; kill $merger; merge; stamp done

@@ -187,6 +187,49 @@ def test_bench_fidelity_answers_the_first_questions_of_some_of_a_workdirs_ks(ses
     assert seen[-1] == {"ks": [8], "questions": 50, "contexts": "retrieval", "model": "other"}  # not the default's
 
 
+def test_shards_answer_disjoint_questions_resume_and_merge(session, suite, tmp_path, monkeypatch):
+    """`bench fidelity --shard I/N` (#96 folded scripts/experiments/fidelity_shard.py into it): each shard
+    answers its own questions question by question into its own file, an existing shard file is continued
+    only with --resume, seed rows count as done, and a run without a shard merges every shard's rows."""
+    import shutil
+
+    import sparsecache.bench.suite as bench
+    from sparsecache.bench.suite import Shard
+
+    out, made, _ = suite
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copy(out / "questions.json", work)
+    (work / "suite.json").write_text(json.dumps({"ks": [4, 8], "questions": 50, "contexts": "retrieval"}))
+    monkeypatch.setattr(bench, "_suite_session", lambda w, settings, make, device: session)
+    none = parse_methods("none")
+    for i in (0, 1):
+        bench.bench_fidelity(work, ks=(8,), questions=50, methods=none, limit=2, shard=Shard(i, 2))
+    files = {i: json.loads((work / f"results-{i}-of-2.json").read_text())["rows"] for i in (0, 1)}
+    assert {r["question"] for r in files[0]} == {made[8][0].id, made[8][2].id}
+    assert {r["question"] for r in files[1]} == {made[8][1].id, made[8][3].id}
+    seed = tmp_path / "seed.json"  # shard 1's rows, as if measured elsewhere: a new shard 1 counts them as done
+    seed.write_text(json.dumps({"rows": [{**r, "seeded": True} for r in files[1] + files[0]]}))
+    (work / "results-1-of-2.json").unlink()
+    bench.bench_fidelity(work, ks=(8,), questions=50, methods=none, limit=2, shard=Shard(1, 2, seeds=(seed,)))
+    rows = json.loads((work / "results-1-of-2.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["seeded"] for r in rows)  # its own questions' rows only, none answered again
+    with pytest.raises(ConfigError, match="--resume continues it"):
+        bench.bench_fidelity(work, ks=(8,), questions=50, methods=none, limit=2, shard=Shard(0, 2))
+    again = bench.bench_fidelity(work, ks=(8,), questions=50, methods=none, limit=3, shard=Shard(0, 2, resume=True))
+    assert again["shard"] == "0/2" and len(json.loads((work / "results-0-of-2.json").read_text())["rows"]) == 6
+    r = bench.bench_fidelity(work, ks=(8,), questions=50, methods=none, limit=4)  # merges, answers nothing new
+    assert [(x["k"], x["label"], x["questions"]) for x in r["rows"]] == [(8, "full", 4), (8, "none", 4)]
+    with pytest.raises(ConfigError, match="I/N"):
+        Shard.parse("2/2")
+    from click.testing import CliRunner
+
+    from sparsecache.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["bench", "fidelity", "--workdir", str(work), "--resume"])
+    assert r.exit_code == 2 and "go with --shard" in r.output
+
+
 def test_the_rule_picks_the_best_agreement_within_half_of_full_prefills_ttft():
     from sparsecache.bench.fidelity import pick_default
 

@@ -3,6 +3,9 @@ once into a workdir (plain, and wrapped beside it), each a dict of plain numbers
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from ..codec.dictionary import Dictionary
 from ..durable import write_atomic
 from ..errors import ConfigError
@@ -10,6 +13,38 @@ from ..measure.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
 from ..measure.machine import cpu_model
 from ..measure.suite import ENTITIES, FILLER_SENTENCES
 from .fidelity import FORMATS
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One of `count` disjoint shards of a fidelity suite's questions: those whose index is `index` modulo
+    `count`, answered question by question (full prefill, then every method, before the next question),
+    so that a run cut short (a GPU lease running out) leaves complete rows for a prefix of its questions.
+    Shards run as parallel processes over one workdir; each writes results-I-of-N.json, continued only with
+    `resume`; `seeds`: result files whose rows for the shard's questions count as done. A later run without
+    a shard merges every shard's rows into results.json and reports them."""
+
+    index: int
+    count: int
+    resume: bool = False
+    seeds: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def parse(cls, text: str, resume: bool = False, seeds=()) -> "Shard":
+        """"I/N" (0 <= I < N)."""
+        try:
+            i, n = (int(x) for x in text.split("/"))
+        except ValueError:
+            raise ConfigError(f"--shard must be I/N, got {text!r}") from None
+        if not 0 <= i < n:
+            raise ConfigError(f"--shard I/N needs 0 <= I < N, got {text!r}")
+        return cls(i, n, resume, tuple(str(s) for s in seeds))
+
+    def results(self, work: Path) -> Path:
+        return work / f"results-{self.index}-of-{self.count}.json"
+
+    def questions(self, qs: list) -> list:
+        return qs[self.index::self.count]
 
 
 def bench_ruler(workdir, tasks, trials: int = 20, k: int = 8, tokens_per_chunk: int = 200, methods=None,
@@ -45,7 +80,7 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
                    model_path: str = "default", dictionary: str | None = None, split: str | None = None,
                    wrapper: str | None = None, filler: int = FILLER_SENTENCES, entities: int = ENTITIES,
                    format: str = "entities", corpus: str = CLOZE_CORPUS, chunk_tokens: int = CLOZE_CHUNK_TOKENS,
-                   confident_only: bool = False, two_chunk: str | None = None) -> dict:
+                   confident_only: bool = False, two_chunk: str | None = None, shard: Shard | None = None) -> dict:
     """Accuracy, accuracy relative to full prefill's, agreement with its answers and mean TTFT
     of every method on the fidelity suite (`fidelity.py`): ordinary questions about generated
     documents, k chunks; `split` (dev or test) draws them from that split's pools (None: the
@@ -58,7 +93,8 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     fewer, shorter contexts (#69: measure where full prefill is reliable for the model); more
     `entities` hold more questions. `format` "cloze" asks instead for spans blanked out of the
     sentences of `corpus` (`cloze.py`), encoded in chunks of `chunk_tokens`, with retrieval's
-    chunks as each question's context."""
+    chunks as each question's context. With `shard`, only that shard's questions, question by question
+    (`Shard`); without, every shard's rows found in the workdir join results.json first."""
     import json
     from pathlib import Path
 
@@ -117,15 +153,76 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
             ask = lambda: records_suite(session, json.loads((work / "facts.json").read_text()), ks)  # noqa: E731
         if not (work / "questions.json").exists():
             save_suite(work, ask())
-    suite = {k: qs[:limit] for k, qs in load_suite(work).items() if k in ks}
-    wrapped = wrapped_session(work, session, wrapper, device, corpus=[corpus] if format == "cloze" else None) \
+    pick = shard.questions if shard is not None else (lambda qs: qs)
+    suite = {k: pick(qs)[:limit] for k, qs in load_suite(work).items() if k in ks}
+    results = work / "results.json" if shard is None else _shard_results(work, shard, suite)
+    if shard is None:
+        _merge_shards(work, results)
+    wrapped = _wrapped_waiting(work, session, wrapper, device, [corpus] if format == "cloze" else None) \
         if wrapper else None
-    rows = run_fidelity(session, suite, methods or parse_methods(FIDELITY_METHODS), work / "results.json",
-                        wrapped=wrapped, confident_only=confident_only)
+    methods = methods or parse_methods(FIDELITY_METHODS)
+    if shard is None:
+        rows = run_fidelity(session, suite, methods, results, wrapped=wrapped, confident_only=confident_only)
+    else:  # question by question: a run cut short leaves complete rows
+        for k, qs in suite.items():
+            for q in qs:
+                rows = run_fidelity(session, {k: [q]}, methods, results, wrapped=wrapped,
+                                    confident_only=confident_only)
+        rows = json.loads(results.read_text())["rows"] if results.exists() else []
     asked = [r for r in rows if (r["k"], r["question"]) in {(k, q.id) for k, qs in suite.items() for q in qs}]
     return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
-            "split": split, **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
+            "split": split, **({"shard": f"{shard.index}/{shard.count}"} if shard else {}), **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
             "rows": table(asked), "full_by_context_length": [b for k in ks for b in by_context_length(asked, k)]}
+
+
+def _shard_results(work: Path, shard: Shard, suite: dict) -> Path:
+    """The shard's results file: refused where it exists and `shard.resume` is not set; seeded with the rows
+    `shard.seeds` hold for the shard's questions (so the merge stays small)."""
+    import json
+    from pathlib import Path
+
+    path = shard.results(work)
+    if path.exists() and not shard.resume:
+        raise ConfigError(f"{path} exists: --resume continues it (or remove it to start the shard again)")
+    ids = {q.id for qs in suite.values() for q in qs}
+    done = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = {(r["k"], r["label"], r["question"]): r for f in shard.seeds if Path(f).exists()
+            for r in json.loads(Path(f).read_text())["rows"] if r["question"] in ids}
+    rows |= {(r["k"], r["label"], r["question"]): r for r in done}
+    if len(rows) > len(done) or not path.exists():
+        write_atomic(path, json.dumps({"rows": list(rows.values())}))
+    return path
+
+
+def _merge_shards(work, results) -> None:
+    """Every shard's rows (results-I-of-N.json) joined into `results` (a row already there stays)."""
+    import json
+
+    files = sorted(work.glob("results-*-of-*.json"))
+    if not files:
+        return
+    rows = {}
+    for f in files:
+        rows |= {(r["k"], r["label"], r["question"]): r for r in json.loads(f.read_text())["rows"]}
+    if results.exists():
+        rows |= {(r["k"], r["label"], r["question"]): r for r in json.loads(results.read_text())["rows"]}
+    write_atomic(results, json.dumps({"rows": list(rows.values())}))
+
+
+def _wrapped_waiting(work, session, wrapper: str, device, corpus, waits: int = 720):
+    """`wrapped_session`, waiting while another process (a shard started beside this one) holds the wrapped
+    store's writer lock to bring it up to date: up to `waits` x 5 s (an hour)."""
+    import time
+
+    from ..errors import StoreLocked
+
+    for _ in range(waits):
+        try:
+            return wrapped_session(work, session, wrapper, device, corpus=corpus)
+        except StoreLocked as e:
+            print(f"waiting: {e}", flush=True)
+            time.sleep(5)
+    raise ConfigError(f"{work / 'store-wrapped'} stayed locked for {waits * 5} s")
 
 
 def _model_settings(model_path: str, dictionary: str | None) -> dict:

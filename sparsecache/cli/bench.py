@@ -229,13 +229,23 @@ def ruler_cmd(workdir, tasks, trials, k, tokens_per_chunk, methods, plot, wrappe
 @click.option("--filler", type=click.IntRange(0, 20), default=FILLER_SENTENCES, show_default=True,
               help="Sentences of filler per document: its length (14: ~300 tokens; 4: ~120), so full prefill can be "
                    "measured at context lengths where it is reliable for the model.")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Answer only the questions whose index is I modulo N, question by question (full prefill and "
+                   "every method before the next), into WORKDIR/results-I-of-N.json: shards run as parallel "
+                   "processes, and a run cut short leaves complete rows. A later run without --shard merges "
+                   "every shard's rows and reports them.")
+@click.option("--resume", is_flag=True, help="With --shard: continue the shard's results file where it exists "
+              "(without it an existing one is refused).")
+@click.option("--seed", "seeds", multiple=True, type=click.Path(dir_okay=False),
+              help="With --shard: a results file whose rows for the shard's questions count as done (repeatable).")
 @suite_wrapper_option
 @model_option
 @suite_dict_option
 @device_option
 @json_option
 @library_errors
-def fidelity_cmd(workdir, ks, methods, wrapper, model_path, dictionary, device, as_json, **suite):
+def fidelity_cmd(workdir, ks, methods, shard, resume, seeds, wrapper, model_path, dictionary, device, as_json,
+                 **suite):
     """Does the compressed path give full prefill's answers? Documents about fictional entities,
     one fact per question (some need two chunks), k chunks with the answer's at a random rank.
     The reference is full prefill of the same chunks. Per method, each with a 95% interval:
@@ -247,7 +257,11 @@ def fidelity_cmd(workdir, ks, methods, wrapper, model_path, dictionary, device, 
     same first sentence, accuracy, mean TTFT, and full prefill's accuracy by context length.
     The label `gold` answers from the answer's own chunks alone."""
     from sparsecache.bench.fidelity import line, parse_configs
-    from sparsecache.bench.suite import bench_fidelity
+    from sparsecache.bench.suite import Shard, bench_fidelity
+
+    if (resume or seeds) and shard is None:
+        raise click.UsageError("--resume and --seed go with --shard (a run without one resumes results.json)")
+    suite["shard"] = Shard.parse(shard, resume, seeds) if shard else None
 
     # the suite's options (questions, split, limit, format, corpus, chunk_tokens, entities, filler) by name
     r = bench_fidelity(workdir, ks, methods=parse_configs(methods) if methods else None, device=resolve_device(device),
