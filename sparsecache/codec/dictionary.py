@@ -23,7 +23,7 @@ META_FILE = "dictionary.json"
 KINDS = ("k", "v")
 # how a dictionary file stores its atoms; in memory they are always float32. float16 halves the
 # file (a 10-layer dictionary is 126 MB in float32, over GitHub's 100 MB file limit) and costs
-# nothing measurable: each value rounds to within 2^-11 of itself (BENCHMARKS.md, "float16 atoms")
+# nothing measurable: each value rounds to within 2^-11 of itself (docs/benchmarks-history.md, "float16 atoms")
 ATOM_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
@@ -35,7 +35,7 @@ class Dictionary:
     K/V is multiplied by it before coding and divided by it after decoding. Inside a signal of
     L layers OMP minimises the group's total error, so a layer with 1% of the group's energy
     (the default model's layer-0 V) was left with errors larger than itself; equal energy per
-    layer bounds every layer's error (BENCHMARKS.md, "Per-layer scales")."""
+    layer bounds every layer's error (docs/benchmarks-history.md, "Per-layer scales")."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -143,7 +143,7 @@ class Dictionary:
 
 
 # bench quality's pick over nine held-out domains: the best worst-domain top-1 a store can write at
-# ≥ 20× (BENCHMARKS.md, "The frontier by domain"); the default store's codes are L10 at s = 80
+# ≥ 20× (docs/benchmarks-history.md, "The frontier by domain"); the default store's codes are L10 at s = 80
 DEFAULT_DICTIONARY = "smollm2-135m-n8192-s80-L10"
 
 

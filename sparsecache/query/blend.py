@@ -96,7 +96,7 @@ def restore_first_layer(kv: list[tuple[torch.Tensor, torch.Tensor]], tokens: tor
     """Overwrite layer 0 of each chunk's decoded (keys, values) [n_layers, T, m] with the exact
     K/V of its tokens (`tokens`: the chunks' ids concatenated), in place. Layer 0's pre-RoPE K/V
     is a function of the token alone, so the codes' error there is avoidable, and it is the
-    layer where some models are most sensitive to it (Qwen2.5: BENCHMARKS.md, "Layer 0 from the
+    layer where some models are most sensitive to it (Qwen2.5: docs/benchmarks-history.md, "Layer 0 from the
     tokens"). One run of the embedding and layer 0's projections over all the chunks' tokens."""
     if not kv:
         return

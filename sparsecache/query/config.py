@@ -67,7 +67,7 @@ class QueryConfig:
     group_window: int = 8
     group_min: int = 0
     score_layer: int | None = None
-    order: str = "reverse"  # measured: best chunk next to the question (BENCHMARKS.md, "Context order")
+    order: str = "reverse"  # measured: best chunk next to the question (docs/benchmarks-history.md, "Context order")
     reorder: str = "none"
     cake_split: int | None = None  # cake: chunks recomputed; None: the closed form from the session's measured
     # rates, or, before any query has measured them, wherever the two threads meet
@@ -82,7 +82,8 @@ class QueryConfig:
     # the recompute ratio from a time budget (`budget.py`): half of full prefill's predicted TTFT, #69's rule's
     # choice on the dev splits (#79: BENCHMARKS.md, "The TTFT budget among the candidates"); None: the method's own
     ttft_budget: float | None = TTFT_BUDGET
-    # layer 0 of decoded chunks from their tokens (exact) or from the codes: BENCHMARKS.md, "Layer 0 from the tokens"
+    # layer 0 of decoded chunks from their tokens (exact) or from the codes
+    # (docs/benchmarks-history.md, "Layer 0 from the tokens")
     first_layer: str = "tokens"
     # what a decoded method reads per chunk: the store's codes, or exact fp16 K/V computed after the same prefix and
     # header (`raw.py`): the same fusion over both splits a method's loss into the codec's and the blend's (#79)
