@@ -115,15 +115,16 @@ def test_cli_defaults_are_the_librarys():
     the CLI reads directly), the CLI states the same value: a notebook and the CLI agree."""
     import inspect
 
+    from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
     from sparsecache.kvstore import compact
 
     def default(cmd, name):
         return next(p.default for p in cli.commands[cmd].params if p.name == name)
 
-    enc = inspect.signature(encode_with).parameters
-    assert default("encode-corpus", "batch_tokens") == enc["batch_tokens"].default
-    assert default("encode-corpus", "keep") == enc["keep"].default
-    assert default("encode-corpus", "index_kind") == enc["index"].default
+    # encode_with takes the CLI's own EncodeOptions (#96): one place for the encode's defaults
+    assert inspect.signature(encode_with).parameters["options"].default == EncodeOptions()
+    for name in ("batch_tokens", "keep", "index_kind", "adapt_steps", "workers"):
+        assert default("encode-corpus", name) == getattr(EncodeOptions, name), name
     assert default("compact", "keep") == inspect.signature(compact).parameters["keep"].default
     assert default("compact", "index_kind") == inspect.signature(compact).parameters["index_kind"].default
