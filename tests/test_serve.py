@@ -166,6 +166,10 @@ def test_completions_take_the_question_as_prompt(server):
 
 @pytest.mark.parametrize("body, message", [
     ({"messages": [{"role": "user", "content": "   "}]}, "no text"),
+    ({"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo is not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                 {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "only text content"),
     ({"messages": [{"role": "system", "content": "Be brief."}]}, "no user message"),
     ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"top_k": 0}}, "top_k"),
     ({"messages": [{"role": "user", "content": "hi"}], "sparsecache": {"top_k": 1000}}, "top_k"),

@@ -11,9 +11,12 @@ a stream).
 Everything else is vLLM's own server, reused as it is: the engine (AsyncLLM), the FastAPI app
 with its routes (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics), the
 protocol models and their validation, streaming, the error shape, the bearer-token middleware
-(`--api-key`) and the Prometheus metrics. Two things are swapped in after vLLM builds the app:
-the chat and completion handlers are wrapped (retrieval before, sources after), and the chat
-handler renders our token ids instead of templating the messages.
+(`--api-key`) and the Prometheus metrics. The chat and completion handlers are wrapped after
+vLLM builds the app (retrieval before, sources after); the prompt goes in through vLLM's public
+request fields: a completion's `prompt` as token ids, a chat's as `kv_transfer_params
+["prompt_token_ids"]`, which vLLM's renderer uses instead of templating the messages (its
+decode-side token reuse). Every vLLM internal this touches is in `hooks.py`, with a test that
+fails when one changes.
 
 Per-request options go in the body's `sparsecache` object (OpenAI clients: `extra_body`):
 `top_k`, `chunks` (ids instead of retrieval), `documents` (retrieve only among these document
@@ -39,7 +42,6 @@ reopens the store to requests: no restart.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import os
@@ -54,6 +56,7 @@ from ..query import cheap
 from ..query.plan import plan
 from ..query.config import (MISSED, QueryConfig, calibrated, chosen_budget, device_record, missed_target,
                             served_config)
+from . import hooks
 from .config import ServeConfig
 
 if TYPE_CHECKING:  # the CLI imports this module for ServeConfig; torch and vLLM load when serving starts
@@ -71,7 +74,6 @@ CPU_MAX_NUM_SEQS = 128  # vLLM's default --max-num-seqs for its OpenAI server on
 
 
 OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under", "ttft_budget")
-_PROMPT: contextvars.ContextVar[RagRequest | None] = contextvars.ContextVar("sparsecache_prompt", default=None)
 
 
 class Refused(Exception):
@@ -299,6 +301,17 @@ def served_calibration(records, device: str, cfg: ServeConfig) -> QueryConfig | 
         return None
 
 
+def refuse_unrendered(request) -> None:
+    """A chat request vLLM would template itself, ignoring our prompt (`hooks.use_prompt`): `echo`, and
+    messages with other than text content. Refused (400) rather than answered without the chunks."""
+    if getattr(request, "echo", False):
+        raise BadRequest("echo is not supported: the prompt is the store's chunks and the question, not the messages")
+    for m in request.messages:
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
+            raise BadRequest("only text content is supported in messages")
+
+
 def question_of(messages: list) -> str:
     """The last user message's text (string content, or the text parts of a list)."""
     for m in reversed(messages):
@@ -320,21 +333,6 @@ class RagHandler:
 
     def __init__(self, inner, rag: Rag, endpoint: str):
         self._inner, self._rag, self._endpoint = inner, rag, endpoint
-        if endpoint == "chat":
-            original = inner.render_chat_request
-
-            async def render_chat_request(request):
-                """vLLM's checks and templating of the messages, then our prompt in its place."""
-                result = await original(request)
-                req = _PROMPT.get()
-                if req is None or not isinstance(result, tuple):
-                    return result
-                conversation, _ = result
-                inputs = await inner.online_renderer.preprocess_completion(
-                    request, prompt_input=req.prompt_token_ids, prompt_embeds=None)
-                return conversation, inputs
-
-            inner.render_chat_request = render_chat_request
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -346,13 +344,12 @@ class RagHandler:
         return await self._serve(request, raw_request, self._inner.create_completion)
 
     async def _serve(self, request, raw_request, call):
-        from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-
         rag, endpoint = self._rag, self._endpoint
         try:
             opts = rag.options((request.model_extra or {}).pop(FIELD, None))
             if endpoint == "chat":
                 question = question_of(request.messages)
+                refuse_unrendered(request)
             elif isinstance(request.prompt, str):
                 question = request.prompt
             else:
@@ -363,20 +360,13 @@ class RagHandler:
                 raise refusal(e, rag.store_url, rag.cutoff) from None
         except Refused as e:
             rag.requests.labels(endpoint, e.outcome).inc()
-            return create_error_response(str(e), err_type=e.err_type, status_code=e.status)
-        request.kv_transfer_params = req.kv_transfer_params  # the server's, never the client's
+            return hooks.error_response(str(e), e.err_type, e.status)
+        # the server's kv_transfer_params, never the client's; our prompt in place of the messages' template
+        hooks.use_prompt(request, req.prompt_token_ids, req.kv_transfer_params, chat=endpoint == "chat")
         # prefix-cache blocks are reused only where they hold the same KV (RagRequest.cache_salt)
         request.cache_salt = req.cache_salt if not request.cache_salt else f"{request.cache_salt}|{req.cache_salt}"
-        if endpoint == "completion":
-            request.prompt = req.prompt_token_ids
-        token = _PROMPT.set(req)
-        try:
-            result = await call(request, raw_request)
-        finally:
-            _PROMPT.reset(token)
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-
-        if isinstance(result, ErrorResponse):
+        result = await call(request, raw_request)
+        if hooks.is_error(result):
             rag.requests.labels(endpoint, "error").inc()
             return result
         rag.requests.labels(endpoint, "ok").inc()
@@ -517,32 +507,19 @@ def add_ready_route(app, rag: Rag) -> None:
 
 
 async def _run(cfg: ServeConfig, rag: Rag, args) -> None:
-    """vLLM's run_server, with our handlers installed between building the app and serving it."""
-    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
-    from vllm.entrypoints.launchers.app import build_app
-    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+    """vLLM's own server, with our handlers installed between building the app and serving it."""
 
-    listen_address, sock = setup_server(args, reuse_port=False)
-    try:
-        async with build_async_engine_client(args) as engine:
-            tasks = await engine.get_supported_tasks()
-            app = build_app(args, tasks, engine.model_config)
-            await init_app_state(engine, app.state, args, tasks)
-            state = app.state
-            if getattr(state, "openai_serving_chat", None) is None or getattr(state, "openai_serving_completion",
-                                                                                None) is None:
-                raise ConfigError(f"{args.model}: vLLM serves no chat or completion API for this model")
-            state.openai_serving_chat = RagHandler(state.openai_serving_chat, rag, "chat")
-            state.openai_serving_completion = RagHandler(state.openai_serving_completion, rag, "completion")
-            add_ready_route(app, rag)
-            print(f"sparsecache serve: {cfg.store} (version {rag.prompts.store.version}) on {listen_address}, "
-                  f"model {args.served_model_name[0]}", flush=True)
-            shutdown = await serve_http(app, sock=sock, host=args.host, port=args.port, log_level="warning",
-                                        access_log=False)
-        await shutdown
-    finally:
-        sock.close()
+    def install(app, state, listen_address) -> None:
+        if getattr(state, "openai_serving_chat", None) is None or getattr(state, "openai_serving_completion",
+                                                                            None) is None:
+            raise ConfigError(f"{args.model}: vLLM serves no chat or completion API for this model")
+        state.openai_serving_chat = RagHandler(state.openai_serving_chat, rag, "chat")
+        state.openai_serving_completion = RagHandler(state.openai_serving_completion, rag, "completion")
+        add_ready_route(app, rag)
+        print(f"sparsecache serve: {cfg.store} (version {rag.prompts.store.version}) on {listen_address}, "
+              f"model {args.served_model_name[0]}", flush=True)
+
+    await hooks.run_server(args, install)
 
 
 def serve(cfg: ServeConfig) -> None:
