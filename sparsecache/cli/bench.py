@@ -457,3 +457,37 @@ def scale_cmd(workdir, sizes, queries, embeddings, index_kind, resume, as_json):
               f"{x['writer_peak_gb']:>9.2f} {x['reader_peak_gb']:>9.2f}" for x in r["rows"]]
     lines.append(f"({r['machine']['cpu']}, {r['machine']['cores']} cores; {Path(workdir) / 'scale.json'}, scale.png)")
     emit(r, as_json, lines)
+
+
+@bench.command("serve")
+@click.argument("store", metavar="STORE")
+@click.option("--out", default="bench-serve.json", show_default=True, type=click.Path(dir_okay=False),
+              help="The results (JSON), saved row by row; a rerun with the same --out skips the rows there.")
+@click.option("--clients", default="1,4,16", show_default=True, callback=int_list,
+              help="Concurrent clients per level, comma-separated.")
+@click.option("--requests", default="8,16,32", show_default=True, callback=int_list,
+              help="Requests per level, in the same order (each level asks questions no other level asks).")
+@click.option("--top-k", default=8, show_default=True, type=click.IntRange(min=1), help="Chunks per question.")
+@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(min=1), help="Tokens per answer.")
+@click.option("--servers", default="sparsecache,vllm", show_default=True,
+              help="Which servers, comma-separated: sparsecache (sparsecache serve) and vllm (vllm serve, full "
+                   "prefill of the same chunks, laid out by the client).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG here.")
+@json_option
+@library_errors
+def serve_cmd(store, out, clients, requests, top_k, max_tokens, servers, plot_path, as_json):
+    """`sparsecache serve` against `vllm serve` over STORE, one server after the other on this machine:
+    requests/s and the clients' TTFT (p50, p95, mean) at each level of concurrent clients, streaming
+    and greedy. Needs vLLM (`bash scripts/setup.sh vllm`)."""
+    from pathlib import Path
+
+    from sparsecache.bench.serving import ServeBench, bench_serve, plot
+
+    cfg = ServeBench(clients=tuple(clients), requests=tuple(requests), top_k=top_k, max_tokens=max_tokens,
+                     servers=tuple(s.strip() for s in servers.split(",") if s.strip()))
+    r = bench_serve(store, out, cfg)
+    if plot_path:
+        plot(r["rows"], Path(plot_path))
+    emit(r, as_json, [f"{x['server']:>11} {x['clients']:>3} clients: {x['requests_per_s']:.3f} req/s, TTFT p50 "
+                      f"{x['ttft_p50_ms']:.0f} ms, p95 {x['ttft_p95_ms']:.0f} ms" for x in r["rows"]]
+         + [f"({r['cpu']}; {out})"])

@@ -1,0 +1,55 @@
+"""`sparsecache bench serve` end to end at a toy size (#96 folded scripts/experiments/bench_serve.py into
+the CLI): both real servers (vLLM's CPU build, the default model) started on a free 127.0.0.1 port one
+after the other, a row per server, saved as it is made, a rerun skipping what is there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from sparsecache.cli.main import cli
+from sparsecache.errors import ConfigError
+
+pytest.importorskip("vllm")
+pytest.importorskip("openai")
+
+DOCS = {"uuid.txt": "The uuid module follows RFC 4122 and makes universally unique identifiers.",
+        "json.txt": "The json module reads and writes JSON, the format of RFC 8259.",
+        "zlib.txt": "The zlib module compresses data with the deflate algorithm of RFC 1951."}
+
+
+def test_settings_that_cannot_measure_are_refused_before_any_server_starts():
+    from sparsecache.bench.serving import ServeBench
+
+    for bad in ({"clients": (1, 2), "requests": (4,)}, {"clients": (4,), "requests": (2,)}, {"servers": ("tgi",)}):
+        with pytest.raises(ConfigError):
+            ServeBench(**bad)
+
+
+@pytest.mark.slow
+def test_both_servers_answer_a_level_and_a_rerun_skips_it(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    for name, text in DOCS.items():
+        (tmp_path / "corpus" / name).write_text(text + "\n")
+    out = subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(tmp_path / "corpus"),
+                          "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    args = ["bench", "serve", str(tmp_path / "store"), "--out", str(tmp_path / "serve.json"), "--clients", "1",
+            "--requests", "2", "--max-tokens", "2", "--top-k", "2", "--plot", str(tmp_path / "serve.png"), "--json"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output[-3000:]
+    result = json.loads((tmp_path / "serve.json").read_text())
+    assert [(x["server"], x["clients"], x["requests"]) for x in result["rows"]] == [("sparsecache", 1, 2),
+                                                                                  ("vllm", 1, 2)]
+    assert all(x["ttft_p50_ms"] > 0 and x["requests_per_s"] > 0 for x in result["rows"])
+    assert result["example"]["sparsecache"]["chunks"] and (tmp_path / "serve.png").stat().st_size > 0
+    r = CliRunner().invoke(cli, args)  # every row is there: no server starts
+    assert r.exit_code == 0 and len(json.loads((tmp_path / "serve.json").read_text())["rows"]) == 2
+    with pytest.raises(ConfigError, match="too few"):
+        from sparsecache.bench.serving import ServeBench, bench_serve
+
+        bench_serve(tmp_path / "store", tmp_path / "x.json", ServeBench(clients=(1,), requests=(9,)))
