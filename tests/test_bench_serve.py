@@ -53,3 +53,30 @@ def test_both_servers_answer_a_level_and_a_rerun_skips_it(tmp_path):
         from sparsecache.bench.serving import ServeBench, bench_serve
 
         bench_serve(tmp_path / "store", tmp_path / "x.json", ServeBench(clients=(1,), requests=(9,)))
+
+
+@pytest.mark.slow
+def test_bench_vllm_times_the_connector_beside_vllms_own_prefill(tmp_path):
+    """`sparsecache bench vllm` (#96 folded scripts/experiments/bench_vllm.py into the CLI) at a toy size,
+    in its own process as a user runs it: TTFT rows for vLLM's full prefill, its warm prefix cache, the
+    connector's decoded codes and a blend, each against full prefill; a rerun skips what is there."""
+    (tmp_path / "corpus").mkdir()
+    for name, text in DOCS.items():
+        (tmp_path / "corpus" / name).write_text(text + "\n")
+    out = tmp_path / "vllm.json"
+    cmd = [sys.executable, "-m", "sparsecache.cli.main", "bench", "vllm", "--store", str(tmp_path / "store"),
+           "--corpus", str(tmp_path / "corpus"), "--sections", "ttft", "--k", "1,2", "--repeats", "1",
+           "--configs", "full,prefix-warm,none,infoflow:0.5", "--min-chunk-tokens", "1", "--max-model-len", "2048",
+           "--out", str(out), "--plot", str(tmp_path / "vllm.png")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    rows = json.loads(out.read_text())["ttft"]
+    assert [(x["k"], x["config"]) for x in rows] == [(k, c) for k in (1, 2)
+                                                     for c in ("full", "prefix-warm", "none", "infoflow:0.5")]
+    for x in rows:
+        assert x["ttft_ms"] > 0 and (x["config"] != "full" or x["x_full"] == 1.0)
+        assert x["injected_tokens"] > 0 if x["config"] in ("none", "infoflow:0.5") else x["injected_tokens"] == 0
+    assert all(x["recomputed_tokens"] > 0 for x in rows if x["config"] == "infoflow:0.5")
+    assert (tmp_path / "vllm.png").stat().st_size > 0
+    r = subprocess.run(cmd[:-2] + ["--json"], capture_output=True, text=True, timeout=1200)  # nothing left to time
+    assert r.returncode == 0 and len(json.loads(r.stdout)["ttft"]) == len(rows)

@@ -1,4 +1,4 @@
-"""BENCHMARKS' "Serving through vLLM" tables from `scripts/experiments/bench_vllm.py --out` JSON.
+"""BENCHMARKS' "Serving through vLLM" tables from `sparsecache bench vllm --out` JSON.
 
     python docs/tables/vllm_table.py docs/benchmarks/vllm-cpu.json
 """

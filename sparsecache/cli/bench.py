@@ -1,5 +1,7 @@
 """`bench` commands: measurements with stable output."""
 
+import json
+
 import click
 
 from sparsecache.bench.config import FrontierConfig
@@ -491,3 +493,71 @@ def serve_cmd(store, out, clients, requests, top_k, max_tokens, servers, plot_pa
     emit(r, as_json, [f"{x['server']:>11} {x['clients']:>3} clients: {x['requests_per_s']:.3f} req/s, TTFT p50 "
                       f"{x['ttft_p50_ms']:.0f} ms, p95 {x['ttft_p95_ms']:.0f} ms" for x in r["rows"]]
          + [f"({r['cpu']}; {out})"])
+
+
+@bench.command("vllm")
+@click.option("--store", "store_path", default=None, type=click.Path(file_okay=False),
+              help="The store the engine's connector serves (made or brought up to date from --corpus).")
+@click.option("--corpus", default=None, type=click.Path(exists=True),
+              help="Documents encoded into the store first, giving chunks of >= --min-chunk-tokens tokens for the "
+                   "TTFT and throughput sections (`bench store`'s corpus is one).")
+@click.option("--ruler", default=None, type=click.Path(file_okay=False),
+              help="The needle section's RULER-style suite directory (made there when missing).")
+@click.option("--sections", default="ttft,needle,throughput", show_default=True,
+              help="Which sections, comma-separated: ttft, needle, throughput.")
+@click.option("--k", "ks", default="2,8,32", show_default=True, callback=int_list, help="TTFT: chunk counts.")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(min=1), help="TTFT: timed runs each.")
+@click.option("--configs", default=None,
+              help="TTFT: configurations, comma-separated: full, prefix-warm (vLLM's prefix cache warm), raw, none, "
+                   "METHOD:R (the connector blends). Default: all of them, five blends.")
+@click.option("--no-warmup-full", is_flag=True, help="TTFT: time vLLM's full prefill once, cold.")
+@click.option("--trials", default=20, show_default=True, type=click.IntRange(min=1), help="Needle: trials per task.")
+@click.option("--concurrent", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Throughput: requests submitted at once.")
+@click.option("--min-chunk-tokens", default=480, show_default=True, type=click.IntRange(min=1),
+              help="TTFT and throughput: use the store's chunks of at least this many tokens.")
+@click.option("--max-model-len", default=20480, show_default=True, type=click.IntRange(min=256),
+              help="The engine's context length (k = 32 chunks of ~500 tokens need ~16K).")
+@click.option("--fidelity", "fidelity_dir", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Run the fidelity section alone on `bench fidelity --workdir W`'s suite and store.")
+@click.option("--fidelity-k", default=8, show_default=True, help="Fidelity: the suite's k.")
+@click.option("--loop-results", default="docs/benchmarks/fidelity-k8-agreement.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Fidelity: bench fidelity's rows, to compare answers with the loop's.")
+@click.option("--ttft-questions", default=5, show_default=True, help="Fidelity: questions timed one by one.")
+@click.option("--out", default="bench-vllm.json", show_default=True, type=click.Path(dir_okay=False),
+              help="The results (JSON), saved as rows finish; a rerun with the same --out skips what is there.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="TTFT's PNG here.")
+@json_option
+@library_errors
+def vllm_cmd(store_path, corpus, ruler, sections, ks, repeats, configs, no_warmup_full, trials, concurrent,
+             min_chunk_tokens, max_model_len, fidelity_dir, fidelity_k, loop_results, ttft_questions, out, plot_path,
+             as_json):
+    """vLLM with the store's connector against what a vLLM user has without it, in one engine in this
+    process: TTFT by k against vLLM's full prefill and its warm prefix cache, the RULER-style needle tasks,
+    throughput of concurrent requests, or (--fidelity) answers against vLLM's own full prefill. Needs
+    vLLM (`bash scripts/setup.sh vllm`)."""
+    import os
+    from pathlib import Path
+
+    from sparsecache.bench.vllm_engine import CONFIGS, ENGINE_ENV, VllmBench, bench_vllm, plot
+
+    for k, v in ENGINE_ENV.items():  # before vLLM is imported: an in-process engine
+        os.environ.setdefault(k, v)
+    cfg = VllmBench(sections=tuple(s.strip() for s in sections.split(",") if s.strip()),
+                    corpus=Path(corpus) if corpus else None, ruler=Path(ruler) if ruler else None, ks=tuple(ks),
+                    repeats=repeats, configs=tuple(c.strip() for c in configs.split(",")) if configs else CONFIGS,
+                    warmup_full=not no_warmup_full, trials=trials, concurrent=concurrent,
+                    min_chunk_tokens=min_chunk_tokens, max_model_len=max_model_len,
+                    fidelity=Path(fidelity_dir) if fidelity_dir else None, fidelity_k=fidelity_k,
+                    loop_results=Path(loop_results), ttft_questions=ttft_questions)
+    r = bench_vllm(Path(store_path) if store_path else None, Path(out), cfg,
+                   progress=(lambda m: None) if as_json else (lambda m: click.echo(m, err=True)))
+    if plot_path and r.get("ttft"):
+        plot(r["ttft"], Path(plot_path))
+    lines = [f"k={x['k']:<3} {x['config']:>16} TTFT {x['ttft_ms']:8.0f} ms ({x['x_full']:.3f}x full), recomputed "
+             f"{x['recomputed_tokens']}" for x in r.get("ttft", [])]
+    lines += [f"{x['task']:>10} {x['config']:>16} accuracy {x['accuracy']:.2f}" for x in r.get("needle", [])]
+    lines += [f"throughput {x['config']:>16} {x['requests_per_s']:.3f} req/s, mean TTFT {x['mean_ttft_ms']} ms"
+              for x in r.get("throughput", [])]
+    lines += [json.dumps(x) for x in r.get("fidelity_summary", [])]
+    emit(r, as_json, lines + [f"({r['cpu']}; {out})"])

@@ -1,91 +1,176 @@
-"""vLLM + SparsecacheConnector against what a vLLM user has without it, in one engine and one run.
+"""`bench vllm`: vLLM with `SparsecacheConnector` against what a vLLM user has without it, in one engine and one run.
 
-1. Time to first token for k retrieved chunks of ~500 tokens (a store built by encode-corpus),
-   median of --repeats single-request `generate(max_tokens=1)` calls after one warm-up:
-   - `full`: vLLM prefills the whole prompt (prefix cache emptied first);
-   - `prefix-warm`: the same prompt a second time with vLLM's prefix cache warm: the best a
-     user gets today without us, and only for a context seen before in the same order;
+1. Time to first token for k retrieved chunks (of >= `min_chunk_tokens` tokens each), median of
+   `repeats` single-request `generate(max_tokens=1)` calls after one warm-up:
+   - `full`: vLLM prefills the whole prompt;
+   - `prefix-warm`: the same prompt a second time with vLLM's prefix cache warm: the best a user
+     gets without us, and only for a context seen before in the same order;
    - `raw`: the connector injects exact fp16 KV per chunk (TurboRAG/LMCache-style files);
    - `none`: the connector injects the store's decoded codes as they are;
-   - `METHOD:R`: the connector blends: the question's attention (or CacheBlend's value
-     deviation) selects R of the chunk tokens, recomputed through vLLM's own layers.
-2. The RULER-style needle suite (`bench ruler`'s tasks, --trials each, k = 8) for the
-   configurations in NEEDLE_CONFIGS, each cell's trials submitted as one batch (each request
-   with its own prefix-cache salt, so none reuses another's KV).
-3. Throughput: --concurrent RAG requests at k = 8 (different chunk sets) submitted at once:
-   requests/s and the mean of vLLM's own first-token latency per request.
-4. Fidelity (`--fidelity W`, alone: the engine's connector serves W/store): `bench fidelity`'s
-   ordinary questions at k = 8, answered greedily by vLLM's own full prefill and by the
-   connector (`default`: the connector's default blend, no method named; `none`); agreement is
-   the same first-sentence comparison `bench fidelity` makes, against vLLM's full prefill,
-   and against our loop's answer of the same configuration (from --loop-results) beside it.
+   - `METHOD:R`: the connector blends: R of the chunk tokens selected and recomputed through vLLM's
+     own layers.
+2. The RULER-style needle suite (`bench ruler`'s tasks, `trials` each, k = 8) for NEEDLE_CONFIGS, each
+   cell's trials submitted as one batch (each request with its own prefix-cache salt).
+3. Throughput: `concurrent` RAG requests at k = 8 (different chunk sets) submitted at once: requests/s
+   and the mean of vLLM's own first-token latency per request.
+4. Fidelity (`fidelity=W`, alone: the engine's connector serves W/store): `bench fidelity`'s questions at
+   k, answered greedily by vLLM's own full prefill and by the connector (`default`: its default blend;
+   `none`); agreement is `bench fidelity`'s first-sentence comparison, against vLLM's full prefill and
+   against our loop's answer of the same configuration (from `loop_results`).
 
-    OMP_NUM_THREADS=2 python scripts/experiments/bench_vllm.py --store W/store --corpus W/corpus --ruler W/ruler \
-        --out docs/benchmarks/vllm-cpu.json --plot docs/vllm.png
-
-    OMP_NUM_THREADS=2 python scripts/experiments/bench_vllm.py --fidelity W --out docs/benchmarks/vllm-fidelity-cpu.json
-
-(W/corpus: `python -c "from sparsecache.bench.storage import bench_corpus; bench_corpus('W/corpus')"`.)
-The store is built or brought up to date with `sparsecache encode-corpus` in a subprocess (the
-corpus and the suite's documents in one store: the engine's connector serves one). Every
-finished section is saved to --out at once; a rerun with the same --out skips what is there.
+Every finished row is saved to `out` at once; a rerun with the same `out` skips what is there. The engine
+runs in this process: the CLI sets ENGINE_ENV before vLLM is imported.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparsecache.measure.machine import cpu_model
+from ..durable import write_atomic
+from ..errors import ConfigError
+from ..measure.machine import cpu_model
 
 # k = 32 chunks of ~500 tokens exceed the default model's 8,192 positions: TTFT is a matter of
 # compute, so vLLM is allowed the longer length (answers there are not judged; needles use k = 8).
+# vLLM logs to stderr, so that stdout holds the command's output alone (--json: one JSON object).
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-              "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+              "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 TTFT_QUESTION = "Summarise what these passages say about the subject they share."
 BLENDS = ("infoflow:0.15", "infoflow:0.25", "a3:0.15", "cacheblend:0.15", "cacheclip:0.15")
 CONFIGS = ("full", "prefix-warm", "raw", "none", *BLENDS)
 NEEDLE_CONFIGS = ("full", "none", *BLENDS)
 THROUGHPUT_CONFIGS = ("full", "none", "infoflow:0.25")
 FIDELITY_CONFIGS = ("full", "default", "none")
+SECTIONS = ("ttft", "needle", "throughput")
 # our loop's label for a configuration's answers (`bench fidelity`'s rows)
 LOOP_LABELS = {"full": "full", "default": "infoflow:0.25", "none": "none"}
 
 
-def ensure_store(store: Path, corpus: Path, ruler: Path, trials: int) -> None:
-    """The long-chunk corpus and the RULER-style suite's documents in one store. encode-corpus runs
-    in a subprocess, as a nightly job would, and only encodes what is new."""
-    from transformers import AutoTokenizer
+@dataclass(frozen=True)
+class VllmBench:
+    """What `bench vllm` measures (see the module docstring)."""
 
-    from sparsecache.bench.ruler import TASKS, make_suite
-    from sparsecache.model.gguf import default_model_dir
+    sections: tuple[str, ...] = SECTIONS
+    corpus: Path | None = None  # documents encoded into the store first (long chunks for TTFT and throughput)
+    ruler: Path | None = None  # the needle section's suite directory (made when missing)
+    ks: tuple[int, ...] = (2, 8, 32)
+    repeats: int = 2
+    configs: tuple[str, ...] = CONFIGS
+    warmup_full: bool = True
+    trials: int = 20
+    concurrent: int = 8
+    min_chunk_tokens: int = 480
+    max_model_len: int = 20480
+    fidelity: Path | None = None  # a `bench fidelity` workdir: the fidelity section alone, on its store
+    fidelity_k: int = 8
+    loop_results: Path | None = field(default=None)
+    ttft_questions: int = 5
 
-    if not (ruler / "trials.json").exists():
-        make_suite(AutoTokenizer.from_pretrained(default_model_dir()), ruler, TASKS, trials, 8, 200)
-    subprocess.run(["sparsecache", "encode-corpus", str(corpus), str(ruler / "corpus.jsonl"), "--store", str(store)],
-                   check=True)
-    # the exact fp16 KV files of the `raw` configuration, made (once) by the same code as `query --method raw`
-    subprocess.run([sys.executable, "-c", "import sys; from sparsecache.query.session import Session; s = Session(sys.argv[1]); "
-                    "s.raw_files([c.id for c in s.store.chunks() if c.token_length >= 480])", str(store)], check=True)
+    def __post_init__(self):
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown:
+            raise ConfigError(f"--sections must be among {', '.join(SECTIONS)}, got {', '.join(sorted(unknown))}")
+        if "needle" in self.sections and self.fidelity is None and self.ruler is None:
+            raise ConfigError("the needle section needs --ruler DIR (the suite is made there when missing)")
+        if self.repeats < 1 or not self.ks or min(self.ks) < 1:
+            raise ConfigError("--repeats and every k must be >= 1")
 
 
-def make_engine(store: Path):
+def bench_vllm(store: Path | None, out: Path, cfg: VllmBench, progress=lambda message: None) -> dict:
+    """Run `cfg`'s sections on an engine over `store` (with `cfg.fidelity`, over that workdir's store),
+    saving to `out` (JSON) as rows finish. ENGINE_ENV must be in the environment before vLLM is imported."""
+    from ..vllm.serving import RagPrompts
+
+    out = Path(out)
+    if cfg.fidelity is None:
+        if store is None:
+            raise ConfigError("a store is needed (or --fidelity W, whose store is W/store)")
+        ensure_store(Path(store), cfg)
+    else:
+        store = cfg.fidelity / "store"
+    result = json.loads(out.read_text()) if out.exists() else {}
+    result.update({"cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"), "date": time.strftime("%Y-%m-%d"),
+                   "vllm": __import__("vllm").__version__})
+
+    def save(**section):
+        result.update(section)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, json.dumps(result, indent=1))
+
+    llm = make_engine(Path(store), cfg.max_model_len)
+    rag = RagPrompts(store)
+    if cfg.fidelity is not None:
+        loop = json.loads(cfg.loop_results.read_text())["rows"] if cfg.loop_results and cfg.loop_results.exists() \
+            else []
+        rows = fidelity(llm, rag, cfg.fidelity, cfg.fidelity_k, FIDELITY_CONFIGS, loop, result.get("fidelity", []),
+                        lambda rows: save(fidelity=rows))
+        save(fidelity=rows, fidelity_summary=fidelity_summary(rows))
+        if "fidelity_ttft" not in result and cfg.ttft_questions:
+            save(fidelity_ttft=fidelity_ttft(llm, rag, cfg.fidelity, cfg.fidelity_k, cfg.ttft_questions,
+                                             FIDELITY_CONFIGS, 1))
+        return result
+    if "ttft" in cfg.sections:
+        ttft_table(llm, rag, cfg, result.get("ttft", []), lambda rows: save(ttft=rows))
+        progress(f"ttft: {len(result.get('ttft', []))} rows")
+    if "needle" in cfg.sections:
+        save(needle=needle_suite(llm, rag, cfg.ruler, NEEDLE_CONFIGS, result.get("needle", []),
+                                 lambda rows: save(needle=rows)))
+    if "throughput" in cfg.sections and "throughput" not in result:
+        save(throughput=throughput(llm, rag, cfg.concurrent, THROUGHPUT_CONFIGS, cfg.min_chunk_tokens))
+    return result
+
+
+def ensure_store(store: Path, cfg: "VllmBench") -> None:
+    """The corpus (`cfg.corpus`, where given) and, for the needle section, the RULER-style suite's documents
+    in the store; encode-corpus runs in a subprocess, as a nightly job would, and only encodes what is new.
+    Then, for the `raw` configuration, the exact fp16 KV files of the long chunks, made (once) by the same
+    code as `query --method raw`."""
+    sources = [str(cfg.corpus)] if cfg.corpus else []
+    if "needle" in cfg.sections:
+        from transformers import AutoTokenizer
+
+        from .ruler import TASKS, make_suite
+
+        if not (cfg.ruler / "trials.json").exists():
+            make_suite(AutoTokenizer.from_pretrained(str(store_model(store))), cfg.ruler, TASKS, cfg.trials, 8, 200)
+        sources.append(str(cfg.ruler / "corpus.jsonl"))
+    if sources:
+        subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", *sources, "--store", str(store)],
+                       check=True, stdout=sys.stderr)  # stdout is the command's own (--json)
+    if "raw" in cfg.configs and "ttft" in cfg.sections:
+        subprocess.run([sys.executable, "-c", "import sys; from sparsecache.query.session import Session; "
+                        "s = Session(sys.argv[1]); s.raw_files([c.id for c in s.store.chunks() "
+                        "if c.token_length >= int(sys.argv[2])])", str(store), str(cfg.min_chunk_tokens)], check=True,
+                       stdout=sys.stderr)
+
+
+def store_model(store: Path) -> Path:
+    """The directory of the model `store` was encoded with (its packaged model, or the path it records)."""
+    from ..model.gguf import for_recorded, model_dir
+    from ..store import open_backend
+    from ..store.layout import root_attrs
+
+    return model_dir(for_recorded("default", root_attrs(open_backend(store))["model"]))
+
+
+def make_engine(store: Path, max_model_len: int):
+    """vLLM's in-process engine over the store's model, fp32 and eager, prefix caching on, with the
+    connector on `store`."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
-
-    from sparsecache.model.gguf import default_model_dir
 
     cfg = KVTransferConfig(kv_connector="SparsecacheConnector", kv_connector_module_path="sparsecache.vllm",
                            kv_role="kv_consumer", kv_load_failure_policy="recompute",
                            kv_connector_extra_config={"store": str(store)})
-    return LLM(str(default_model_dir()), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-               enable_prefix_caching=True, max_model_len=20480, max_num_batched_tokens=20480,
+    return LLM(str(store_model(store)), dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
+               enable_prefix_caching=True, max_model_len=max_model_len, max_num_batched_tokens=max_model_len,
                disable_log_stats=False, kv_transfer_config=cfg)
 
 
@@ -146,14 +231,22 @@ def measure(llm, req, config: str, repeats: int, warmup: bool = True) -> dict:
             "blend_ms": d.get("blend_ms", 0)}
 
 
-def long_chunks(rag) -> list:
-    return sorted((c for c in rag.store.chunks() if c.token_length >= 480), key=lambda c: c.id)
+def long_chunks(rag, min_tokens: int) -> list:
+    """The store's chunks of at least `min_tokens` tokens (the TTFT and throughput sections' contexts)."""
+    chunks = sorted((c for c in rag.store.chunks() if c.token_length >= min_tokens), key=lambda c: c.id)
+    if not chunks:
+        raise ConfigError(f"the store has no chunk of >= {min_tokens} tokens (--min-chunk-tokens)")
+    return chunks
 
 
-def ttft_table(llm, rag, ks, repeats, configs, rows: list[dict], save, warmup_full: bool = True) -> list[dict]:
+def ttft_table(llm, rag, cfg: "VllmBench", rows: list[dict], save) -> list[dict]:
     """TTFT rows of every (k, configuration) not in `rows` yet, each saved as it is measured;
-    without `warmup_full`, vLLM's full prefill is timed once cold (minutes at k = 32)."""
-    chunks = long_chunks(rag)
+    without `cfg.warmup_full`, vLLM's full prefill is timed once cold (minutes at k = 32)."""
+    chunks = long_chunks(rag, cfg.min_chunk_tokens)
+    ks, repeats, configs, warmup_full = cfg.ks, cfg.repeats, cfg.configs, cfg.warmup_full
+    if max(ks) > len(chunks):
+        raise ConfigError(f"k = {max(ks)} needs {max(ks)} chunks of >= {cfg.min_chunk_tokens} tokens; the store has "
+                          f"{len(chunks)}")
     for k in ks:
         req = rag.request(TTFT_QUESTION, chunks=[c.id for c in chunks[:k]])
         q = len(req.prompt_token_ids) - req.context_tokens
@@ -166,16 +259,14 @@ def ttft_table(llm, rag, ks, repeats, configs, rows: list[dict], save, warmup_fu
             rows.append({"k": k, "config": config, "context_tokens": req.context_tokens, "question_tokens": q,
                          "x_full": round(r["ttft_ms"] / full["ttft_ms"], 3),
                          **{key: round(v, 1) for key, v in r.items()}})
-            print(f"k={k:<3} {config:>16} ttft {r['ttft_ms']:8.0f} ms  ({rows[-1]['x_full']:.3f}x full)  "
-                  f"recomputed {r['recomputed_tokens']}", flush=True)
             save(rows)
     return rows
 
 
 def needle_suite(llm, rag, ruler: Path, configs, done: list[dict], save) -> list[dict]:
     """Every configuration on every task's trials of the RULER-style suite, as `bench ruler` grades them."""
-    from sparsecache.bench.ruler import load_suite
-    from sparsecache.measure.stats import wilson
+    from ..measure.stats import wilson
+    from .ruler import load_suite
 
     suite = load_suite(ruler)
     docs = {d for t in suite for d in t.chunk_docs}  # one chunk each (the corpus's documents have many)
@@ -199,14 +290,13 @@ def needle_suite(llm, rag, ruler: Path, configs, done: list[dict], save) -> list
             rows.append({"task": task, "config": config, "trials": n, "accuracy": correct / n,
                          "interval95": wilson(correct, n), "recall": round(sum(sum(f) / len(f) for f in found) / n, 4),
                          "answers": [o.outputs[0].text for o in outs[:3]]})
-            print(f"{task:>10} {config:>16} accuracy {correct / n:.2f} {rows[-1]['interval95']}", flush=True)
             save(rows)
     return rows
 
 
-def throughput(llm, rag, n: int, configs) -> list[dict]:
+def throughput(llm, rag, n: int, configs, min_tokens: int) -> list[dict]:
     """`n` requests at k = 8, each over its own 8 chunks, submitted together (max_tokens 16)."""
-    chunks = long_chunks(rag)
+    chunks = long_chunks(rag, min_tokens)
     reqs = [rag.request(TTFT_QUESTION, chunks=[chunks[(i + j) % len(chunks)].id for j in range(8)]) for i in range(n)]
     rows = []
     for config in configs:
@@ -219,7 +309,6 @@ def throughput(llm, rag, n: int, configs) -> list[dict]:
         ttfts = [o.metrics.first_token_latency for o in outs if o.metrics is not None]
         rows.append({"config": config, "requests": n, "wall_s": round(wall, 2), "requests_per_s": round(n / wall, 3),
                      "mean_ttft_ms": round(1e3 * statistics.mean(ttfts), 1) if ttfts else None})
-        print(f"throughput {config:>16} {n / wall:.3f} req/s, mean TTFT {rows[-1]['mean_ttft_ms']} ms", flush=True)
     return rows
 
 
@@ -227,9 +316,8 @@ def fidelity(llm, rag, workdir: Path, k: int, configs, loop: list[dict], done: l
              batch: int = 20, max_new_tokens: int = 24) -> list[dict]:
     """`bench fidelity`'s k-chunk questions through vLLM, `batch` requests submitted together
     (each with its own prefix-cache salt) and saved as they finish: a rerun resumes."""
-    from sparsecache.measure.answers import answer_span, contains
-    from sparsecache.measure.suite import load_suite
-    from sparsecache.measure.suite import chunk_ids_by_doc
+    from ..measure.answers import answer_span, contains
+    from ..measure.suite import chunk_ids_by_doc, load_suite
 
     questions = load_suite(workdir)[k]
     ids = chunk_ids_by_doc(rag.store)
@@ -255,14 +343,13 @@ def fidelity(llm, rag, workdir: Path, k: int, configs, loop: list[dict], done: l
                     row["same_answer"] = answer_span(answer) == answer_span(ref[q.id])
                 rows.append(row)
             save(rows)
-            print(f"fidelity {config:>9} {len([r for r in rows if r['config'] == config])}/{len(questions)}", flush=True)
     return rows
 
 
 def fidelity_summary(rows: list[dict]) -> list[dict]:
     """Per configuration: agreement with vLLM's full prefill and with our loop's answer of the
     same configuration (Wilson 95% intervals), accuracy against the truth."""
-    from sparsecache.measure.stats import wilson
+    from ..measure.stats import wilson
 
     out = []
     for config in dict.fromkeys(r["config"] for r in rows):
@@ -276,14 +363,12 @@ def fidelity_summary(rows: list[dict]) -> list[dict]:
                 s[f"{key}_ci95"] = wilson(sum(vals), len(vals))
                 s[f"{key}_n"] = len(vals)
         out.append(s)
-        print(json.dumps(s), flush=True)
     return out
 
 
 def fidelity_ttft(llm, rag, workdir: Path, k: int, n: int, configs, repeats: int) -> list[dict]:
     """Single-request TTFT (as the ttft section measures it) of the first n questions."""
-    from sparsecache.measure.suite import load_suite
-    from sparsecache.measure.suite import chunk_ids_by_doc
+    from ..measure.suite import chunk_ids_by_doc, load_suite
 
     ids = chunk_ids_by_doc(rag.store)
     rows = []
@@ -293,7 +378,6 @@ def fidelity_ttft(llm, rag, workdir: Path, k: int, n: int, configs, repeats: int
             r = measure(llm, req, config, repeats)
             rows.append({"question": q.id, "config": config, "context_tokens": req.context_tokens,
                          **{key: round(v, 1) for key, v in r.items()}})
-            print(f"fidelity ttft {q.id} {config:>9} {r['ttft_ms']:8.0f} ms", flush=True)
     return rows
 
 
@@ -317,70 +401,3 @@ def plot(rows: list[dict], out: Path) -> None:
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--store", type=Path, help="the store (made or brought up to date)")
-    ap.add_argument("--corpus", type=Path,
-                    help="documents giving >= max(ks) chunks of >= 480 tokens (e.g. bench store's corpus)")
-    ap.add_argument("--ruler", type=Path, help="RULER-style suite work directory (made when missing)")
-    ap.add_argument("--fidelity", type=Path, metavar="W",
-                    help="run the fidelity section alone on `sparsecache bench fidelity --workdir W`'s suite and store")
-    ap.add_argument("--fidelity-k", type=int, default=8)
-    ap.add_argument("--loop-results", type=Path, default=Path("docs/benchmarks/fidelity-k8-agreement.json"),
-                    help="bench fidelity's rows, to compare answers with our loop's")
-    ap.add_argument("--ttft-questions", type=int, default=5, help="fidelity questions timed one by one")
-    ap.add_argument("--ks", type=int, nargs="+", default=[2, 8, 32])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--no-warmup-full", action="store_true", help="time vLLM's full prefill once, cold")
-    ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--concurrent", type=int, default=8)
-    ap.add_argument("--sections", nargs="+", default=["ttft", "needle", "throughput"])
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), help="TTFT configurations")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--plot", type=Path)
-    args = ap.parse_args()
-    if args.fidelity is None and None in (args.store, args.corpus, args.ruler):
-        ap.error("--store, --corpus and --ruler are required (or --fidelity W alone)")
-    os.environ.update(ENGINE_ENV)
-    if args.fidelity is None:
-        ensure_store(args.store, args.corpus, args.ruler, args.trials)
-    else:
-        args.store = args.fidelity / "store"
-    result = json.loads(args.out.read_text()) if args.out.exists() else {}
-    result.update({"device": "cpu", "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"),
-                   "date": time.strftime("%Y-%m-%d"), "vllm": __import__("vllm").__version__})
-
-    def save(**section):
-        result.update(section)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
-
-    from sparsecache.vllm.serving import RagPrompts
-
-    llm = make_engine(args.store)
-    rag = RagPrompts(args.store)
-    if args.fidelity is not None:
-        loop = json.loads(args.loop_results.read_text())["rows"] if args.loop_results.exists() else []
-        rows = fidelity(llm, rag, args.fidelity, args.fidelity_k, FIDELITY_CONFIGS, loop, result.get("fidelity", []),
-                        lambda rows: save(fidelity=rows))
-        save(fidelity=rows, fidelity_summary=fidelity_summary(rows))
-        if "fidelity_ttft" not in result and args.ttft_questions:
-            save(fidelity_ttft=fidelity_ttft(llm, rag, args.fidelity, args.fidelity_k, args.ttft_questions,
-                                             FIDELITY_CONFIGS, 1))
-        return
-    if "ttft" in args.sections:
-        ttft_table(llm, rag, args.ks, args.repeats, args.configs, result.get("ttft", []),
-                   lambda rows: save(ttft=rows), not args.no_warmup_full)
-    if "needle" in args.sections:
-        save(needle=needle_suite(llm, rag, args.ruler, NEEDLE_CONFIGS, result.get("needle", []),
-                                 lambda rows: save(needle=rows)))
-    if "throughput" in args.sections and "throughput" not in result:
-        save(throughput=throughput(llm, rag, args.concurrent, THROUGHPUT_CONFIGS))
-    if args.plot and result.get("ttft"):
-        plot(result["ttft"], args.plot)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
