@@ -351,13 +351,13 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
             _encode_batch(run, wrapped, open_docs, codec, embedder, prefix, bar)
             report.chunks += len(batch)
             report.tokens += sum(len(c.token_ids) for c in batch)
-        size.finished(finished, report.tokens)
-        bar.total = max(bar.n, size.total(bar.n))
         done = {}
         for s in finished:
             d = open_docs.pop(s.id, None) or {"first": end[1], "count": 0, "tokens": 0, "token_offset": end[0]}
             done[s.id] = {**d, "hash": s.hash}
             end = (d["token_offset"] + d["tokens"], d["first"] + d["count"])
+        size.finished(finished, sum(done[s.id]["tokens"] for s in finished))
+        bar.total = max(bar.n, size.total(bar.n))
         with timer.step("commit"):  # fsync of the batch's files + pending.json
             w.commit(done, *end, [{"id": i, "hash": hashes[i], **d} for i, d in open_docs.items()])
         busy = sum(v for k, v in timer.items() if k != "load") or 1.0
@@ -368,22 +368,23 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
 
 class BarSize:
     """The encode bar's size in tokens without tokenising the corpus twice: the bytes of the documents
-    still to chunk times the tokens per byte of those chunked so far (TOKENS_PER_BYTE before any)."""
+    still to chunk times the tokens per byte of the documents finished so far (TOKENS_PER_BYTE before any)."""
 
     TOKENS_PER_BYTE = 0.25  # English prose under a BPE tokenizer, about 4 bytes a token
 
     def __init__(self, work: list[Source]):
         self.left = sum(s.size for s in work)
-        self.done_bytes = 0
+        self.done_bytes = self.done_tokens = 0
         self.rate = self.TOKENS_PER_BYTE
 
     def finished(self, sources: list[Source], tokens: int) -> None:
-        """`sources` were chunked in full, and `tokens` tokens were chunked in all so far."""
+        """`sources` were chunked in full, into `tokens` tokens."""
         n = sum(s.size for s in sources)
         self.left -= n
         self.done_bytes += n
-        if self.done_bytes and tokens:
-            self.rate = tokens / self.done_bytes
+        self.done_tokens += tokens
+        if self.done_bytes and self.done_tokens:
+            self.rate = self.done_tokens / self.done_bytes
 
     def total(self, counted: int) -> int:
         """The bar's total once `counted` tokens are on it."""
