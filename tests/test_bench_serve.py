@@ -30,15 +30,22 @@ def test_settings_that_cannot_measure_are_refused_before_any_server_starts():
             ServeBench(**bad)
 
 
-@pytest.mark.slow
-def test_both_servers_answer_a_level_and_a_rerun_skips_it(tmp_path):
-    (tmp_path / "corpus").mkdir()
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The three documents encoded once with the default model, as a user's encode-corpus does."""
+    root = tmp_path_factory.mktemp("bench-serve")
+    (root / "corpus").mkdir()
     for name, text in DOCS.items():
-        (tmp_path / "corpus" / name).write_text(text + "\n")
-    out = subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(tmp_path / "corpus"),
-                          "--store", str(tmp_path / "store")], capture_output=True, text=True, timeout=900)
+        (root / "corpus" / name).write_text(text + "\n")
+    out = subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(root / "corpus"),
+                          "--store", str(root / "store")], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
-    args = ["bench", "serve", str(tmp_path / "store"), "--out", str(tmp_path / "serve.json"), "--clients", "1",
+    return root
+
+
+@pytest.mark.slow
+def test_both_servers_answer_a_level_and_a_rerun_skips_it(demo, tmp_path):
+    args = ["bench", "serve", str(demo / "store"), "--out", str(tmp_path / "serve.json"), "--clients", "1",
             "--requests", "2", "--max-tokens", "2", "--top-k", "2", "--plot", str(tmp_path / "serve.png"), "--json"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output[-3000:]
@@ -52,20 +59,18 @@ def test_both_servers_answer_a_level_and_a_rerun_skips_it(tmp_path):
     with pytest.raises(ConfigError, match="too few"):
         from sparsecache.bench.serving import ServeBench, bench_serve
 
-        bench_serve(tmp_path / "store", tmp_path / "x.json", ServeBench(clients=(1,), requests=(9,)))
+        bench_serve(demo / "store", tmp_path / "x.json", ServeBench(clients=(1,), requests=(9,)))
 
 
 @pytest.mark.slow
-def test_bench_vllm_times_the_connector_beside_vllms_own_prefill(tmp_path):
+def test_bench_vllm_times_the_connector_beside_vllms_own_prefill(demo, tmp_path):
     """`sparsecache bench vllm` (#96 folded scripts/experiments/bench_vllm.py into the CLI) at a toy size,
     in its own process as a user runs it: TTFT rows for vLLM's full prefill, its warm prefix cache, the
-    connector's decoded codes and a blend, each against full prefill; a rerun skips what is there."""
-    (tmp_path / "corpus").mkdir()
-    for name, text in DOCS.items():
-        (tmp_path / "corpus" / name).write_text(text + "\n")
+    connector's decoded codes and a blend, each against full prefill; a rerun skips what is there. Its
+    --corpus is the store's own (nothing new to encode)."""
     out = tmp_path / "vllm.json"
-    cmd = [sys.executable, "-m", "sparsecache.cli.main", "bench", "vllm", "--store", str(tmp_path / "store"),
-           "--corpus", str(tmp_path / "corpus"), "--sections", "ttft", "--k", "1,2", "--repeats", "1",
+    cmd = [sys.executable, "-m", "sparsecache.cli.main", "bench", "vllm", "--store", str(demo / "store"),
+           "--corpus", str(demo / "corpus"), "--sections", "ttft", "--k", "1,2", "--repeats", "1",
            "--configs", "full,prefix-warm,none,infoflow:0.5", "--min-chunk-tokens", "1", "--max-model-len", "2048",
            "--out", str(out), "--plot", str(tmp_path / "vllm.png")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
