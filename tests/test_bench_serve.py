@@ -62,7 +62,7 @@ def test_both_servers_answer_a_level_and_a_rerun_skips_it(demo, tmp_path):
         bench_serve(demo / "store", tmp_path / "x.json", ServeBench(clients=(1,), requests=(9,)))
 
 
-@pytest.mark.slow
+@pytest.mark.long  # ~90 s of one worker: CI proves the engine paths in test_vllm.py and stays under 30 min
 def test_bench_vllm_times_the_connector_beside_vllms_own_prefill(demo, tmp_path):
     """`sparsecache bench vllm` (#96 folded scripts/experiments/bench_vllm.py into the CLI) at a toy size,
     in its own process as a user runs it: TTFT rows for vLLM's full prefill, its warm prefix cache, the
