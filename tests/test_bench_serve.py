@@ -28,6 +28,18 @@ def test_settings_that_cannot_measure_are_refused_before_any_server_starts():
     for bad in ({"clients": (1, 2), "requests": (4,)}, {"clients": (4,), "requests": (2,)}, {"servers": ("tgi",)}):
         with pytest.raises(ConfigError):
             ServeBench(**bad)
+    from sparsecache.bench.vllm_engine import VllmBench
+
+    for bad, match in (({"sections": ("ttft", "speed")}, "--sections"), ({"sections": ("needle",)}, "--ruler"),
+                       ({"sections": ("ttft",), "ks": (0,)}, ">= 1")):
+        with pytest.raises(ConfigError, match=match):
+            VllmBench(**bad)
+    import os
+    from unittest import mock
+
+    with mock.patch.dict(os.environ):  # the command sets vLLM's engine variables for its own process
+        r = CliRunner().invoke(cli, ["bench", "vllm", "--sections", "ttft"])  # no store named: one line, exit 1
+    assert r.exit_code == 1 and "a store is needed" in r.output
 
 
 @pytest.fixture(scope="module")
