@@ -73,7 +73,7 @@ def test_a_plan_takes_its_costs_from_the_stores_calibration(default_model):
     assert p.recompute_ratio == pytest.approx(refit.ratio(1003, 0.5), abs=1e-4)
 
 
-def test_the_session_answers_by_its_plan(session, chunk_ids):
+def test_the_session_answers_by_its_plan(session, chunk_ids):  # noqa: F811  (the fixtures imported below)
     cfg = QueryConfig(method="infoflow", ttft_budget=0.5, prefill_under=0)
     session.costs = COSTS  # this module's own session (a module-scoped fixture)
     p = session.plan(cfg, chunk_ids)
