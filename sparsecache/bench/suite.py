@@ -166,12 +166,12 @@ def bench_fidelity(workdir, ks=(4, 8), questions: int = 100, methods=None, devic
     else:  # question by question: a run cut short leaves complete rows
         for k, qs in suite.items():
             for q in qs:
-                rows = run_fidelity(session, {k: [q]}, methods, results, wrapped=wrapped,
-                                    confident_only=confident_only)
-        rows = json.loads(results.read_text())["rows"] if results.exists() else []
+                run_fidelity(session, {k: [q]}, methods, results, wrapped=wrapped, confident_only=confident_only)
+        rows = _rows(results)
     asked = [r for r in rows if (r["k"], r["question"]) in {(k, q.id) for k, qs in suite.items() for q in qs}]
     return {"device": str(device), "cpu": cpu_model(), "ks": list(ks), "questions": questions, "limit": limit,
-            "split": split, **({"shard": f"{shard.index}/{shard.count}"} if shard else {}), **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
+            "split": split, **({"shard": f"{shard.index}/{shard.count}"} if shard else {}),
+            **({"wrapper": wrapped.store.config.wrapper} if wrapped else {}),
             "rows": table(asked), "full_by_context_length": [b for k in ks for b in by_context_length(asked, k)]}
 
 
@@ -179,16 +179,13 @@ def _shard_results(work: Path, shard: Shard, suite: dict) -> Path:
     """The shard's results file: refused where it exists and `shard.resume` is not set; seeded with the rows
     `shard.seeds` hold for the shard's questions (so the merge stays small)."""
     import json
-    from pathlib import Path
 
     path = shard.results(work)
     if path.exists() and not shard.resume:
         raise ConfigError(f"{path} exists: --resume continues it (or remove it to start the shard again)")
     ids = {q.id for qs in suite.values() for q in qs}
-    done = json.loads(path.read_text())["rows"] if path.exists() else []
-    rows = {(r["k"], r["label"], r["question"]): r for f in shard.seeds if Path(f).exists()
-            for r in json.loads(Path(f).read_text())["rows"] if r["question"] in ids}
-    rows |= {(r["k"], r["label"], r["question"]): r for r in done}
+    done = _rows(path)
+    rows = _keyed(r for f in shard.seeds for r in _rows(Path(f)) if r["question"] in ids) | _keyed(done)
     if len(rows) > len(done) or not path.exists():
         write_atomic(path, json.dumps({"rows": list(rows.values())}))
     return path
@@ -199,14 +196,21 @@ def _merge_shards(work, results) -> None:
     import json
 
     files = sorted(work.glob("results-*-of-*.json"))
-    if not files:
-        return
-    rows = {}
-    for f in files:
-        rows |= {(r["k"], r["label"], r["question"]): r for r in json.loads(f.read_text())["rows"]}
-    if results.exists():
-        rows |= {(r["k"], r["label"], r["question"]): r for r in json.loads(results.read_text())["rows"]}
-    write_atomic(results, json.dumps({"rows": list(rows.values())}))
+    if files:
+        rows = _keyed(r for f in files for r in _rows(f)) | _keyed(_rows(results))
+        write_atomic(results, json.dumps({"rows": list(rows.values())}))
+
+
+def _rows(path: Path) -> list[dict]:
+    """A results file's rows ([] where there is none)."""
+    import json
+
+    return json.loads(path.read_text())["rows"] if path.exists() else []
+
+
+def _keyed(rows) -> dict:
+    """Rows by (k, label, question), a later row for the same key replacing an earlier one."""
+    return {(r["k"], r["label"], r["question"]): r for r in rows}
 
 
 def _wrapped_waiting(work, session, wrapper: str, device, corpus, waits: int = 720):

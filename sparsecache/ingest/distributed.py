@@ -217,7 +217,7 @@ def _parts(chunk_list: list[dict], batch_tokens: int):
 
 
 def encode_distributed(run) -> None:
-    """Encode `run.work.work` (an `encoder.EncodeRun`) on the Ray actors its options name (`workers` actors
+    """Encode `run.work.sources` (an `encoder.EncodeRun`) on the Ray actors its options name (`workers` actors
     on a Ray started here, or the cluster at `ray_address`), into the store `run.writer` writes (see the
     module docstring). Each actor loads `options.model` (the default model or a directory every node can
     read), the store's own dictionary copy and its embedder.
@@ -230,7 +230,7 @@ def encode_distributed(run) -> None:
     from ..wrapper.apply import store_wrapping
 
     w, timer, config, options = run.writer, run.timer, run.config, run.options
-    hashes = {s.id: s.hash for s in run.work.work}
+    hashes = {s.id: s.hash for s in run.work.sources}
     header, trailer = store_wrapping(w.backend, run.model)  # wrapped: chunks after the header, trailers appended
     actor = {"model": options.model, "device": options.device, "batch_tokens": options.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
@@ -240,7 +240,7 @@ def encode_distributed(run) -> None:
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not options.progress, dynamic_ncols=True)
     next_id = 0
     try:
-        for docs in _rounds(run.work.work, run.model.tokenizer, config.chunk_tokens, timer, trailer):
+        for docs in _rounds(run.work.sources, run.model.tokenizer, config.chunk_tokens, timer, trailer):
             start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
             size = _region_tokens(docs, options.batch_tokens, n)
             regions = plan_regions(docs, *start, config.zarr_chunk_tokens, size, next_id)

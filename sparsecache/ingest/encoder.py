@@ -60,7 +60,7 @@ class EncodeReport:
 class Work:
     """What a run has to do, decided before any encoding."""
 
-    work: list[Source]  # new or changed documents, in id order
+    sources: list[Source]  # new or changed documents, in id order
     deleted: list[str]
     counts: dict
     resume_open: dict | None  # a document a crashed run was in the middle of: {id, hash, first, count, ...}
@@ -194,10 +194,11 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
     load = _loader(model, timer)
     fingerprint = model.fingerprint()  # a loader's from the model's config: no weights loaded for it
     with Writer(store) as w:
-        if w.initialised() and adapt is not None:
+        existing = w.initialised()  # a listing of the store's versions: once
+        if existing and adapt is not None:
             dictionary = _stored_adaptation(w, dictionary)
-        _check_compatible(w, config, dictionary, fingerprint)
-        if not w.initialised():
+        _check_compatible(w if existing else None, config, dictionary, fingerprint)
+        if not existing:
             if adapt is not None:
                 with timer.step("adapt"):
                     dictionary = _adapted(load(), sources, dictionary, adapt, device, progress)
@@ -206,7 +207,7 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
             _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device), wrapper)
         work = _work(w, sources, options.delete_missing)
         report = EncodeReport(str(store), w.base.version, False, work.counts)
-        if not work.work and not w.done and not work.deleted:
+        if not work.sources and not w.done and not work.deleted:
             report.message = (f"unchanged: {len(sources)} documents match version {w.base.version}; "
                               "nothing to encode, no new version")
         else:
@@ -225,13 +226,14 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
     return report
 
 
-def _check_compatible(w: Writer, config: StoreConfig, dictionary: Dictionary, fingerprint: dict) -> None:
+def _check_compatible(existing: Writer | None, config: StoreConfig, dictionary: Dictionary,
+                      fingerprint: dict) -> None:
     """The one check, where a run starts, that the model (by its fingerprint), the dictionary, the options
-    and an existing store agree: a wrong --dict, --model or store option is refused even when there is
-    nothing to encode."""
+    and an existing store (its writer; None for a new store) agree: a wrong --dict, --model or store option
+    is refused even when there is nothing to encode."""
     dictionary.check_model(fingerprint)
-    if w.initialised():
-        w.check_compatible(config, dictionary, fingerprint)
+    if existing is not None:
+        existing.check_compatible(config, dictionary, fingerprint)
 
 
 def _adapted(model: KVModel, sources: list[Source], dictionary: Dictionary, acfg: AdaptConfig, device,
@@ -329,23 +331,23 @@ def _work(w: Writer, sources: list[Source], delete_missing: bool) -> Work:
 
 
 def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
-    """Encode `run.work.work` batch by batch, recording progress in the store after every batch."""
-    w, plan, model, timer, report = run.writer, run.work, run.model, run.timer, run.report
+    """Encode `run.work.sources` batch by batch, recording progress in the store after every batch."""
+    w, work, model, timer, report = run.writer, run.work, run.model, run.timer, run.report
     batch_tokens, progress = run.options.batch_tokens, run.options.progress
     header, trailer = store_wrapping(w.backend, model)
     prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor) + header
-    size = BarSize(plan.work)
+    size = BarSize(work.sources)
     bar = tqdm(total=size.total(0), unit="tok", unit_scale=True, desc="encode", disable=not progress,
                dynamic_ncols=True)
     open_docs: dict[str, dict] = {}  # rows written per unfinished document
     skip = {}
-    if plan.resume_open:
-        o = plan.resume_open
+    if work.resume_open:
+        o = work.resume_open
         open_docs[o["id"]] = {k: o[k] for k in ("first", "count", "tokens", "token_offset")}
         skip[o["id"]] = o["count"]
     end = (w.finished_tokens, w.finished_chunks)  # extents after the last finished document
-    hashes = {s.id: s.hash for s in plan.work}
-    for batch, finished in _batches(plan.work, model.tokenizer, run.config.chunk_tokens, batch_tokens, skip, timer):
+    hashes = {s.id: s.hash for s in work.sources}
+    for batch, finished in _batches(work.sources, model.tokenizer, run.config.chunk_tokens, batch_tokens, skip, timer):
         if batch:
             wrapped = [replace(c, token_ids=tuple(c.token_ids) + trailer) for c in batch] if trailer else batch
             _encode_batch(run, wrapped, open_docs, codec, embedder, prefix, bar)

@@ -102,4 +102,3 @@ def prefill_under(cfg: QueryConfig, model_config, device_type: str, costs: Costs
     from ..model.kvmodel import compute_parameters
 
     return cheap.for_config(cfg, compute_parameters(model_config), device_type.split(":")[0], costs)
-

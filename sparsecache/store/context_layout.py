@@ -28,10 +28,6 @@ class ContextLayout:
         header = tuple(encoded_after[len(prefix):])
         return cls(prefix, header, soft_tokens - len(header) if soft_tokens else 0)
 
-    @property
-    def wrapped(self) -> bool:
-        return bool(self.header)
-
     def chunk_tokens(self, lengths: Iterable[int]) -> int:
         """The tokens chunks of stored `lengths` take in a context, each with the header; the prefix left out."""
         return sum(n + len(self.header) for n in lengths)

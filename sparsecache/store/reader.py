@@ -472,14 +472,14 @@ class Store:
 
         Read once per Store (it never changes); treat the tensors as read-only."""
         ids, k, v, _ = self._prefix_group()
-        P = sum(t >= 0 for t in ids)
+        P = len(self.layout().prefix)
         return (ids, k, v) if P == len(ids) else (ids[:P], k[:, :P], v[:, :P])
 
     def header(self) -> tuple[list[int], torch.Tensor, torch.Tensor] | None:
         """A wrapped store's header: its soft token ids and exact pre-RoPE K/V [n_layers, H, m],
         the same before every chunk (encoded after the prefix alone); None without a wrapper."""
         ids, k, v, _ = self._prefix_group()
-        P = sum(t >= 0 for t in ids)
+        P = len(self.layout().prefix)
         return None if P == len(ids) else (ids[P:], k[:, P:], v[:, P:])
 
     def encoded_after(self) -> list[int]:
