@@ -257,6 +257,18 @@ def s3_url(moto_endpoint, request):
     return f"s3://{bucket}/stores/one"
 
 
+def encoded_docs(root: Path, docs: dict[str, str]) -> Path:
+    """`docs` ({file name: text}) written to root/corpus and encoded into root/store by `encode-corpus` in a
+    process of its own, with its defaults (the default model), as a user's first encode runs; the store."""
+    (root / "corpus").mkdir()
+    for name, text in docs.items():
+        (root / "corpus" / name).write_text(text + "\n")
+    out = subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(root / "corpus"),
+                          "--store", str(root / "store")], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0 and "published version" in out.stdout, (out.stdout + out.stderr)[-2000:]
+    return root / "store"
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (servers in tests bind there only)."""
     import socket

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from conftest import encoded_docs
 
 from sparsecache.cli.main import cli
 from sparsecache.errors import ConfigError
@@ -42,16 +43,22 @@ def test_settings_that_cannot_measure_are_refused_before_any_server_starts():
     assert r.exit_code == 1 and "a store is needed" in r.output
 
 
+def test_without_vllm_the_bench_commands_say_so_in_one_line(monkeypatch, tmp_path):
+    import os
+    from unittest import mock
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    for args in (["bench", "serve", str(tmp_path)], ["bench", "vllm", "--store", str(tmp_path), "--sections", "ttft"]):
+        with mock.patch.dict(os.environ):
+            r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 1 and len(r.output.splitlines()) == 1 and "bash scripts/setup.sh vllm" in r.output
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The three documents encoded once with the default model, as a user's encode-corpus does."""
     root = tmp_path_factory.mktemp("bench-serve")
-    (root / "corpus").mkdir()
-    for name, text in DOCS.items():
-        (root / "corpus" / name).write_text(text + "\n")
-    out = subprocess.run([sys.executable, "-m", "sparsecache.cli.main", "encode-corpus", str(root / "corpus"),
-                          "--store", str(root / "store")], capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
+    encoded_docs(root, DOCS)
     return root
 
 

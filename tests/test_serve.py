@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import free_port, stop_server, wait_healthy
+from conftest import encoded_docs, free_port, stop_server, wait_healthy
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
@@ -81,11 +81,7 @@ def encode(corpus: Path, store: Path, env: dict | None = None) -> subprocess.Pop
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
-    (root / "corpus").mkdir()
-    for name, text in DOCS.items():
-        (root / "corpus" / name).write_text(text + "\n")
-    out, _ = encode(root / "corpus", root / "store").communicate(timeout=600)
-    assert "published version" in out, out
+    encoded_docs(root, DOCS)
     port = free_port()
     # as a user starts it: none of vLLM's variables (its default thread binding, its KV-cache sizing
     # left to serve), and vLLM's compiled forward (no --enforce-eager)

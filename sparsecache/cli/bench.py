@@ -12,7 +12,7 @@ from sparsecache.measure.cloze import CLOZE_CHUNK_TOKENS, CLOZE_CORPUS
 from sparsecache.measure.suite import ENTITIES, FILLER_SENTENCES, SPLITS
 
 from .options import (device_option, dtype_option, emit, int_list, json_option, library_errors, model_option,
-                      resolve_device)
+                      require_vllm, resolve_device)
 
 
 @click.group()
@@ -485,6 +485,7 @@ def serve_cmd(store, out, clients, requests, top_k, max_tokens, servers, plot_pa
 
     from sparsecache.bench.serving import ServeBench, bench_serve, plot
 
+    require_vllm()
     cfg = ServeBench(clients=tuple(clients), requests=tuple(requests), top_k=top_k, max_tokens=max_tokens,
                      servers=tuple(s.strip() for s in servers.split(",") if s.strip()))
     r = bench_serve(store, out, cfg)
@@ -541,8 +542,9 @@ def vllm_cmd(store_path, corpus, ruler, sections, ks, repeats, configs, no_warmu
 
     from sparsecache.bench.vllm_engine import CONFIGS, ENGINE_ENV, VllmBench, bench_vllm, plot
 
-    for k, v in ENGINE_ENV.items():  # before vLLM is imported: an in-process engine
+    for k, v in ENGINE_ENV.items():  # before vLLM is imported: an in-process engine, its logs on stderr
         os.environ.setdefault(k, v)
+    require_vllm()
     cfg = VllmBench(sections=tuple(s.strip() for s in sections.split(",") if s.strip()),
                     corpus=Path(corpus) if corpus else None, ruler=Path(ruler) if ruler else None, ks=tuple(ks),
                     repeats=repeats, configs=tuple(c.strip() for c in configs.split(",")) if configs else CONFIGS,

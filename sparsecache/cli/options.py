@@ -95,6 +95,14 @@ def library_errors(f):
     return wrapper
 
 
+def require_vllm() -> None:
+    """One line and exit 1 where vLLM (an optional part) is not installed, before any work starts."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise click.ClickException("vLLM is not installed: `bash scripts/setup.sh vllm` adds it") from None
+
+
 def _object_store_errors() -> tuple:
     """obstore's exception base class where the s3 extra is installed (zarr raises it too)."""
     try:

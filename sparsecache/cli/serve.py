@@ -8,7 +8,7 @@ from sparsecache.query import cheap, methods
 from sparsecache.query.config import DEFAULT_METHOD
 from sparsecache.vllm.server import CPU_MAX_NUM_SEQS, KV_CACHE_SHARE, MAX_TOP_K, ServeConfig
 
-from .options import library_errors, model_option
+from .options import library_errors, model_option, require_vllm
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True})
@@ -71,10 +71,7 @@ def serve_cmd(model_path, vllm_args, **options):
     engine). Options after `--` go to vLLM's server as they are (e.g. `-- --max-num-seqs 16`).
     Needs vLLM: `bash scripts/setup.sh vllm`.
     """
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise click.ClickException("vLLM is not installed: `bash scripts/setup.sh vllm` adds it") from None
+    require_vllm()
     from sparsecache.vllm.server import serve
 
     # the options map onto ServeConfig by name; ServeConfig parses the method and ratio once
