@@ -1,6 +1,6 @@
 """The package's import graph by stage: `docs/import-graph.png`.
 
-The stages and their order are the ones `tests/test_layers.py` enforces (its `PIPELINE`), and the
+The stages and their order are the ones `tests/package/test_layers.py` enforces (its `PIPELINE`), and the
 graph is that test's (every import, lazy ones included), so the drawing shows what is checked:
 one box per stage, lowest at the bottom, an arrow from each stage to every stage it imports,
 and the cross-cutting root modules beside them. An arrow that points up would be drawn red; the

@@ -1,6 +1,6 @@
 """`check-model`'s three checks on a tiny random model of each family (BENCHMARKS.md, "Model families"),
 then the same checks with one family-specific step left out, to show that the gate sees it.
-With --vllm, each family instead goes through vLLM with the connector (tests/test_vllm.py's
+With --vllm, each family instead goes through vLLM with the connector (tests/vllm/test_vllm.py's
 engine agreement, one process per family): a store coded with random unit atoms, one chunk of
 exact KV against vLLM's prefill, several chunks against our own loop, and blending (ratio 1.0
 against vLLM's prefill, the default's selected positions against `query`'s).

@@ -13,7 +13,7 @@ What the server uses of vLLM, and how public each part is:
   (`--middleware` sees bytes, not the parsed request), so this is the one internal it relies on.
 - Errors take vLLM's own shape (`create_error_response`, `ErrorResponse`).
 
-`tests/test_vllm_hooks.py` checks each of these against the installed vLLM, so an upgrade that moves
+`tests/vllm/test_vllm_hooks.py` checks each of these against the installed vLLM, so an upgrade that moves
 one fails there, by name, rather than in a served request.
 """
 
