@@ -170,6 +170,7 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                        "tokens": a.tokens, "correct": contains(a.answer, q.truth), "ttft_ms": a.timings_ms["ttft"],
                        "context_tokens": a.context_tokens, "recomputed_tokens": a.recomputed_tokens,
                        "ratio_used": a.recompute_ratio,  # the method's, given, or what a TTFT budget bought
+                       "escalated": a.escalated,  # the confidence gate prefilled it after the blend
                        # retrieval's context held the chunks the answer needs; the method kept those it held
                        # (a chunk retrieval missed is no method's loss) and left out `dropped` of the context's
                        "retrieved_answer": set(needed) <= set(chunks),
@@ -203,7 +204,7 @@ def line(k: int, label: str, s: dict) -> str:
             f"disagree {f('disagreement')}  value tokens {f('value_agreement', '.3f')} kl {f('value_kl', '.3f')}  "
             f"correct vs full {f('correct_vs_full')}  same {f('same_answer')}  f1 {f('answer_f1')}  "
             f"correct {s['correct']:.2f}  "
-            f"ttft {s['ttft_ms']:.0f} ms")
+            f"ttft {s['ttft_ms']:.0f} ms (p90 {s['ttft_p90_ms']:.0f})" + (f"  escalated {s['escalated']:.2f}" if "escalated" in s else ""))
 
 
 def summarise(rows: list[dict], full: dict[str, dict] | None = None) -> dict:
@@ -216,8 +217,11 @@ def summarise(rows: list[dict], full: dict[str, dict] | None = None) -> dict:
     hops; how often the context held the answer's chunks, by hops, where a method dropped some."""
     n = len(rows)
     correct = [bool(r["correct"]) for r in rows]
+    ttft = sorted(r["ttft_ms"] for r in rows)
     out = {"questions": n, "correct": sum(correct) / n, "correct_ci95": wilson(sum(correct), n),
-           "ttft_ms": round(sum(r["ttft_ms"] for r in rows) / n, 1)}
+           "ttft_ms": round(sum(ttft) / n, 1), "ttft_p90_ms": round(ttft[-(-9 * n // 10) - 1], 1)}  # nearest rank
+    if any(r.get("escalated") for r in rows):  # the confidence gate: how often it prefilled after the blend
+        out["escalated"] = round(sum(bool(r.get("escalated")) for r in rows) / n, 4)
     for hops in (1, 2):
         part = [r for r in rows if r["hops"] == hops]
         if part:

@@ -7,6 +7,7 @@ import click
 from sparsecache.query import cheap, methods
 from sparsecache.query.calibrate import CalibrateConfig
 from sparsecache.query.config import MAX_NEW_TOKENS, METHODS, ORDERS, REORDERS, TOP_K, QueryConfig
+from sparsecache.query.methods.base import GATE_MAX_RATIO
 
 from .options import (device_option, dtype_option, emit, fields_of, json_option, library_errors, model_option,
                       resolve_device)
@@ -55,6 +56,13 @@ from .options import (device_option, dtype_option, emit, fields_of, json_option,
 @click.option("--prefill-under", type=click.IntRange(min=0), default=None,
               help="Prefill contexts of fewer retrieved tokens instead of reading them from the store, where that is "
                    "cheaper (whatever --method says). " + cheap.rule_text())
+@click.option("--gate-coverage", type=click.FloatRange(0, 1, min_open=True), default=QueryConfig.gate_coverage,
+              help="Confidence gate: a scorer recomputes more, up to " + f"{GATE_MAX_RATIO:g}" + " times its ratio, until "
+                   "its tokens hold this share of its scores over the chunks (for infoflow the question's attention). "
+                   "[default: off]")
+@click.option("--gate-margin", type=click.FloatRange(min=0), default=QueryConfig.gate_margin,
+              help="Confidence gate: prefill instead where the blended context's first token leads the runner-up by "
+                   "less than this many nats (the answer says so; its TTFT counts both). [default: off]")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
 @model_option

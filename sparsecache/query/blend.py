@@ -209,9 +209,40 @@ def select(scores: torch.Tensor, ctx: Context, ratio: float, window: int = 1, mi
     last window); the rest of the selection is dropped, so fewer tokens may be recomputed.
     window > 1, min_selected == 0: whole windows by their total score until the budget is spent.
     """
+    n = ctx.length - ctx.prefix_len
+    return _select_k(scores, ctx.prefix_len, min(n, int(round(ratio * n))), window, min_selected)
+
+
+def select_chunks(scores: torch.Tensor, ctx: Context, ratio: float, window: int = 1,
+                  min_selected: int = 0) -> torch.Tensor:
+    """Sorted int64 positions to recompute, about `ratio` of the chunk tokens, whole chunks first.
+
+    The chunks are ranked by the mass of `scores` [S] they hold (the question's attention); the
+    best are taken whole, in that order, while each fits what is left of the budget (a window's
+    worth of tokens over it allowed, so a budget of exactly two chunks takes two). The first that
+    does not fit ends the whole chunks, and the rest of the budget goes to `select`'s choice among
+    the tokens of the other chunks."""
     P, S = ctx.prefix_len, ctx.length
-    n = S - P
-    k = min(n, int(round(ratio * n)))
+    k = min(S - P, int(round(ratio * (S - P))))
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long, device=scores.device)
+    mass = torch.stack([scores[a:b].float().sum() for a, b in ctx.spans])
+    whole = torch.zeros(S, dtype=torch.bool, device=scores.device)
+    used = 0
+    for i in mass.argsort(descending=True).tolist():
+        a, b = ctx.spans[i]
+        if used + (b - a) > k + max(window, 1):
+            break
+        whole[a:b] = True
+        used += b - a
+    rest = _select_k(scores.masked_fill(whole, 0), P, max(0, k - used), window, min_selected)
+    whole[rest] = True
+    return torch.nonzero(whole).flatten()
+
+
+def _select_k(scores: torch.Tensor, P: int, k: int, window: int, min_selected: int) -> torch.Tensor:
+    """`select`'s rule for `k` positions among those from `P` on."""
+    n = scores.shape[0] - P
     if k == 0:
         return torch.zeros(0, dtype=torch.long, device=scores.device)
     if window <= 1:

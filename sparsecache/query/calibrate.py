@@ -101,12 +101,13 @@ class Candidate:
 def grid(wrapped: bool) -> list[Candidate]:
     """The default candidates: full prefill; `none`; the default method (infoflow) at each of
     RATIOS and at the ratio the default TTFT budget buys (what `query` does with no calibration);
-    every other method the vLLM connector can serve that recomputes at OTHER_RATIO; on a store
+    every other method the vLLM connector can serve that recomputes at OTHER_RATIO (those still being
+    measured, #94's levers, only by `--candidates`); on a store
     without a wrapper, infoflow recomputing every token (exact). Methods `serve` cannot use
     (superposition, cake) are left out, so a choice serves everywhere; `--candidates` names any
     others, and other ratios or budgets."""
     out = [Candidate("full", {"method": "full"}, exact=True)]
-    for name in methods.names(connector=True):
+    for name in methods.names(connector=True, in_calibrate_grid=True):
         ratios = RATIOS if name == QueryConfig.method else (OTHER_RATIO,) if methods.get(name).recomputes else (None,)
         out += [Candidate(name if r is None else f"{name}:{r:g}",
                           {"method": name, **({} if r is None else {"recompute_ratio": r})}) for r in ratios]

@@ -88,6 +88,12 @@ class QueryConfig:
     # what a decoded method reads per chunk: the store's codes, or exact fp16 K/V computed after the same prefix and
     # header (`raw.py`): the same fusion over both splits a method's loss into the codec's and the blend's (#79)
     source: str = "codes"
+    # the confidence gate (#94 item 4): more where the blended context's own signal says the answer needs it.
+    # gate_coverage: a scorer recomputes more, up to GATE_MAX_RATIO times its ratio, until the tokens it recomputes hold
+    # this share of its scores over the chunks (the question's attention, for infoflow); gate_margin: a query whose
+    # first token leads the runner-up by less than this many nats is prefilled instead (`query` and `Session` only)
+    gate_coverage: float | None = None
+    gate_margin: float | None = None
     # Resolved once, when the config is made (never given): the method's registered spec, the recompute ratio in
     # effect (the one given, else the method's own) and whether it recomputes anything; None while the method is.
     spec: methods.Method | None = field(init=False, repr=False, compare=False)
@@ -134,6 +140,14 @@ class QueryConfig:
             raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if spec is not None and self.source != "codes" and self.source not in spec.sources:
             raise ConfigError(f"source {self.source} applies to the decoded methods, not --method {self.method}")
+        if self.gate_coverage is not None and not 0 < self.gate_coverage <= 1:
+            raise ConfigError(f"--gate-coverage must be in (0, 1], got {self.gate_coverage}")
+        if self.gate_margin is not None and self.gate_margin < 0:
+            raise ConfigError(f"--gate-margin must be >= 0 (nats), got {self.gate_margin}")
+        if spec is not None and self.gate_coverage is not None and not spec.recomputes:
+            raise ConfigError(f"--gate-coverage raises a scorer's ratio; --method {self.method} recomputes no tokens")
+        if spec is not None and self.gate_margin is not None and self.method == "full":
+            raise ConfigError("--gate-margin escalates to full prefill; --method full is full prefill")
         if self.paths is not None and self.paths < 1:
             raise ConfigError(f"--paths must be >= 1, got {self.paths}")
         if spec is not None and self.reorder != "none" and not spec.reorders:
@@ -210,7 +224,8 @@ def missed_target(record: Mapping) -> bool:
 # connector's kv_transfer_params and extra config) may set, with the types each takes.
 SERVED_FIELDS = {"method": (str,), "recompute_ratio": (int, float, type(None)), "group_window": (int,),
                  "group_min": (int,), "score_layer": (int, type(None)), "selector_layers": (int, type(None)),
-                 "prefill_under": (int, type(None)), "first_layer": (str,), "ttft_budget": (int, float, type(None))}
+                 "prefill_under": (int, type(None)), "first_layer": (str,), "ttft_budget": (int, float, type(None)),
+                 "gate_coverage": (int, float, type(None))}
 
 
 def served_config(given: Mapping, base: QueryConfig | None = None, where: str = "the request") -> QueryConfig:

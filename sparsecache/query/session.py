@@ -25,6 +25,7 @@ from ..model.gguf import for_recorded
 from ..model.kvmodel import KVModel, kv_values, load_model, query_dtype, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store.versions import READ_ATTEMPTS
+from . import methods
 from .budget import Costs
 from .config import DTYPE, MAX_NEW_TOKENS, MISSED, TOP_K, QueryConfig, calibrated, device_record, missed_target
 from .context import QueryContext, Reuse
@@ -57,13 +58,15 @@ class Answer:
     prefilled_under: int | None = None
     recompute_ratio: float | None = None  # the share of chunk tokens a scorer recomputed (its own, given or budgeted)
     config: QueryConfig | None = field(default=None, repr=False)  # the config asked for, its method named
+    escalated: bool = False  # the confidence gate (`gate_margin`) prefilled it after the blend: its TTFT counts both
 
     def to_dict(self) -> dict:
         return {"answer": self.answer, "chunks": self.chunks, "context_ids": self.context_ids,
                 "timings_ms": self.timings_ms, "recomputed_tokens": self.recomputed_tokens,
                 "bytes_read": self.bytes_read, "context_tokens": self.context_tokens, "method": self.method,
                 "recompute_ratio": self.recompute_ratio,
-                **({"prefilled_under": self.prefilled_under} if self.prefilled_under else {})}
+                **({"prefilled_under": self.prefilled_under} if self.prefilled_under else {}),
+                **({"escalated": True} if self.escalated else {})}
 
 
 def _at_a_live_version(method):
@@ -208,6 +211,9 @@ class Session:
         self._warn_if_too_long(p.context_tokens + len(q_ids) + max_new_tokens)
         cfg = p.config
         out = cfg.spec.prefilled(self.context(), ids, q_ids, cfg, watch)
+        escalated = cfg.gate_margin is not None and cfg.method != "full" and margin(out.logits) < cfg.gate_margin
+        if escalated:  # the confidence gate: the blended context is unsure of its first token; prefill instead
+            out = methods.get("full").prefilled(self.context(), out.context_ids, q_ids, QueryConfig("full"), watch)
         with watch.step("first_token"):
             first = int(out.logits.argmax())
         timings = {s: round(watch.get(s, 0.0), 3) for s in STEPS}
@@ -228,7 +234,8 @@ class Session:
                       bytes_read=out.bytes_read, context_tokens=out.context_tokens, method=cfg.method,
                       context_ids=out.context_ids, logits=out.logits, tokens=tokens, agreement=agreement,
                       logprobs=own, reference_logprobs=forced.cpu() if logprobs and forced is not None else None,
-                      prefilled_under=p.prefilled_under, recompute_ratio=p.recompute_ratio, config=asked)
+                      prefilled_under=p.prefilled_under, recompute_ratio=p.recompute_ratio, config=asked,
+                      escalated=escalated)
 
     def plan(self, config: QueryConfig, ids: list[str]) -> Plan:
         """What a context of the chunks `ids` gets under `config` (its method named): `plan.plan` with this
@@ -301,6 +308,12 @@ class Session:
             yield self
         finally:
             self._reuse = None
+
+
+def margin(logits: torch.Tensor) -> float:
+    """How far (nats) the likeliest next token leads the runner-up: the confidence gate's signal."""
+    top = logits.float().log_softmax(-1).topk(2).values
+    return float(top[0] - top[1])
 
 
 def search_hits(store: KVStore, embedder, question: str, top_k: int, documents: list[str] | None = None) -> list[dict]:

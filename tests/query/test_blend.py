@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparsecache.errors import ConfigError
 from sparsecache.model.cache import Context, recompute
 from sparsecache.model.generate import prefill, question_ids
-from sparsecache.query.blend import attention_scores, load_cache, select
+from sparsecache.query.blend import attention_scores, load_cache, select, select_chunks
 from sparsecache.query.config import QueryConfig
 from sparsecache.query.session import Session
 from support.models import eager_attention_mass
@@ -42,7 +44,7 @@ def first_logits(session, ids, method, ratio=0.0, **kw):
     return session.query(QUESTION, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=1, **kw).logits
 
 
-@pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend"])
+@pytest.mark.parametrize("method", ["a3", "infoflow", "chunkflow", "cacheblend"])
 @pytest.mark.parametrize("window", [1, 8])
 def test_recomputing_everything_reproduces_full_prefill(session, chunk_ids, method, window):
     full = first_logits(session, chunk_ids, "full")
@@ -185,6 +187,118 @@ def test_budgeted_grouping_takes_the_windows_with_most_score():
     scores[[9, 10, 20, 21, 22]] = 1.0  # window 2 has the most mass, then window 1
     assert select(scores, ctx, 16 / 32, window=8, min_selected=0).tolist() == list(range(8, 24))
     assert select(scores, ctx, 8 / 32, window=8, min_selected=0).tolist() == list(range(16, 24))
+
+
+def _chunked(prefix: int, lengths: list[int]) -> Context:
+    spans, start = [], prefix
+    for n in lengths:
+        spans.append((start, start + n))
+        start += n
+    return Context(cache=None, token_ids=torch.zeros(start, dtype=torch.long), prefix_len=prefix, spans=spans)
+
+
+def test_whole_chunks_go_first_by_attention_mass_and_the_rest_to_tokens():
+    """Four chunks of 10 after a prefix of 5: at r = 0.5 (20 tokens) the two chunks with the most mass
+    are recomputed whole, whatever their place; at r = 0.6 the 4 tokens left go to the best tokens of
+    the others; under one chunk's share no chunk fits and the choice is `select`'s."""
+    ctx = _chunked(5, [10, 10, 10, 10])
+    scores = torch.full((45,), 0.01)
+    scores[:5] = 9.0  # the prefix is never chosen
+    scores[35:45] = 1.0  # the last chunk holds the most mass
+    scores[15:25] = 0.5
+    scores[[6, 7, 8, 9]] = 0.3  # the first chunk's best tokens: more than any token left in the third
+    assert select_chunks(scores, ctx, 0.5).tolist() == list(range(15, 25)) + list(range(35, 45))
+    assert select_chunks(scores, ctx, 0.6).tolist() == [6, 7, 8, 9] + list(range(15, 25)) + list(range(35, 45))
+    assert torch.equal(select_chunks(scores, ctx, 0.2), select(scores, ctx, 0.2))  # 10 tokens > 8 + 1
+    assert select_chunks(scores, ctx, 0.0).numel() == 0 and select_chunks(scores, ctx, 1.0).tolist() == list(range(5, 45))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 6), st.lists(st.integers(1, 40), min_size=1, max_size=8), st.floats(0, 1),
+       st.sampled_from([1, 4, 8]), st.integers(0, 2**31 - 1))
+def test_chunk_selection_spends_about_the_budget_on_the_chunks_with_most_mass(prefix, lengths, ratio, window, seed):
+    ctx = _chunked(prefix, lengths)
+    scores = torch.rand(ctx.length, generator=torch.Generator().manual_seed(seed))
+    got = select_chunks(scores, ctx, ratio, window=window)
+    n = ctx.length - prefix
+    k = min(n, round(ratio * n))
+    assert got.tolist() == sorted(set(got.tolist())) and all(prefix <= p < ctx.length for p in got.tolist())
+    assert len(got) <= k + 2 * window and (k == 0) == (len(got) == 0)
+    chosen = set(got.tolist())
+    ranked = sorted(range(len(lengths)), key=lambda i: -float(scores[slice(*ctx.spans[i])].sum()))
+    whole = [set(range(*ctx.spans[i])) <= chosen for i in ranked]
+    t = whole.index(False) if False in whole else len(whole)  # the leading whole chunks by mass
+    if k and t < len(ranked):  # the next one did not fit what they left
+        assert sum(lengths[i] for i in ranked[:t + 1]) > k + window
+
+
+def test_legolink_recomputes_the_first_tokens_of_every_chunk_at_most_32():
+    """EPIC's LegoLink: the first 32 tokens of each chunk (all of a shorter one) at its own ratio, that
+    share of each chunk under a smaller one; what the question attends to does not matter."""
+    from sparsecache.query.methods import get
+
+    ctx = _chunked(3, [40, 10, 100])
+    spec, scores = get("legolink"), torch.rand(153)
+    assert spec.pick(scores, ctx, QueryConfig("legolink")).tolist() == (
+        list(range(3, 35)) + list(range(43, 53)) + list(range(53, 85)))
+    assert spec.pick(scores, ctx, QueryConfig("legolink", 0.1)).tolist() == [3, 4, 5, 6, 43] + list(range(53, 63))
+    assert spec.pick(scores, ctx, QueryConfig("legolink", 0.0)).numel() == 0
+
+
+def test_legolink_and_chunkflow_answer_through_a_session(session, chunk_ids):
+    """Both through `Session.query`: legolink on its defaults recomputes the first 32 tokens of each chunk
+    (a toy model's ratio is its own: no costs are measured for it), chunkflow at r = 0.5 at least one
+    chunk whole, then windows of tokens, about half the tokens in all."""
+    lengths = sorted(b - a for a, b in load_cache(session.store, chunk_ids, session.model).spans)
+    got = session.query(QUESTION, chunks=chunk_ids, method="legolink", max_new_tokens=2)
+    assert got.recompute_ratio == 1.0 and got.recomputed_tokens == sum(min(32, n) for n in lengths)
+    got = session.query(QUESTION, chunks=chunk_ids, method="chunkflow", recompute_ratio=0.5, max_new_tokens=2)
+    assert lengths[0] <= got.recomputed_tokens <= round(0.5 * sum(lengths)) + 2 * 8  # a whole chunk; windows of 8
+
+
+def test_the_coverage_gate_raises_the_ratio_until_the_chosen_tokens_hold_the_share_asked():
+    """Attention spread over the context: at r = 0.1 the top tokens hold little of it, so the gate raises the
+    ratio in quarters of 0.1 until they hold the share asked, never past twice the ratio; attention on a few
+    tokens needs nothing more."""
+    from sparsecache.query.methods import get
+
+    ctx = _chunked(5, [50, 50])
+    flat = torch.ones(105)
+    spec = get("infoflow")
+    assert len(spec.pick(flat, ctx, QueryConfig("infoflow", 0.1, group_window=1))) == 10
+    assert len(spec.pick(flat, ctx, QueryConfig("infoflow", 0.1, group_window=1, gate_coverage=0.15))) == 15
+    assert len(spec.pick(flat, ctx, QueryConfig("infoflow", 0.1, group_window=1, gate_coverage=0.9))) == 20  # capped
+    sharp = torch.zeros(105)
+    sharp[[20, 30, 90]] = 1.0
+    assert len(spec.pick(sharp, ctx, QueryConfig("infoflow", 0.1, group_window=1, gate_coverage=0.9))) == 10
+    chunks = get("chunkflow").pick(flat, ctx, QueryConfig("chunkflow", 0.3, group_window=1, gate_coverage=0.6))
+    assert len(chunks) == 60  # 0.3 -> 0.6 of the tokens: a whole chunk, then tokens
+
+
+def test_the_margin_gate_prefills_where_the_first_token_is_unsure(session, chunk_ids):
+    """Through `Session.query`: a margin no first token reaches escalates every query to full prefill of the
+    same chunks (its logits, the answer marked, the TTFT counting the blend and the prefill); a margin of 0
+    escalates none."""
+    full = session.query(QUESTION, chunks=chunk_ids, method="full", max_new_tokens=2)
+    gated = session.query(QUESTION, chunks=chunk_ids, method="infoflow", recompute_ratio=0.1, gate_margin=1e9,
+                          max_new_tokens=2)
+    assert gated.escalated and gated.to_dict()["escalated"] and gated.answer == full.answer
+    torch.testing.assert_close(gated.logits, full.logits, atol=2e-5, rtol=1e-5)
+    assert gated.timings_ms["recompute"] > 0 and gated.timings_ms["prefill"] > 0
+    plain = session.query(QUESTION, chunks=chunk_ids, method="infoflow", recompute_ratio=0.1, gate_margin=0.0,
+                          max_new_tokens=2)
+    assert not plain.escalated and "escalated" not in plain.to_dict()
+
+
+def test_the_gates_are_validated():
+    with pytest.raises(ConfigError, match="gate-coverage must be in"):
+        QueryConfig(gate_coverage=0.0)
+    with pytest.raises(ConfigError, match="recomputes no tokens"):
+        QueryConfig("none", gate_coverage=0.5)
+    with pytest.raises(ConfigError, match="gate-margin must be >= 0"):
+        QueryConfig(gate_margin=-1.0)
+    with pytest.raises(ConfigError, match="is full prefill"):
+        QueryConfig("full", gate_margin=1.0)
 
 
 def test_config_is_validated():

@@ -100,6 +100,8 @@ def test_the_grid_holds_servable_methods_and_exact_ones():
     labels = [c.label for c in grid(wrapped=False)]
     assert labels[0] == "full" and "none" in labels and "infoflow:0.1" in labels and "cacheblend:0.15" in labels
     assert not any(x.startswith(("superposition", "cake", "raw")) for x in labels)  # not servable by the connector
+    assert not any(x.startswith(("chunkflow", "legolink")) for x in labels)  # #94's levers: by --candidates only
+    assert [c.label for c in parse_candidates("chunkflow:0.25", wrapped=True)] == ["full", "chunkflow:0.25"]
     assert [c.label for c in grid(wrapped=False) if c.exact] == ["full", "infoflow:1"]
     assert [c.label for c in grid(wrapped=True) if c.exact] == ["full"]  # a wrapper's header: not full prefill's
     # what an uncalibrated query does (the default method at the default TTFT budget) is a candidate too

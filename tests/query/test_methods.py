@@ -15,10 +15,11 @@ from test_blend import QUESTION, chunk_ids, session  # noqa: F401  (fixtures)
 
 
 def test_the_registry_holds_every_method_once_in_the_clis_order():
-    assert METHODS == methods.names() == ("none", "a3", "infoflow", "cacheblend", "cacheclip", "cake", "full", "raw",
-                                          "superposition")
-    assert SCORERS == ("a3", "infoflow", "cacheblend", "cacheclip", "superposition")
-    assert methods.names(connector=True) == ("none", "a3", "infoflow", "cacheblend", "cacheclip")
+    assert METHODS == methods.names() == ("none", "a3", "infoflow", "chunkflow", "legolink", "cacheblend",
+                                          "cacheclip", "cake", "full", "raw", "superposition")
+    assert SCORERS == ("a3", "infoflow", "chunkflow", "legolink", "cacheblend", "cacheclip", "superposition")
+    assert methods.names(connector=True) == ("none", "a3", "infoflow", "chunkflow", "legolink", "cacheblend",
+                                             "cacheclip")
     assert [m.name for m in methods.REGISTRY.values()] == list(methods.REGISTRY)
     with pytest.raises(ValueError, match="registered twice"):
         methods.register(methods.get("none"))
@@ -109,13 +110,13 @@ def test_a_method_is_one_registered_class(session, chunk_ids):  # noqa: F811
         QueryConfig("first-only")
 
 
-def _question_logprob(session, chunk: str, q_ids: list[int]) -> float:
+def _question_logprob(s, chunk: str, q_ids: list[int]) -> float:
     """log P(q_ids[1:] | prefix + chunk, q_ids[0]) by the model's own forward over the chunk's
     decoded cache: what superposition scores each path by."""
     from sparsecache.query.blend import load_cache
 
-    ctx = load_cache(session.store, [chunk], session.model)
-    m = session.model
+    ctx = load_cache(s.store, [chunk], s.model)
+    m = s.model
     pos = torch.arange(ctx.length, ctx.length + len(q_ids))[None]
     with torch.inference_mode():
         out = m.hf(input_ids=torch.tensor([q_ids]), position_ids=pos, **{m.cache_arg: ctx.cache}, use_cache=True)

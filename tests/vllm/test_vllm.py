@@ -152,15 +152,16 @@ def chosen(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("method", ["a3", "infoflow", "cacheblend", "cacheclip"])
-def test_each_method_selects_what_query_selects(llm, store, rag, chosen, method):
+@pytest.mark.parametrize("method, ratio", [("a3", 0.15), ("infoflow", 0.15), ("cacheblend", 0.15), ("cacheclip", 0.15),
+                                           ("chunkflow", 0.4), ("legolink", 0.15)])  # chunkflow: whole chunks
+def test_each_method_selects_what_query_selects(llm, store, rag, chosen, method, ratio):
     """One implementation: the connector's blend on vLLM's layers and `query`'s on transformers'
     select the same tokens for the same chunks and question, and answer alike."""
     ids = [c.id for c in store.store.chunks()]
     for q in QUESTIONS:
-        ours = store.query(q, chunks=ids, method=method, recompute_ratio=0.15, max_new_tokens=12, prefill_under=0)
+        ours = store.query(q, chunks=ids, method=method, recompute_ratio=ratio, max_new_tokens=12, prefill_under=0)
         req = rag.request(q, chunks=ids)
-        tokens, first, delta = generate(llm, req, with_source(req, "codes", method=method, recompute_ratio=0.15),
+        tokens, first, delta = generate(llm, req, with_source(req, "codes", method=method, recompute_ratio=ratio),
                                         max_tokens=12)
         assert chosen["vllm"][-1] == chosen["query"][-1] and delta["recomputed"] == ours.recomputed_tokens > 0
         logprobs = torch.log_softmax(ours.logits, -1)

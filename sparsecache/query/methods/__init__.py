@@ -57,7 +57,7 @@ def bench_configs(ratio: float) -> dict[str, dict]:
 
 
 # The registration order is the order the CLI offers them in.
-from . import none, a3, infoflow, cacheblend, cacheclip, cake, full, raw, superposition  # noqa: E402,F401,I001
+from . import none, a3, infoflow, chunkflow, legolink, cacheblend, cacheclip, cake, full, raw, superposition  # noqa: E402,F401,I001
 
 __all__ = ["REGISTRY", "AttentionScorer", "Decoded", "Method", "Prefilled", "Scorer", "bench_configs", "get", "names",
            "ratios", "register", "summaries"]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # A QueryConfig field that only some methods read: the methods that read it name it in
 # `Method.options`, and QueryConfig refuses it set with any other.
 EXCLUSIVE_OPTIONS = ("cake_split", "selector_model", "selector_layers", "paths")
+GATE_MAX_RATIO = 2.0  # the coverage gate (`QueryConfig.gate_coverage`) raises a scorer's ratio at most this many times
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Method:
     baseline: bool = False  # a reference the benchmarks compare the store's methods with
     options: tuple[str, ...] = ()  # EXCLUSIVE_OPTIONS fields it reads
     in_ttft_bench: bool = True  # `bench ttft` times it at every k
+    in_calibrate_grid: bool = True  # `calibrate`'s default candidates try it (where the connector serves it)
     ratio: float = 0.25  # the recompute ratio a query that names none gets (a method may set its own: infoflow 0.1)
     sources: tuple[str, ...] = ()  # the per-chunk K/V it can read (QueryConfig.source): decoded methods' codes or raw
 
@@ -169,7 +171,6 @@ class Scorer(Decoded):
         itself) over its first `cfg.selector_layers` layers (default: a quarter of them). With `reuse`
         (`context.Reuse`), the scores of this question are computed once."""
         from ...model.stack import as_stack
-        from ..blend import select
 
         stack = as_stack(model)
 
@@ -177,10 +178,29 @@ class Scorer(Decoded):
             return self.scores(ctx, q_ids, cfg, stack, selector)
 
         # the scores read the context's cache: its source (codes or exact K/V) and layer 0's are part of the key
-        key = ("scores", tuple(q_ids), self.name, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
+        key = ("scores", tuple(q_ids), type(self).scores, cfg.layer(stack.n_layers), cfg.reorder, cfg.selector_model,
                cfg.selector_layers, cfg.first_layer, cfg.source)
-        return select(scores() if reuse is None else reuse.get(key, scores), ctx, cfg.ratio, cfg.group_window,
-                      cfg.group_min)
+        return self.pick(scores() if reuse is None else reuse.get(key, scores), ctx, cfg)
+
+    def pick(self, scores: "torch.Tensor", ctx: "Context", cfg: "QueryConfig") -> "torch.Tensor":
+        """Sorted int64 positions to recompute given the `scores` [S]: `positions` at `cfg.ratio`; with
+        `cfg.gate_coverage` (the confidence gate), at a ratio raised in quarters of it, up to
+        GATE_MAX_RATIO times it, until the positions hold that share of the scores over the chunk tokens."""
+        positions = self.positions(scores, ctx, cfg.ratio, cfg)
+        if cfg.gate_coverage is None:
+            return positions
+        mass, ratio, most = float(scores[ctx.prefix_len:].float().sum()), cfg.ratio, min(1.0, GATE_MAX_RATIO * cfg.ratio)
+        while ratio < most and float(scores[positions].float().sum()) < cfg.gate_coverage * mass:
+            ratio = min(most, ratio + cfg.ratio / 4)
+            positions = self.positions(scores, ctx, ratio, cfg)
+        return positions
+
+    def positions(self, scores: "torch.Tensor", ctx: "Context", ratio: float, cfg: "QueryConfig") -> "torch.Tensor":
+        """Sorted int64 positions to recompute: about `ratio` of the chunk tokens, the top ones by `scores`
+        or the top windows (`blend.select`, grouped as `cfg` says)."""
+        from ..blend import select
+
+        return select(scores, ctx, ratio, cfg.group_window, cfg.group_min)
 
 
 class AttentionScorer(Scorer):
@@ -200,7 +220,7 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
     attention at the same layer run their questions through the layers together
     (`blend.attention_scores_many`)."""
     from ...model.stack import as_stack
-    from ..blend import attention_scores_many, select
+    from ..blend import attention_scores_many
 
     stack = as_stack(model)
     out: list = [None] * len(ctxs)
@@ -213,5 +233,5 @@ def choose_many(ctxs: list["Context"], q_ids: list[list[int]], cfgs: list["Query
     for layer, idx in by_layer.items():
         scores = attention_scores_many([ctxs[i] for i in idx], [q_ids[i] for i in idx], stack, layer)
         for i, sc in zip(idx, scores):
-            out[i] = select(sc, ctxs[i], cfgs[i].ratio, cfgs[i].group_window, cfgs[i].group_min)
+            out[i] = cfgs[i].spec.pick(sc, ctxs[i], cfgs[i])
     return out
