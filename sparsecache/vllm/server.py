@@ -73,7 +73,7 @@ KV_CACHE_SHARE = 0.5
 CPU_MAX_NUM_SEQS = 128  # vLLM's default --max-num-seqs for its OpenAI server on a CPU
 
 
-OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under", "ttft_budget")
+OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under", "ttft_budget", "gate_coverage")
 
 
 class Refused(Exception):
@@ -172,7 +172,8 @@ class Rag:
             if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
                 raise BadRequest(f"{key} must be a non-empty list of strings")
         try:  # the request's method and ratio, parsed once: `request` passes on the typed value
-            given = {k: body[k] for k in ("method", "recompute_ratio", "prefill_under", "ttft_budget") if k in body}
+            given = {k: body[k] for k in ("method", "recompute_ratio", "prefill_under", "ttft_budget", "gate_coverage")
+                     if k in body}
             base = self.cfg.blend if "method" in given else self.base()
             blend = served_config(given, base, "sparsecache")
         except ConfigError as e:
@@ -242,6 +243,8 @@ class Rag:
         req.params.update({"method": p.blend.method, "recompute_ratio": p.blend.ratio})  # the ratio in effect: one salt
         if p.blend.prefill_under is not None:
             req.params["prefill_under"] = p.blend.prefill_under
+        if p.blend.gate_coverage is not None:  # the confidence gate raises the ratio in the connector (and the salt)
+            req.params["gate_coverage"] = p.blend.gate_coverage
         return req
 
     def sources(self, req: RagRequest) -> dict:

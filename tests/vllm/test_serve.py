@@ -208,6 +208,10 @@ def test_the_server_spends_a_requests_ttft_budget_at_its_context_length(built, t
         assert given.params["recompute_ratio"] == 0.2
         with pytest.raises(BadRequest, match="ttft"):
             rag.options({"ttft_budget": 3})
+        gated = rag.request("what?", rag.options({"chunks": ids, "gate_coverage": 0.8}))  # #94's gate, to the connector
+        assert gated.params["gate_coverage"] == 0.8 and gated.cache_salt != req.cache_salt
+        with pytest.raises(BadRequest, match="gate-coverage"):
+            rag.options({"gate_coverage": 2})
     finally:
         rag.close()
 
