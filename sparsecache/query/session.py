@@ -211,7 +211,8 @@ class Session:
         self._warn_if_too_long(p.context_tokens + len(q_ids) + max_new_tokens)
         cfg = p.config
         out = cfg.spec.prefilled(self.context(), ids, q_ids, cfg, watch)
-        escalated = cfg.gate_margin is not None and margin(out.logits) < cfg.gate_margin  # never on full: QueryConfig refuses it
+        # the confidence gate (never on `full`: QueryConfig refuses it there)
+        escalated = cfg.gate_margin is not None and margin(out.logits) < cfg.gate_margin
         if escalated:  # the confidence gate: the blended context is unsure of its first token; prefill instead
             out = methods.get("full").prefilled(self.context(), out.context_ids, q_ids, QueryConfig("full"), watch)
         with watch.step("first_token"):
