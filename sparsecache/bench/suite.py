@@ -266,7 +266,8 @@ def _suite_session(work, settings: dict, make, device, corpus=None, config=None)
 def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=None):
     """A Session over the suite in `work` encoded with the learned wrapper `wrapper` (a directory
     or 'shipped') into work/store-wrapped, beside `session`'s plain store, with its model,
-    dictionary and settings; incremental like the plain store (another wrapper there is refused)."""
+    dictionary and settings; incremental like the plain store (another wrapper there is refused). An
+    existing wrapped store keeps what its chunks were encoded after (`StoreConfig.encode_after`)."""
     from dataclasses import replace
 
     from ..ingest.config import EncodeOptions
@@ -274,9 +275,14 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=N
     from ..query.session import Session
     from ..wrapper.apply import load_wrapper
 
+    from ..store import config_for
+
     w = load_wrapper(wrapper, session.model.fingerprint())
+    # what its chunks were encoded after is the store's own: one encoded with `encode-corpus --encode-after`
+    # into the workdir is measured as it is
+    after = config_for(work / "store-wrapped").encode_after
     encode_with(corpus or [str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary,
-                session.model, replace(session.store.config, wrapper=w.digest()),
+                session.model, replace(session.store.config, wrapper=w.digest(), encode_after=after),
                 EncodeOptions(device=device, progress=False), embedder=embedder, wrapper=w)
     return Session(work / "store-wrapped", session.model, device)
 

@@ -33,6 +33,12 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--anchor", default=None, help="Text every chunk is encoded after (after the prefix), its K/V not "
               "kept: chunks then carry context a query's layout would not give them (Star Attention's anchor "
               "block; fixed when the store is created).  [default: none]")
+@click.option("--encode-after", metavar="[prefix|document|neighbours]", default=None,
+              help="What each chunk reads before itself when encoded, its K/V not kept (so the bytes per token do not "
+              "change): prefix (nothing, as a query lays chunks out), document (the chunk before it in its document) "
+              "or neighbours (its nearest chunk of another document by the store's embedder; a chunk keeps its K/V "
+              "until its own document changes). Each chunk records what it read. Fixed when the store is created; "
+              "one machine only (no --workers).  [default: prefix]")
 @click.option("--wrapper", "wrapper", default=None,
               help="A learned chunk wrapper: a `learn-wrapper` directory, 'shipped' (the one shipped for --model) or "
               "'none'. Every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays out "
@@ -81,7 +87,7 @@ def encode_corpus_cmd(corpus, store, model_path, as_json, recalibrate, **options
     kill at any point: a rerun resumes where it stopped, and readers only ever see
     published versions.
 
-    The dictionary, chunking, prefix, anchor, wrapper, embedder, compressor and code formats are fixed when
+    The dictionary, chunking, prefix, anchor, encode-after, wrapper, embedder, compressor and code formats are fixed when
     a store is created: an existing store keeps its own, and an option that contradicts
     them is refused.
 

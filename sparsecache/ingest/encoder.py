@@ -28,8 +28,10 @@ from ..kvstore.index import Embedder, FaissIndexer
 from ..model.kvmodel import KVModel, chunk_context_ids, extract_kv, prefix_ids, use_soft_tokens
 from ..stopwatch import Stopwatch
 from ..store import StoreConfig, Writer
+from ..store.layout import AFTER
 from ..text.corpus import Chunk, Source, chunks, scan
 from ..wrapper.apply import Wrapper, store_wrapping
+from .after import After, plan_neighbours
 from .batch import code_batch
 from .config import EncodeOptions
 
@@ -64,6 +66,7 @@ class Work:
     deleted: list[str]
     counts: dict
     resume_open: dict | None  # a document a crashed run was in the middle of: {id, hash, first, count, ...}
+    neighbours: dict = field(default_factory=dict)  # a neighbours store's: chunk id -> (neighbour id, its tokens)
 
 
 @dataclass
@@ -185,6 +188,9 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
     options = replace(options, device=str(device))
     adapt = AdaptConfig(steps=options.adapt_steps) if options.adapt_steps else None
     progress = options.progress
+    if config.encode_after != "prefix" and (options.workers or options.ray_address):
+        raise ConfigError(f"a store encoded after {config.encode_after} is encoded on one machine for now: "
+                          "leave out --workers and --ray-address")
     if config.wrapper and wrapper is not None and wrapper.digest() != config.wrapper:
         raise ConfigError(f"the wrapper given is {wrapper.digest()}, the config names {config.wrapper}")
     t_start = time.perf_counter()
@@ -205,13 +211,18 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
             if config.wrapper and wrapper is None:
                 raise ConfigError(f"a new store with wrapper {config.wrapper} needs the wrapper itself (--wrapper DIR)")
             _create(w, config, dictionary, load(), embedder or Embedder(config.embedder, device), wrapper)
-        work = _work(w, sources, options.delete_missing)
+        # a neighbours store never continues a document inside: its first chunks may have other neighbours now
+        work = _work(w, sources, options.delete_missing, resume_open=config.encode_after != "neighbours")
         report = EncodeReport(str(store), w.base.version, False, work.counts)
         if not work.sources and not w.done and not work.deleted:
             report.message = (f"unchanged: {len(sources)} documents match version {w.base.version}; "
                               "nothing to encode, no new version")
         else:
             model = load()
+            if config.encode_after == "neighbours":
+                embedder = embedder or Embedder(config.embedder, device)
+                with timer.step("neighbours"):
+                    _plan_neighbours(w, work, sources, model, config, embedder)
             run = EncodeRun(w, work, model, config, options, report, timer)
             if options.workers or options.ray_address:
                 from .distributed import encode_distributed
@@ -305,7 +316,22 @@ def _create(w: Writer, config: StoreConfig, dictionary: Dictionary, model: KVMod
              FaissIndexer(), None if soft is None else soft.numpy())
 
 
-def _work(w: Writer, sources: list[Source], delete_missing: bool) -> Work:
+def _plan_neighbours(w: Writer, work: Work, sources: list[Source], model: KVModel, config: StoreConfig,
+                     embedder: Embedder) -> None:
+    """A neighbours store's run (`after.plan_neighbours`): each chunk's neighbour among what the store will
+    hold, and the held documents whose neighbours changed added to `work` to be encoded again."""
+    encoded = {s.id for s in work.sources}
+    held = {d: {"first": e["first"], "count": e["count"]} for d, e in {**dict(w.base.documents.items()), **w.done}.items()
+            if d not in encoded and d not in set(work.deleted)}
+    plan = plan_neighbours(w.group, held, work.sources, {s.id: s for s in sources}, model.tokenizer,
+                           config.chunk_tokens, embedder)
+    work.neighbours = plan.neighbour
+    if plan.refresh:
+        work.sources = sorted(work.sources + plan.refresh, key=lambda s: s.id)
+        work.counts["refreshed"] = len(plan.refresh)
+
+
+def _work(w: Writer, sources: list[Source], delete_missing: bool, resume_open: bool = True) -> Work:
     """What to encode, given the last version and what a crashed run already wrote.
 
     A document a crashed run was in the middle of is continued first, whatever documents
@@ -318,11 +344,11 @@ def _work(w: Writer, sources: list[Source], delete_missing: bool) -> Work:
     held.update({k: d["hash"] for k, d in done.items()})  # what the store holds once the crashed run's work counts
     work = [s for s in sources if held.get(s.id) != s.hash]
     by_id = {s.id: s for s in work}
-    if open_doc and by_id.get(open_doc["id"], None) and by_id[open_doc["id"]].hash == open_doc["hash"]:
+    if resume_open and open_doc and by_id.get(open_doc["id"], None) and by_id[open_doc["id"]].hash == open_doc["hash"]:
         w.rewind(open_doc["token_offset"] + open_doc["tokens"], open_doc["first"] + open_doc["count"])
         work = [by_id[open_doc["id"]]] + [s for s in work if s.id != open_doc["id"]]
     else:
-        open_doc = None  # it changed or went away since: its rows are dropped (reused)
+        open_doc = None  # it changed or went away since (or is not to be resumed): its rows are dropped (reused)
     ids = {s.id for s in sources}
     deleted = sorted({d for d in (*base, *done) if d not in ids}) if delete_missing else []
     counts = {"new": sum(s.id not in held for s in work), "changed": sum(s.id in held for s in work),
@@ -336,6 +362,7 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
     batch_tokens, progress = run.options.batch_tokens, run.options.progress
     header, trailer = store_wrapping(w.backend, model)
     prefix = chunk_context_ids(model, run.config.prefix, run.config.anchor) + header
+    after = _after(run, header, trailer)
     size = BarSize(work.sources)
     bar = tqdm(total=size.total(0), unit="tok", unit_scale=True, desc="encode", disable=not progress,
                dynamic_ncols=True)
@@ -347,10 +374,11 @@ def _encode_work(run: EncodeRun, codec: Codec, embedder: Embedder) -> None:
         skip[o["id"]] = o["count"]
     end = (w.finished_tokens, w.finished_chunks)  # extents after the last finished document
     hashes = {s.id: s.hash for s in work.sources}
-    for batch, finished in _batches(work.sources, model.tokenizer, run.config.chunk_tokens, batch_tokens, skip, timer):
+    for batch, finished in _batches(work.sources, model.tokenizer, run.config.chunk_tokens, batch_tokens, skip, timer,
+                                    after.saw):
         if batch:
             wrapped = [replace(c, token_ids=tuple(c.token_ids) + trailer) for c in batch] if trailer else batch
-            _encode_batch(run, wrapped, open_docs, codec, embedder, prefix, bar)
+            _encode_batch(run, wrapped, open_docs, codec, embedder, prefix, bar, after)
             report.chunks += len(batch)
             report.tokens += sum(len(c.token_ids) for c in batch)
         done = {}
@@ -398,10 +426,16 @@ def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
     return z, z.clone()
 
 
+def _after(run: EncodeRun, header: list[int], trailer: tuple[int, ...]) -> After:
+    """What each chunk of the run is encoded after (`after.py`; a neighbours store's, planned already)."""
+    return After(run.config.encode_after, tuple(header), tuple(trailer), dict(run.work.neighbours))
+
+
 def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int, skip: dict[str, int],
-             timer: Stopwatch):
+             timer: Stopwatch, saw: Callable[[Chunk], None] = lambda c: None):
     """(chunks, sources finished since the last batch) pairs, a batch closing once it holds
-    `batch_tokens`. The first `skip[id]` chunks of a document are already stored (resume)."""
+    `batch_tokens`. The first `skip[id]` chunks of a document are already stored (resume); `saw` is
+    told of every chunk, in order, those skipped too."""
     batch: list[Chunk] = []
     finished: list[Source] = []
     ntok = 0
@@ -412,6 +446,7 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
                 c = next(it, None)
             if c is None:
                 break
+            saw(c)
             if c.ordinal < skip.get(src.id, 0):
                 continue
             batch.append(c)
@@ -425,7 +460,7 @@ def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int
 
 
 def _encode_batch(run: EncodeRun, batch: list[Chunk], open_docs: dict[str, dict], codec: Codec, embedder: Embedder,
-                  prefix: list[int], bar) -> None:
+                  prefix: list[int], bar, after: After) -> None:
     w, timer = run.writer, run.timer
 
     def step(name):  # the bar says what the batch is doing: a CPU batch takes ~1.5 min
@@ -439,14 +474,17 @@ def _encode_batch(run: EncodeRun, batch: list[Chunk], open_docs: dict[str, dict]
         bar.update(n)
         moved += n
 
-    k_codes, v_codes = code_batch(run.model, codec, [list(c.token_ids) for c in batch], prefix,
+    read = [after.context(c) for c in batch] if after.active else None
+    before = prefix if read is None else [prefix + r[0] for r in read]
+    k_codes, v_codes = code_batch(run.model, codec, [list(c.token_ids) for c in batch], before,
                                   run.options.batch_tokens, step, on_tokens, run.report.forward_dtype)
     with step("embed"):
         emb = embedder.embed([c.text for c in batch])
     with step("write"):
         tokens = np.concatenate([np.asarray(c.token_ids, np.int32) for c in batch])
         row0, tok0 = w.chunks, w.tokens
-        w.append([c.row() for c in batch], tokens, k_codes, v_codes, emb)
+        rows = [c.row() for c in batch] if read is None else [{**c.row(), AFTER: r[1]} for c, r in zip(batch, read)]
+        w.append(rows, tokens, k_codes, v_codes, emb)
         for i, c in enumerate(batch):
             d = open_docs.setdefault(c.doc_id, {"first": row0 + i, "count": 0, "tokens": 0, "token_offset": tok0})
             d["count"] += 1

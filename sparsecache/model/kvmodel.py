@@ -343,41 +343,46 @@ def kv_taps(model: KVModel):
 
 @torch.inference_mode()
 def extract_kv(model: KVModel, chunks: list[list[int]], prefix_ids: list[int] = (),
-               batch_tokens: int = 16384, forward_dtype: str = "float32") -> list[tuple[torch.Tensor, torch.Tensor]]:
+               batch_tokens: int = 16384, forward_dtype: str = "float32",
+               contexts: list[list[int]] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Pre-RoPE keys and values of each chunk, computed after the shared prefix.
 
     Returns one (keys, values) pair per chunk, each [n_layers, T_chunk, m] float32 on the
     model's device; the prefix's own K/V is excluded. Chunks are right-padded into batches
     (causal attention keeps real tokens blind to the padding), and the prefix is run with
     each chunk so every chunk sees exactly the context it will be placed after.
+    `contexts[i]` (optional) are tokens chunk i reads between the prefix and itself, whose K/V is
+    not returned either (a store encoded after each chunk's neighbours: `ingest/after.py`).
     `forward_dtype` "bfloat16" runs the forward under bfloat16 autocast (the encode's
     `--forward-dtype`, resolved by `dtypes.forward_dtype`); the K/V returned are float32 either way.
     """
     prefix = list(prefix_ids)
+    before = [prefix + list(c) for c in contexts] if contexts is not None else [prefix] * len(chunks)
     out: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(chunks)  # type: ignore[list-item]
-    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))  # less padding
+    widths = [len(b) + len(c) for b, c in zip(before, chunks)]
+    order = sorted(range(len(chunks)), key=lambda i: widths[i])  # less padding
     pad = model.tokenizer.pad_token_id or 0
     autocast = torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=forward_dtype == "bfloat16")
     with kv_taps(model) as taps, autocast:
-        for batch in _batches(order, chunks, len(prefix), batch_tokens):
-            width = len(prefix) + max(len(chunks[i]) for i in batch)
+        for batch in _batches(order, widths, batch_tokens):
+            width = max(widths[i] for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             for row, i in enumerate(batch):
-                seq = prefix + list(chunks[i])
+                seq = before[i] + list(chunks[i])
                 ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             model.hf.model(**model_inputs(model, ids.to(model.device)), use_cache=False)
             k = torch.stack([taps["k", l] for l in range(model.n_layers)], 1)  # (B, L, W, m)
             v = torch.stack([taps["v", l] for l in range(model.n_layers)], 1)  # (B, L, W, m)
             for row, i in enumerate(batch):
-                span = slice(len(prefix), len(prefix) + len(chunks[i]))
+                span = slice(len(before[i]), widths[i])
                 out[i] = (k[row, :, span].float(), v[row, :, span].float())
     return out
 
 
-def _batches(order: list[int], chunks, prefix_len: int, batch_tokens: int):
+def _batches(order: list[int], widths: list[int], batch_tokens: int):
     batch: list[int] = []
     for i in order:
-        width = prefix_len + len(chunks[i])  # sorted ascending, so this is the batch max
+        width = widths[i]  # sorted ascending, so this is the batch max
         if batch and (len(batch) + 1) * width > batch_tokens:
             yield batch
             batch = []

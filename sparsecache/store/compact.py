@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..codec.config import DictConfig
 from ..errors import ConfigError
 from ..failpoints import failpoint
-from .layout import CODE_ARRAYS, TABLE_STR, Indexer, create_generation, now, put, store_config
+from .layout import CODE_ARRAYS, Indexer, create_generation, now, put, store_config, text_columns
 from .reader import Store
 from .versions import Manifest, read_manifest
 from .writer import Writer
@@ -25,7 +25,8 @@ def compact(where, indexer: Indexer, keep: int = 2) -> Manifest:
         create_generation(b, name, store_config(attrs), DictConfig(**attrs["dictionary_config"]),
                           attrs["model"]["layers"], attrs["embed_dim"])
         w.write_into(base, name)
-        table = {col: old.column(col) for col in (*TABLE_STR, "ordinal", "token_length", "embeddings")}
+        columns = (*text_columns(old.group), "ordinal", "token_length")
+        table = {col: old.column(col) for col in (*columns, "embeddings")}
         docs, tok, row = {}, 0, 0
         for doc_id, d in base.documents.by_first():
             rows = slice(d["first"], d["first"] + d["count"])
@@ -34,7 +35,7 @@ def compact(where, indexer: Indexer, keep: int = 2) -> Manifest:
             put(w.group["tokens"], old.array("tokens")[span], tok, axis=0)
             for a in CODE_ARRAYS:
                 put(w.group[a], old.array(a)[:, span], tok, axis=1)
-            chunk_rows = [{col: table[col][r] for col in (*TABLE_STR, "ordinal", "token_length")}
+            chunk_rows = [{col: table[col][r] for col in columns}
                           for r in range(rows.start, rows.stop)]
             w.write_rows(row, tok, chunk_rows, table["embeddings"][rows])
             docs[doc_id] = {**d, "first": row, "token_offset": tok}

@@ -27,6 +27,9 @@ CODE_ARRAYS = ("k_indices", "k_coefficients", "v_indices", "v_coefficients")
 TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
 TABLE_INT = {"ordinal": "int32", "token_offset": "int64", "token_length": "int32"}
 COMPRESSORS = ("none", "zstd")
+ENCODE_AFTER = ("prefix", "document", "neighbours")  # StoreConfig.encode_after
+AFTER = "after"  # the text column of a store encoded after something: the chunk ids each chunk read, comma-separated
+TEXT_COLUMNS = (*TABLE_STR, AFTER)  # every text column a store may have
 ROWS_PER_CHUNK = 4096  # chunk-table and embedding rows per Zarr chunk
 UTF8_CHUNK_BYTES = 1 << 16  # ~30 chunks of text; a larger chunk is rewritten whole on every append
 MARKER = ".sparsecache-store"
@@ -52,6 +55,11 @@ class StoreConfig:
     # a learned chunk wrapper's digest (`wrapper.Wrapper.digest`): every chunk encoded as
     # prefix | header | chunk | trailer, the soft tokens kept in the prefix group; None: no wrapper
     wrapper: str | None = None
+    # what each chunk reads between the prefix and itself when encoded (its K/V not kept; #94):
+    # "prefix" nothing, as a query lays chunks out; "document" the chunk before it in its own document;
+    # "neighbours" its nearest chunk of another document by the store's embedder (`ingest/after.py`).
+    # A store encoded after something records what, per chunk (the chunk table's `after` column).
+    encode_after: str = "prefix"
 
     def __post_init__(self):
         if not 16 <= self.chunk_tokens <= 8192:
@@ -64,6 +72,8 @@ class StoreConfig:
             raise ConfigError("zarr_chunk_tokens must be positive")
         if self.compressor not in COMPRESSORS:
             raise ConfigError(f"compressor must be one of {', '.join(COMPRESSORS)}")
+        if self.encode_after not in ENCODE_AFTER:
+            raise ConfigError(f"encode-after must be one of {', '.join(ENCODE_AFTER)}, got {self.encode_after!r}")
         if self.wrapper and self.anchor:
             raise ConfigError("a store has a wrapper or an anchor, not both")
 
@@ -160,7 +170,7 @@ def create_generation(backend: Backend, name: str, config: StoreConfig, dictiona
                        dtype=STORAGE_DTYPES[config.coef_dtype], fill_value=0x7F if fp8 else float("nan"),
                        compressors=comp, attributes=FLOAT8_ATTRS if fp8 else None)
     g.create_array("tokens", shape=(0,), chunks=(zt,), dtype="int32", fill_value=-1, compressors=compressors("none"))
-    for col in TABLE_STR:
+    for col in table_strings(config):
         g.create_array(f"{col}_utf8", shape=(0,), chunks=(UTF8_CHUNK_BYTES,), dtype="uint8", fill_value=0,
                        compressors=compressors("zstd"))
         g.create_array(f"{col}_ends", shape=(0,), chunks=(ROWS_PER_CHUNK,), dtype="int64", fill_value=-1,
@@ -170,6 +180,17 @@ def create_generation(backend: Backend, name: str, config: StoreConfig, dictiona
                        compressors=compressors("zstd"))
     g.create_array("embeddings", shape=(0, embed_dim), chunks=(ROWS_PER_CHUNK // 4, embed_dim),
                    dtype="float32", fill_value=0.0, compressors=compressors("zstd"))
+
+
+def table_strings(config: StoreConfig) -> tuple[str, ...]:
+    """The chunk table's text columns in a store of `config`: TABLE_STR, and AFTER where chunks are
+    encoded after something."""
+    return TABLE_STR + ((AFTER,) if config.encode_after != "prefix" else ())
+
+
+def text_columns(group) -> tuple[str, ...]:
+    """The text columns generation `group` holds (`table_strings` of the config it was laid out for)."""
+    return TABLE_STR + ((AFTER,) if f"{AFTER}_ends" in group else ())
 
 
 def put(arr, data: np.ndarray, at: int, axis: int) -> None:
@@ -225,13 +246,13 @@ def read_rows(fetch, names: list[str], rows, legacy: bool) -> dict[str, list]:
     all columns at once: two rounds of `fetch` ([(array name, positions)] → [values], as
     `zarr_points`): the integer columns and the text columns' ends, then the text bytes."""
     rows = np.asarray(rows, np.int64)
-    text = [n for n in names if n in TABLE_STR]
-    first = [(n, rows) for n in names if n not in TABLE_STR or legacy]
+    text = [n for n in names if n in TEXT_COLUMNS]
+    first = [(n, rows) for n in names if n not in TEXT_COLUMNS or legacy]
     need = np.unique(np.concatenate([rows, rows - 1]))
     need = need[need >= 0]
     first += [(f"{n}_ends", need) for n in text if not legacy]
     got = dict(zip([a for a, _ in first], fetch(first) if len(rows) else [np.zeros(0)] * len(first)))
-    out = {n: got[n].tolist() for n in names if n not in TABLE_STR}
+    out = {n: got[n].tolist() for n in names if n not in TEXT_COLUMNS}
     if legacy:
         out.update({n: [str(v) for v in got[n]] for n in text})
         return out

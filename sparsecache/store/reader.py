@@ -20,7 +20,7 @@ from ..model.fingerprint import check_same_model
 from .backend import Backend, open_backend
 from .calibration import read_calibration
 from .context_layout import ContextLayout
-from .layout import (CODE_ARRAYS, TABLE_STR, legacy_strings, open_group, read_rows, read_strings, root_attrs,
+from .layout import (CODE_ARRAYS, TEXT_COLUMNS, legacy_strings, open_group, read_rows, read_strings, root_attrs,
                      store_config, text_arrays, zarr_points)
 from .versions import READ_ATTEMPTS, Manifest, manifest_key, read_manifest, versions
 
@@ -346,7 +346,7 @@ class Store:
         Zarr chunk raises StoreCorrupt naming its file."""
         n = self.manifest.chunks
         try:
-            if name in TABLE_STR:
+            if name in TEXT_COLUMNS:
                 return read_strings(self.group, name, n, self.legacy_strings)
             return self.group[name][:n]
         except (ValueError, RuntimeError, OSError) as e:
@@ -377,7 +377,7 @@ class Store:
 
     def _arrays_of(self, column: str) -> tuple[str, ...]:
         """The Zarr arrays holding a chunk-table column."""
-        return text_arrays(column, self.legacy_strings) if column in TABLE_STR else (column,)
+        return text_arrays(column, self.legacy_strings) if column in TEXT_COLUMNS else (column,)
 
     def column_files(self, columns) -> list:
         """The local files holding chunk-table `columns` of this version's generation (a text

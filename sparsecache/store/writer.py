@@ -25,9 +25,9 @@ from ..model.fingerprint import check_same_model
 from .backend import Backend, open_backend
 from .calibration import FOLDER as CALIBRATION
 from .calibration import read_calibration, write_calibration
-from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, TABLE_STR, DictionaryCopy, Indexer,
+from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, DictionaryCopy, Indexer,
                      StoreConfig, compressors, create_generation, legacy_strings, now, open_group, put, root_attrs,
-                     store_config, write_strings)
+                     store_config, text_columns, write_strings)
 from .versions import Manifest, manifest_key, publish, read_manifest, versions, writer_lock
 
 PENDING = "pending.json"
@@ -183,7 +183,8 @@ class Writer:
         if model_fp:
             check_same_model(model_fp, a["model"], str(self.backend))
         stored = store_config(a)
-        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder", "anchor", "wrapper"):
+        for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder", "anchor", "wrapper",
+                    "encode_after"):
             if getattr(stored, key) != getattr(config, key):
                 raise ConfigError(f"{self.backend} was built with {key}={getattr(stored, key)!r}; "
                                   f"got {getattr(config, key)!r} (use a new store to change it)")
@@ -212,6 +213,7 @@ class Writer:
         self.base = base
         self.group = open_group(self.backend, f"data/{generation or base.generation}", mode="r+")
         self.legacy = legacy_strings(self.group)
+        self.text_columns = text_columns(self.group)
         self._text_end: dict[str, tuple[int, int]] = {}  # column → (next row, its first byte)
 
     def pending(self) -> dict | None:
@@ -244,9 +246,9 @@ class Writer:
         # where each text column's bytes end after the rows this writer wrote last: saves a read
         # per column per batch; any other row0 (a rewind, a resumed run) reads it from the array
         known, ends = self._text_end, {}
-        for col in TABLE_STR:
+        for col in self.text_columns:
             start = known[col][1] if col in known and known[col][0] == row0 else None
-            ends[col] = (row0 + len(chunk_rows), write_strings(self.group, col, [r[col] for r in chunk_rows], row0,
+            ends[col] = (row0 + len(chunk_rows), write_strings(self.group, col, [r.get(col, "") for r in chunk_rows], row0,
                                                               self.legacy, start))
         self._text_end = ends
         for col, dtype in TABLE_INT.items():

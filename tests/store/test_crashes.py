@@ -175,6 +175,34 @@ def test_random_history_long(encode, tmp_path, seed):
     run_history(encode, seed, tmp_path, steps=6)
 
 
+@pytest.mark.parametrize("mode,seed", [(m, s) if s < 1 else pytest.param(m, s, marks=pytest.mark.long)
+                                       for m in ("document", "neighbours") for s in range(40)])
+def test_random_history_of_a_store_encoded_after(tiny_model, tiny_dictionary, tmp_path, mode, seed, _no_fsync):
+    """The same property where chunks are encoded after the chunk before them or their nearest neighbour
+    (#94 item 2): a neighbours store re-encodes the documents whose neighbours changed, so it too ends as a
+    fresh build of the final corpus, what each chunk read included."""
+    from dataclasses import replace
+
+    from support.crashes import HISTORY_BATCH_TOKENS, HISTORY_CONFIG
+
+    from sparsecache.store import Store
+
+    config, fake = replace(HISTORY_CONFIG, encode_after=mode), FakeEmbedder()
+
+    def encode(corpus: Path, store: Path):
+        return encode_with([str(corpus)], str(store), tiny_dictionary, tiny_model, config,
+                           EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3,
+                                         progress=False), embedder=fake)
+
+    def read(store: Path) -> dict:
+        s = Store.open(store)
+        rows = s.manifest.live_rows()
+        return dict(zip(s.column("chunk_id")[rows].tolist(), s.column("after")[rows].tolist()))
+
+    run_history(encode, seed, tmp_path)
+    assert read(tmp_path / "store") == read(tmp_path / "fresh")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.long)])  # the tiny-model histories above vary more
 def test_random_history_on_the_default_model(default_model, tmp_path, seed, _no_fsync):

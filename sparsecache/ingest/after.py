@@ -1,0 +1,138 @@
+"""What each chunk is encoded after (`StoreConfig.encode_after`, #94): context its K/V has seen.
+
+A query lays retrieved chunks out one after another, but each chunk's K/V was computed after the
+prefix alone, so no chunk has read another: that is what the blend's recomputation pays for. A store
+is built offline, so it can spend encode time here instead. With `encode_after`:
+
+- `prefix`: nothing between the prefix (and a wrapped store's header) and the chunk; what a query lays out.
+- `document`: the chunk before it in its own document (none for a document's first chunk).
+- `neighbours`: its nearest chunk of another document by the store's own embedder (FusionRAG's idea).
+
+The context's K/V is not kept: the chunk's own K/V is coded, so the bytes per token do not change. Each
+chunk records the ids of what it read in the chunk table's `after` column. The context sits where a
+query would put it: `prefix | header context trailer | header chunk trailer`.
+
+The nightly job (the rule `docs/reference/store-format.md` states): a chunk is re-encoded only when its
+own document changes. Its neighbours are chosen from what the store will hold once the run publishes:
+the previous version's live chunks of documents this run does not change or delete, and every chunk of
+the documents new or changed since that version. So a chunk keeps its K/V when its neighbour later
+changes or goes away, and a store of this form is a function of its corpus *history*: a fresh build is
+the same sequence of corpus versions replayed. A run that crashes and resumes chooses the same
+neighbours (the same previous version, the same corpus) and writes the same store as a run never
+interrupted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..text.corpus import Chunk, Source, chunks
+
+SEARCH = 32  # nearest candidates looked at for one of another document (the rest are the chunk's own)
+
+
+@dataclass
+class After:
+    """Per chunk of a run: the token ids it reads before itself and the ids of the chunks they are."""
+
+    mode: str  # StoreConfig.encode_after
+    header: tuple[int, ...] = ()  # a wrapped store's header: the encode's prefix ends with it, and the chunk
+    trailer: tuple[int, ...] = ()  # follows its context as a query lays them: context trailer header chunk
+    neighbour: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # chunk id -> (id, tokens)
+    _previous: dict[str, Chunk] = field(default_factory=dict)  # document mode: the chunk before, by chunk id
+    _last: Chunk | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "prefix"
+
+    def saw(self, chunk: Chunk) -> None:
+        """`chunk` came out of its document (every chunk in order, those a resumed run skips too)."""
+        if self.mode == "document":
+            if self._last is not None and self._last.doc_id == chunk.doc_id and chunk.ordinal:
+                self._previous[chunk.id] = self._last
+            self._last = chunk
+
+    def context(self, chunk: Chunk) -> tuple[list[int], str]:
+        """(token ids between the prefix and `chunk`'s header, the ids of the chunks they hold, comma-separated)."""
+        if self.mode == "document":
+            prev = self._previous.pop(chunk.id, None)
+            read = (prev.id, tuple(t for t in prev.token_ids if t >= 0)) if prev is not None else None
+        elif self.mode == "neighbours":
+            read = self.neighbour.get(chunk.id)
+        else:
+            read = None
+        if read is None:
+            return [], ""
+        return [*read[1], *self.trailer, *self.header], read[0]
+
+
+@dataclass
+class Plan:
+    """A neighbours store's run, planned before any chunk is encoded."""
+
+    neighbour: dict[str, tuple[str, tuple[int, ...]]]  # chunk id -> (its neighbour's id, the neighbour's text ids)
+    refresh: list[Source]  # documents the store holds unchanged whose chunks' neighbours changed: encoded again
+
+
+def plan_neighbours(group, held: dict[str, dict], work: list[Source], corpus: dict[str, Source], tokenizer,
+                    chunk_tokens: int, embedder) -> Plan:
+    """Every chunk the store will hold once the run publishes, and each one's nearest chunk of another
+    document among them by `embedder` (inner product of unit vectors; a tie to the lower chunk id, so that
+    the choice does not depend on the order the chunks came in).
+
+    `group`: the generation the store writes into; `held`: the documents that stay as they are, id ->
+    {first, count} of their rows there (the last version's and a crashed run's, less what this run
+    deletes or encodes); `work`: the documents this run encodes (chunked and embedded here); `corpus`:
+    the corpus's documents by id, so that a held document whose chunks' recorded neighbours (the `after`
+    column) are no longer their nearest is encoded again (`Plan.refresh`). A held document the corpus no
+    longer has (kept without --delete-missing) keeps its K/V."""
+    import faiss
+
+    from ..store.layout import AFTER, legacy_strings, read_strings
+
+    new = [c for s in work for c in chunks(s, tokenizer, chunk_tokens)]
+    ids, docs, tokens = [c.id for c in new], [c.doc_id for c in new], [c.token_ids for c in new]
+    vectors = [embedder.embed([c.text for c in new]) if new else np.zeros((0, embedder.dim), np.float32)]
+    rows = np.sort(np.concatenate([np.arange(d["first"], d["first"] + d["count"]) for d in held.values()]
+                                  + [np.zeros(0, np.int64)])).astype(np.int64)
+    recorded = []
+    if len(rows):
+        n = int(rows[-1]) + 1
+        legacy = legacy_strings(group)
+        column = {c: read_strings(group, c, n, legacy)[rows] for c in ("chunk_id", "doc_id", AFTER)}
+        stored = np.asarray(group["tokens"][:])
+        starts, lengths = group["token_offset"][:n][rows], group["token_length"][:n][rows]
+        ids += [str(x) for x in column["chunk_id"]]
+        docs += [str(x) for x in column["doc_id"]]
+        tokens += [tuple(int(t) for t in stored[a:a + k] if t >= 0) for a, k in zip(starts, lengths)]
+        vectors.append(np.asarray(group["embeddings"][:n][rows], dtype=np.float32))
+        recorded = [str(x) for x in column[AFTER]]
+    if not ids:
+        return Plan({}, [])
+    pool = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
+    index = faiss.IndexFlatIP(pool.shape[1])
+    index.add(pool)
+    scores, found = index.search(pool, min(SEARCH, len(pool)))
+    nearest = [_nearest(i, row, score, docs, ids) for i, (row, score) in enumerate(zip(found, scores))]
+    out = {ids[i]: (ids[j], tuple(tokens[j])) for i, j in enumerate(nearest[: len(new)]) if j is not None}
+    stale = {docs[len(new) + r] for r, was in enumerate(recorded)
+             if was != ("" if nearest[len(new) + r] is None else ids[nearest[len(new) + r]])}
+    refresh = [corpus[d] for d in sorted(stale) if d in corpus]
+    if refresh:  # encoded again: their chunks' neighbours come from the same pool
+        again = {c.id for s in refresh for c in chunks(s, tokenizer, chunk_tokens)}
+        out.update({ids[i]: (ids[j], tuple(tokens[j])) for i, j in enumerate(nearest)
+                    if j is not None and ids[i] in again})
+    return Plan(out, refresh)
+
+
+def _nearest(i: int, row: np.ndarray, score: np.ndarray, docs: list[str], ids: list[str]) -> int | None:
+    """The best of `row` (pool positions, best first, with their `score`) from another document than
+    position i's; among equal scores the lowest chunk id."""
+    other = [(float(sc), j) for j, sc in zip(row.tolist(), score.tolist()) if j >= 0 and docs[j] != docs[i]]
+    if not other:
+        return None
+    best = other[0][0]
+    return min((j for sc, j in other if sc == best), key=lambda j: ids[j])
