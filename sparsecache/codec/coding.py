@@ -6,7 +6,8 @@ order (b = ceil(log2 atoms), the paper's layout) or, since a code's atoms are a 
 and Elias–Fano coded (~10 instead of 13 bits per index at s = 32; coefficients follow
 their atoms). Decode is unpack + gather + weighted sum: on a CPU one compiled kernel over
 cache-sized fp16 tiles of the atoms (`_decode_cpu`), on other devices `embedding_bag`, or
-(`Codec.gpu_decode = "dense"`) a matrix product of the codes scattered dense with the atoms.
+(`Codec.gpu_decode`) a matrix product of the codes scattered dense with the atoms, a sparse (CSR)
+product, or a fused Triton kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..errors import ConfigError
 from .bitpack import ef_low_bits, pack_rows, pack_sorted_rows, unpack_rows_torch, unpack_sorted_rows_torch
 from .codes import COEF_DTYPE_NAMES, INDEX_CODINGS, Codes, index_row_bytes
 from .dictionary import Dictionary
-from .omp import Screening, batch_omp, gram, reconstruct, reconstruct_dense
+from .omp import Screening, batch_omp, gram, reconstruct, reconstruct_csr, reconstruct_dense
 from .signals import from_signals, to_signals
 
 COEF_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float8": torch.float8_e4m3fn}
@@ -29,11 +30,13 @@ assert tuple(COEF_DTYPES) == COEF_DTYPE_NAMES
 # Coefficient formats `bench quality` compares; bytes per signal for s coefficients.
 COEF_FORMATS = {"float16": lambda s: 2 * s, "float8": lambda s: s, "int8": lambda s: s + 2}
 GRAPH_MAX_DIM = 384  # signal sizes up to L2 of a 3-head×64 model; see Codec.encode
-# How a GPU decodes (`omp.reconstruct_dense`): "gather" (embedding_bag: s atom rows per signal) or
-# "dense" (the codes scattered into a dense fp16 matrix, times the atoms). Dense is the candidate
-# for large models, whose atoms do not fit a GPU's cache (#82 item 4: the 8B shape's decode ran
-# at 0.5% of an H100's bandwidth); `bench ttft --shape` times both on a GPU. Gather until measured.
-GPU_DECODES = ("gather", "dense")
+# How a device other than the CPU decodes: "gather" (embedding_bag: s float32 atom rows per signal), "dense"
+# (`omp.reconstruct_dense`: the codes scattered into a dense fp16 matrix, times the atoms), "csr"
+# (`omp.reconstruct_csr`: the codes as a sparse CSR matrix times the atoms) or "triton" (`_decode_triton`:
+# one fused kernel reading each code's fp16 atom slices from cache). The last three are candidates for large
+# models, whose float32 atoms do not fit a GPU's cache (#82 item 4: the 8B shape's gather ran at 0.5% of an
+# H100's bandwidth); `bench ttft --shape` times every one on a GPU (#95). Gather until measured there.
+GPU_DECODES = ("gather", "dense", "csr", "triton")
 
 
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +161,18 @@ class Codec:
         G, T = shape
         if device.type == "cpu" and self.cpu_kernel:
             return self._reconstruct_cpu(idx, coef, shape, kind, groups)
-        if self.gpu_decode == "dense":
+        if self.gpu_decode in ("csr", "triton"):
+            table = self.table_on(kind, device)
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[0]):
+                # neither checks its reads (embedding_bag raises here)
+                raise ValueError(f"atom index out of range [0, {table.shape[0]}): damaged codes")
+            if self.gpu_decode == "csr":  # a CPU's sparse product has no fp16 kernel
+                sig = reconstruct_csr(idx, coef, table if device.type != "cpu" else table.float())
+            else:
+                from ._decode_triton import reconstruct_triton
+
+                sig = reconstruct_triton(idx, coef, table)
+        elif self.gpu_decode == "dense":
             sig = reconstruct_dense(idx, coef, self.table_on(kind, device))
         else:
             sig = reconstruct(idx, coef, self.atoms_on(kind, device))  # (G·T, L·m)

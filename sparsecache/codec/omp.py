@@ -354,6 +354,22 @@ def reconstruct_dense(indices: torch.Tensor, coefficients: torch.Tensor, table: 
     return out
 
 
+def reconstruct_csr(indices: torch.Tensor, coefficients: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """`reconstruct` as one sparse-times-dense product: the codes as a CSR matrix [N, n] of s entries per
+    row (`table`'s dtype) times `table` = Dᵀ [n, m] (cuSPARSE's SpMM on a GPU). A repeated index in a row
+    sums, as the gather does. Float32 signals [N, m]."""
+    import warnings
+
+    N, s = indices.shape
+    crow = torch.arange(0, N * s + 1, s, device=table.device, dtype=torch.int64)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": said once per process, to no one's use
+        warnings.simplefilter("ignore", UserWarning)
+        codes = torch.sparse_csr_tensor(crow, indices.reshape(-1).to(table.device, torch.int64),
+                                        coefficients.reshape(-1).to(table.device, table.dtype),
+                                        size=(N, table.shape[0]), device=table.device, check_invariants=False)
+    return (codes @ table).float()
+
+
 def reconstruct(indices: torch.Tensor, coefficients: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
     """Signals [N, m] float32 from codes (indices, coefficients [N, s]) over atoms D [m, n]."""
     table = atoms.T.to(coefficients.device, torch.float32).contiguous()  # (n, m)

@@ -47,12 +47,17 @@ def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
     assert json.loads(again.stdout)[0]["encode"] == out["encode"]
     saved = json.loads((work / "results.json").read_text())
     assert [r["shape"] for r in saved] == ["another", "toy"] and {x["k"] for x in saved[1]["rows"]} == {2}
-    # a GPU's two decodes (the gather and the dense product), timed side by side: here on the CPU
+    # a GPU's decodes (the gather, the dense and CSR products, the Triton kernel), timed side by side: here on
+    # the CPU, where Triton's kernel cannot run outside its interpreter and says why
     from sparsecache.bench.shapes import time_decodes
 
-    both = time_decodes(work / "toy" / "store", "cpu", 2, repeats=1)
-    assert both["gather_ms"] > 0 and both["dense_ms"] > 0 and both["tokens"] >= 2 * 480
-    assert both["dense_max_rel_diff"] < 1e-2
+    ways = time_decodes(work / "toy" / "store", "cpu", 2, repeats=1, copy=out["copy_bytes_per_s"])
+    assert ways["tokens"] >= 2 * 480
+    for way in ("gather", "dense", "csr"):
+        assert ways[f"{way}_ms"] > 0 and ways[f"{way}_bytes_per_s"] > 0 and ways[f"{way}_of_copy_bandwidth"] > 0
+    assert ways["dense_max_rel_diff"] < 1e-2 and ways["csr_max_rel_diff"] < 1e-2
+    assert ("triton_ms" in ways) != ("triton_error" in ways)
+    assert ways["fastest"] in ("gather", "dense", "csr", "triton")
 
 
 def test_an_unknown_shape_is_refused_with_the_names_there_are(tmp_path):

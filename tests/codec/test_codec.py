@@ -1,6 +1,12 @@
 """The codec (`codec.coding`): encode and decode against OMP then reconstruction, the coefficient
 formats and index packings it stores, per-layer scales, and every decode kernel (the CPU kernel,
-the dense GPU form, Elias-Fano unpacking) against the gather it replaces; damaged rows refused."""
+the GPU forms: dense, CSR and the fused Triton kernel, Elias-Fano unpacking) against the gather it
+replaces; damaged rows refused."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +19,7 @@ from sparsecache.codec.dictionary import DictConfig, Dictionary
 from sparsecache.codec.omp import batch_omp, reconstruct, reconstruct_dense
 from sparsecache.codec.signals import to_signals
 from sparsecache.testing import unit_atoms
+from support import REPO
 
 
 def make_dict(m=32, layers=4, L=1, atoms=256, s=6):
@@ -151,23 +158,49 @@ def test_cpu_decode_kernel_equals_embedding_bag(atoms_dtype, L):
 
 
 @pytest.mark.parametrize("atoms_dtype", ["float16", "float32"])
-def test_the_dense_gpu_decode_equals_the_gather(atoms_dtype):
-    """`gpu_decode = "dense"` (the codes scattered into a dense matrix, times the atoms) gives the
-    gather's K/V within fp16 rounding of its output (fp16 atoms and e4m3 coefficients are exact in
-    fp16), scales and group slices included; run here on the CPU with the compiled kernel off."""
+@pytest.mark.parametrize("way", ["dense", "csr", "triton"])
+def test_every_gpu_decode_equals_the_gather(atoms_dtype, way):
+    """Each way a GPU can decode (`coding.GPU_DECODES`: the codes scattered into a dense matrix times the
+    atoms, a CSR product, the fused Triton kernel) gives the gather's K/V within fp16 rounding of its output
+    (fp16 atoms and e4m3 coefficients are exact in fp16), scales and group slices included; run here on the
+    CPU with the compiled kernel off. Triton's kernel runs in its interpreter, in a process of its own
+    (`TRITON_INTERPRET` is read when Triton is imported)."""
+    if way != "triton":
+        return check_gpu_decode(way, atoms_dtype)
+    pytest.importorskip("triton")
+    here = Path(__file__).parent
+    out = subprocess.run([sys.executable, "-c", f"from test_codec import check_gpu_decode; "
+                          f"check_gpu_decode('triton', '{atoms_dtype}'); print('ok')"],
+                         env={**os.environ, "TRITON_INTERPRET": "1",
+                              "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), str(REPO)])},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.stdout + out.stderr)[-3000:]
+
+
+def check_gpu_decode(way: str, atoms_dtype: str) -> None:
     plain = make_dict(L=2, layers=4, atoms=300, s=7)
     scales = {k: torch.tensor([3.0, 1.0, 0.5, 2.0]) for k in "kv"}
     d = Dictionary(plain.keys, plain.values, plain.config, plain.model, scales=scales).stored_as(atoms_dtype)
     codec = Codec(d, "float8", indices="elias-fano")
     codec.cpu_kernel = False
-    codes = codec.encode(torch.randn(4, 23, 32), "k")
+    codes = codec.encode(torch.randn(4, 37, 32), "k")
     gather = codec.decode(codes, "k")
-    codec.gpu_decode = "dense"
-    dense = codec.decode(codes, "k")
-    tol = 1e-3 if atoms_dtype == "float16" else 1e-5
-    torch.testing.assert_close(dense, gather, rtol=tol, atol=tol * float(gather.abs().max()))
+    codec.gpu_decode = way
+    got = codec.decode(codes, "k")
     part = codec.decode((codes.indices[1:], codes.coefficients[1:]), "k", groups=slice(1, None))
+    tol = 1e-3 if atoms_dtype == "float16" else 1e-5
+    torch.testing.assert_close(got, gather, rtol=tol, atol=tol * float(gather.abs().max()))
     torch.testing.assert_close(part, gather[2:], rtol=tol, atol=tol * float(gather.abs().max()))
+
+
+@pytest.mark.parametrize("way", ["csr", "triton"])
+def test_a_decode_that_reads_unchecked_refuses_a_damaged_index(way):
+    plain = make_dict(L=2, layers=4, atoms=300, s=7)
+    codec = Codec(plain, "float16")
+    codec.cpu_kernel, codec.gpu_decode = False, way
+    idx, coef = torch.tensor([[1, 2, 300, 4, 5, 6, 7]]), torch.ones(1, 7)
+    with pytest.raises(ValueError, match="out of range"):
+        codec.reconstruct(idx, coef, (1, 1), "k", torch.device("cpu"))
 
 
 @settings(max_examples=50, deadline=None)
