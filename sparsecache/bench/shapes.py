@@ -202,6 +202,7 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
         elif row["reconstruct"] > 0:  # the decode writes fp32 K and V of every context token
             row["decode_bytes_per_s"] = n * 2 * model.n_layers * model.m * 4 / (row["reconstruct"] / 1e3)
             row["decode_of_copy_bandwidth"] = row["decode_bytes_per_s"] / copy
+        row |= per_layer(row, model.n_layers)
     out = {"shape": name, "weights": "real" if real else "random", "n_layers": model.n_layers, "m": model.m,
             "layers_per_signal": d.config.layers_per_signal, "sparsity": d.config.sparsity,
             "compute_parameters": params, "device": str(device), "dtype": str(model.dtype).removeprefix("torch."),
@@ -211,6 +212,21 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
     if decodes if decodes is not None else torch.device(device).type == "cuda":
         out["decodes"] = time_decodes(store, device, max(ks), copy=copy)
     return {**out, **summary(out)}
+
+
+def per_layer(row: dict, n_layers: int) -> dict:
+    """The fixed passes' time per layer they run through (#95 item 2: a handful of tokens per layer is
+    launch overhead on a GPU): the scoring pass (`select`, through infoflow's scoring layer), the
+    recompute and the question's pass (`first_token`), each through every layer."""
+    from ..query.methods.base import infoflow_layer
+
+    out = {}
+    if row.get("select"):
+        out["select_ms_per_layer"] = row["select"] / (infoflow_layer(n_layers) + 1)
+    for part in ("recompute", "first_token"):
+        if row.get(part) and row["method"] != "full":
+            out[f"{part}_ms_per_layer"] = row[part] / n_layers
+    return out
 
 
 def real_model(name: str, device="cpu", dtype=None):

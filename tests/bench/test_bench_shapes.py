@@ -29,6 +29,9 @@ def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
         else:
             assert x["decode_bytes_per_s"] > 0 and x["decode_of_copy_bandwidth"] > 0
             assert (x["recomputed_tokens"] > 0) == (x["method"] == "infoflow")
+            assert x["first_token_ms_per_layer"] > 0  # the fixed passes per layer (#95 item 2's before and after)
+            if x["method"] == "infoflow":
+                assert x["select_ms_per_layer"] > 0 and x["recompute_ms_per_layer"] > 0
     assert len(out["fractions"]) == 6 and all(f["of_full"] > 0 for f in out["fractions"])
     assert set(out["crossover_tokens"]) == {"none:0.0", "infoflow:0.1", "infoflow:0.25"}
     costs = out["costs"]  # the TTFT cost model fitted to these rows, and what it predicts for each
