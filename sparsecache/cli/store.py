@@ -36,9 +36,9 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
 @click.option("--encode-after", metavar="[prefix|document|neighbours]", default=None,
               help="What each chunk reads before itself when encoded, its K/V not kept (so the bytes per token do not "
               "change): prefix (nothing, as a query lays chunks out), document (the chunk before it in its document) "
-              "or neighbours (its nearest chunk of another document by the store's embedder; a chunk keeps its K/V "
-              "until its own document changes). Each chunk records what it read. Fixed when the store is created; "
-              "one machine only (no --workers).  [default: prefix]")
+              "or neighbours (its nearest chunk of another document by the store's embedder; a document is encoded "
+              "again when its chunks' nearest neighbours change, so the store stays a fresh build of the corpus). "
+              "Each chunk records what it read. Fixed when the store is created.  [default: prefix]")
 @click.option("--wrapper", "wrapper", default=None,
               help="A learned chunk wrapper: a `learn-wrapper` directory, 'shipped' (the one shipped for --model) or "
               "'none'. Every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays out "

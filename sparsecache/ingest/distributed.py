@@ -72,8 +72,10 @@ class Region:
 
 def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int, align: int,
                  region_tokens: int, first_id: int = 0) -> list[Region]:
-    """Cut (doc id, chunks) pairs into regions of whole documents of about `region_tokens`
-    tokens, each starting at a multiple of `align` tokens (so no two share a Zarr chunk)."""
+    """Cut (doc id, [(chunk, what it reads)]) pairs into regions of whole documents of about
+    `region_tokens` tokens, each starting at a multiple of `align` tokens (so no two share a Zarr
+    chunk). What a chunk reads (`_rounds`: {} or its `before` token ids and `after` ids) travels
+    with it to the worker."""
     regions: list[Region] = []
     current: list[dict] = []
     tok, row, size = token_start, row_start, 0
@@ -85,8 +87,8 @@ def plan_regions(docs: list[tuple[str, list]], token_start: int, row_start: int,
         tok, row, current, size = start + size, row + len(current), [], 0
 
     for _, doc_chunks in docs:
-        current += [{**c.row(), "token_ids": list(c.token_ids)} for c in doc_chunks]
-        size += sum(len(c.token_ids) for c in doc_chunks)
+        current += [{**c.row(), "token_ids": list(c.token_ids), **read} for c, read in doc_chunks]
+        size += sum(len(c.token_ids) for c, _ in doc_chunks)
         if size >= region_tokens:
             close()
     if current:
@@ -149,7 +151,8 @@ class RegionEncoder:
         tok = region.token_start
         with zarr.config.set({"array.write_empty_chunks": True}):
             for part in _parts(region.chunks, self.batch_tokens):
-                k, v = code_batch(self.model, self.codec, [c["token_ids"] for c in part], self.prefix,
+                before = [self.prefix + c["before"] for c in part] if "before" in part[0] else self.prefix
+                k, v = code_batch(self.model, self.codec, [c["token_ids"] for c in part], before,
                                   self.batch_tokens, watch.step, forward_dtype=self.forward_dtype)
                 with watch.step("write"):
                     tokens = np.concatenate([np.asarray(c["token_ids"], np.int32) for c in part])
@@ -228,10 +231,12 @@ def encode_distributed(run) -> None:
 
     from ..model.kvmodel import chunk_context_ids
     from ..wrapper.apply import store_wrapping
+    from .after import After
 
     w, timer, config, options = run.writer, run.timer, run.config, run.options
     hashes = {s.id: s.hash for s in run.work.sources}
     header, trailer = store_wrapping(w.backend, run.model)  # wrapped: chunks after the header, trailers appended
+    after = After(config.encode_after, tuple(header), tuple(trailer), dict(run.work.neighbours))
     actor = {"model": options.model, "device": options.device, "batch_tokens": options.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
              "screening": run.screening and asdict(run.screening),
@@ -240,7 +245,7 @@ def encode_distributed(run) -> None:
     bar = tqdm(total=0, unit="tok", unit_scale=True, desc="encode", disable=not options.progress, dynamic_ncols=True)
     next_id = 0
     try:
-        for docs in _rounds(run.work.sources, run.model.tokenizer, config.chunk_tokens, timer, trailer):
+        for docs in _rounds(run.work.sources, run.model.tokenizer, config.chunk_tokens, timer, trailer, after):
             start = max(w.tokens, w.finished_tokens), max(w.chunks, w.finished_chunks)
             size = _region_tokens(docs, options.batch_tokens, n)
             regions = plan_regions(docs, *start, config.zarr_chunk_tokens, size, next_id)
@@ -262,20 +267,29 @@ def encode_distributed(run) -> None:
 def _region_tokens(docs, batch_tokens: int, actors: int) -> int:
     """Tokens per region: a batch, or less where a round is small, so that every actor gets
     about four regions (a region holds whole documents, so it may still be larger)."""
-    total = sum(len(c.token_ids) for _, doc_chunks in docs for c in doc_chunks)
+    total = sum(len(c.token_ids) for _, doc_chunks in docs for c, _ in doc_chunks)
     return max(1, min(batch_tokens, total // (4 * actors)))
 
 
-def _rounds(work, tokenizer, chunk_tokens: int, timer, trailer: tuple[int, ...] = ()):
-    """[(doc id, chunks)] lists of about ROUND_TOKENS tokens of whole documents, `trailer` (a
-    wrapped store's) appended to every chunk's token ids."""
+def _rounds(work, tokenizer, chunk_tokens: int, timer, trailer: tuple[int, ...] = (), after=None):
+    """[(doc id, [(chunk, what it reads)])] lists of about ROUND_TOKENS tokens of whole documents,
+    `trailer` (a wrapped store's) appended to every chunk's token ids; what a chunk reads is {} or,
+    in a store encoded after other chunks (`after.After`), its `before` token ids and `after` ids."""
+    from ..store.layout import AFTER
+
     docs, n = [], 0
     for s in work:
+        doc_chunks = []
         with timer.step("chunk"):
-            doc_chunks = [replace(c, token_ids=tuple(c.token_ids) + trailer) if trailer else c
-                          for c in chunks(s, tokenizer, chunk_tokens)]
+            for c in chunks(s, tokenizer, chunk_tokens):
+                read = {}
+                if after is not None and after.active:
+                    after.saw(c)
+                    before, ids = after.context(c)
+                    read = {"before": before, AFTER: ids}
+                doc_chunks.append((replace(c, token_ids=tuple(c.token_ids) + trailer) if trailer else c, read))
         docs.append((s.id, doc_chunks))
-        n += sum(len(c.token_ids) for c in doc_chunks)
+        n += sum(len(c.token_ids) for c, _ in doc_chunks)
         if n >= ROUND_TOKENS:
             yield docs
             docs, n = [], 0
@@ -314,7 +328,7 @@ def _allocate(w, regions: list[Region]) -> tuple[int, int]:
     end_tok = regions[-1].token_start + regions[-1].tokens
     end_row = regions[-1].row_start + len(regions[-1].chunks)
     for r in regions:
-        rows = [{k: v for k, v in c.items() if k != "token_ids"} for c in r.chunks]
+        rows = [{k: v for k, v in c.items() if k not in ("token_ids", "before")} for c in r.chunks]
         w.write_rows(r.row_start, r.token_start, rows, None)
     w.size_arrays(end_tok, end_row)
     return end_tok, end_row

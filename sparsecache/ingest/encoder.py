@@ -188,9 +188,6 @@ def encode_with(corpus: list[str] | tuple[str, ...], store, dictionary: Dictiona
     options = replace(options, device=str(device))
     adapt = AdaptConfig(steps=options.adapt_steps) if options.adapt_steps else None
     progress = options.progress
-    if config.encode_after != "prefix" and (options.workers or options.ray_address):
-        raise ConfigError(f"a store encoded after {config.encode_after} is encoded on one machine for now: "
-                          "leave out --workers and --ray-address")
     if config.wrapper and wrapper is not None and wrapper.digest() != config.wrapper:
         raise ConfigError(f"the wrapper given is {wrapper.digest()}, the config names {config.wrapper}")
     t_start = time.perf_counter()

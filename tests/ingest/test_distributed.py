@@ -229,3 +229,39 @@ def test_a_wrapped_store_encodes_on_ray_as_in_one_process(ray_cluster, tiny_mode
         tokens = s.tokens([c.id for c in s.chunks()])
         assert all(t[-2:] == wrapper.ids()[1] and min(t[:-2]) >= 0 for t in tokens)
         corpus.mutate(3)
+
+
+def test_a_store_encoded_after_neighbours_encodes_on_ray_as_in_one_process(ray_cluster, tiny_model_dir,
+                                                                          tiny_dictionary, corpus, tmp_path):
+    """`--encode-after neighbours` on Ray (#94 item 2): the driver plans each chunk's neighbour, the actors read
+    it before the chunk (a wrapped store's header and trailer around it), and the store equals one process's,
+    what each chunk read included; first encode and incremental (documents re-encoded for their neighbours)."""
+    from dataclasses import replace
+
+    from sparsecache.model import load_model
+    from sparsecache.store import Store
+    from sparsecache.wrapper.apply import initial_wrapper
+
+    wrapper = initial_wrapper(load_model(str(tiny_model_dir)), 3, 2)
+    config = replace(HISTORY_CONFIG, wrapper=wrapper.digest(), encode_after="neighbours")
+
+    def run(store, workers=0):
+        # the store's own embedder (not the fake the other tests give the driver): the driver plans neighbours
+        # over the embeddings the actors wrote, so both must be the same model, as they are for a user
+        options = EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
+                                workers=workers, model=str(tiny_model_dir))
+        return encode_with([str(corpus.root)], store, tiny_dictionary, ModelLoader(options), config, options,
+                           wrapper=wrapper)
+
+    def after(store):
+        s = Store.open(store)
+        rows = s.manifest.live_rows()
+        return dict(zip(s.column("chunk_id")[rows].tolist(), s.column("after")[rows].tolist()))
+
+    for _ in range(2):
+        assert run(tmp_path / "ray", workers=2).published
+        run(tmp_path / "one")
+        assert verify(tmp_path / "ray")["ok"]
+        assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
+        assert after(tmp_path / "ray") == after(tmp_path / "one") and any(after(tmp_path / "one").values())
+        corpus.mutate(3)

@@ -129,8 +129,6 @@ def test_a_plain_store_has_no_after_column_and_an_option_is_checked(corpus_dir, 
         StoreConfig(encode_after="everything")
     with pytest.raises(ConfigError):  # a store keeps what its chunks were encoded after
         encode(corpus_dir, tmp_path / "s", tiny_model, tiny_dictionary, "document")
-    with pytest.raises(ConfigError, match="one machine"):
-        encode(corpus_dir, tmp_path / "r", tiny_model, tiny_dictionary, "neighbours", workers=2)
 
 
 def test_encode_corpus_takes_the_option_and_keeps_it(corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
