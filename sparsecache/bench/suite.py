@@ -280,9 +280,10 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=N
     w = load_wrapper(wrapper, session.model.fingerprint())
     # what its chunks were encoded after is the store's own: one encoded with `encode-corpus --encode-after`
     # into the workdir is measured as it is
-    after = config_for(work / "store-wrapped").encode_after
+    own = config_for(work / "store-wrapped")
     encode_with(corpus or [str(work / "corpus.jsonl")], work / "store-wrapped", session.store.dictionary,
-                session.model, replace(session.store.config, wrapper=w.digest(), encode_after=after),
+                session.model, replace(session.store.config, wrapper=w.digest(), encode_after=own.encode_after,
+                                       encode_after_chunks=own.encode_after_chunks),
                 EncodeOptions(device=device, progress=False), embedder=embedder, wrapper=w)
     return Session(work / "store-wrapped", session.model, device)
 

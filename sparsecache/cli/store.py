@@ -39,6 +39,9 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               "or neighbours (its nearest chunk of another document by the store's embedder; a document is encoded "
               "again when its chunks' nearest neighbours change, so the store stays a fresh build of the corpus). "
               "Each chunk records what it read. Fixed when the store is created.  [default: prefix]")
+@click.option("--encode-after-chunks", type=click.IntRange(1, 8), default=None,
+              help="How many chunks each reads with --encode-after: the ones just before it, or its nearest (the "
+              "nearest next to it). Fixed when the store is created.  [default: 1]")
 @click.option("--wrapper", "wrapper", default=None,
               help="A learned chunk wrapper: a `learn-wrapper` directory, 'shipped' (the one shipped for --model) or "
               "'none'. Every chunk is encoded as prefix | header | chunk | trailer, soft tokens a query lays out "

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..text.corpus import Chunk, Source, chunks
 
-SEARCH = 32  # nearest candidates looked at for one of another document (the rest are the chunk's own)
+SEARCH = 32  # nearest candidates looked at beyond the ones wanted (the chunk's own document's are skipped)
 
 
 @dataclass
@@ -40,9 +40,11 @@ class After:
     mode: str  # StoreConfig.encode_after
     header: tuple[int, ...] = ()  # a wrapped store's header: the encode's prefix ends with it, and the chunk
     trailer: tuple[int, ...] = ()  # follows its context as a query lays them: context trailer header chunk
-    neighbour: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # chunk id -> (id, tokens)
-    _previous: dict[str, Chunk] = field(default_factory=dict)  # document mode: the chunk before, by chunk id
-    _last: Chunk | None = None
+    # neighbours mode: chunk id -> [(id, text token ids)] of its nearest chunks, nearest first
+    neighbour: dict[str, list[tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
+    count: int = 1  # StoreConfig.encode_after_chunks: chunks read before each one
+    _previous: dict[str, list[Chunk]] = field(default_factory=dict)  # document mode: the chunks before, by id
+    _recent: list[Chunk] = field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -51,37 +53,38 @@ class After:
     def saw(self, chunk: Chunk) -> None:
         """`chunk` came out of its document (every chunk in order, those a resumed run skips too)."""
         if self.mode == "document":
-            if self._last is not None and self._last.doc_id == chunk.doc_id and chunk.ordinal:
-                self._previous[chunk.id] = self._last
-            self._last = chunk
+            if not self._recent or self._recent[-1].doc_id != chunk.doc_id or not chunk.ordinal:
+                self._recent = []
+            if self._recent:
+                self._previous[chunk.id] = self._recent[-self.count:]
+            self._recent = (self._recent + [chunk])[-self.count:]
 
     def context(self, chunk: Chunk) -> tuple[list[int], str]:
-        """(token ids between the prefix and `chunk`'s header, the ids of the chunks they hold, comma-separated)."""
+        """(token ids between the prefix and `chunk`'s header, the ids of the chunks they hold, comma-separated,
+        the nearest first). The chunks sit in order, the nearest (or the one just before) next to `chunk`."""
         if self.mode == "document":
-            prev = self._previous.pop(chunk.id, None)
-            read = (prev.id, tuple(t for t in prev.token_ids if t >= 0)) if prev is not None else None
+            read = [(c.id, tuple(t for t in c.token_ids if t >= 0)) for c in self._previous.pop(chunk.id, [])][::-1]
         elif self.mode == "neighbours":
-            read = self.neighbour.get(chunk.id)
+            read = self.neighbour.get(chunk.id, [])
         else:
-            read = None
-        if read is None:
-            return [], ""
-        return [*read[1], *self.trailer, *self.header], read[0]
+            read = []
+        tokens = [t for _, ids in reversed(read) for t in (*ids, *self.trailer, *self.header)]
+        return tokens, ",".join(i for i, _ in read)
 
 
 @dataclass
 class Plan:
     """A neighbours store's run, planned before any chunk is encoded."""
 
-    neighbour: dict[str, tuple[str, tuple[int, ...]]]  # chunk id -> (its neighbour's id, the neighbour's text ids)
+    neighbour: dict[str, list[tuple[str, tuple[int, ...]]]]  # chunk id -> [(neighbour id, its text ids)], nearest first
     refresh: list[Source]  # documents the store holds unchanged whose chunks' neighbours changed: encoded again
 
 
 def plan_neighbours(group, held: dict[str, dict], work: list[Source], corpus: dict[str, Source], tokenizer,
-                    chunk_tokens: int, embedder) -> Plan:
-    """Every chunk the store will hold once the run publishes, and each one's nearest chunk of another
-    document among them by `embedder` (inner product of unit vectors; a tie to the lower chunk id, so that
-    the choice does not depend on the order the chunks came in).
+                    chunk_tokens: int, embedder, count: int = 1) -> Plan:
+    """Every chunk the store will hold once the run publishes, and each one's `count` nearest chunks of
+    other documents among them by `embedder` (inner product of unit vectors; a tie to the lower chunk id,
+    so that the choice does not depend on the order the chunks came in).
 
     `group`: the generation the store writes into; `held`: the documents that stay as they are, id ->
     {first, count} of their rows there (the last version's and a crashed run's, less what this run
@@ -115,24 +118,24 @@ def plan_neighbours(group, held: dict[str, dict], work: list[Source], corpus: di
     pool = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
     index = faiss.IndexFlatIP(pool.shape[1])
     index.add(pool)
-    scores, found = index.search(pool, min(SEARCH, len(pool)))
-    nearest = [_nearest(i, row, score, docs, ids) for i, (row, score) in enumerate(zip(found, scores))]
-    out = {ids[i]: (ids[j], tuple(tokens[j])) for i, j in enumerate(nearest[: len(new)]) if j is not None}
+    scores, found = index.search(pool, min(SEARCH + count, len(pool)))
+    nearest = [_nearest(i, row, score, docs, ids, count) for i, (row, score) in enumerate(zip(found, scores))]
+
+    def read(i: int) -> list[tuple[str, tuple[int, ...]]]:
+        return [(ids[j], tuple(tokens[j])) for j in nearest[i]]
+
+    out = {ids[i]: read(i) for i in range(len(new)) if nearest[i]}
     stale = {docs[len(new) + r] for r, was in enumerate(recorded)
-             if was != ("" if nearest[len(new) + r] is None else ids[nearest[len(new) + r]])}
+             if was != ",".join(ids[j] for j in nearest[len(new) + r])}
     refresh = [corpus[d] for d in sorted(stale) if d in corpus]
     if refresh:  # encoded again: their chunks' neighbours come from the same pool
         again = {c.id for s in refresh for c in chunks(s, tokenizer, chunk_tokens)}
-        out.update({ids[i]: (ids[j], tuple(tokens[j])) for i, j in enumerate(nearest)
-                    if j is not None and ids[i] in again})
+        out.update({ids[i]: read(i) for i in range(len(ids)) if nearest[i] and ids[i] in again})
     return Plan(out, refresh)
 
 
-def _nearest(i: int, row: np.ndarray, score: np.ndarray, docs: list[str], ids: list[str]) -> int | None:
-    """The best of `row` (pool positions, best first, with their `score`) from another document than
-    position i's; among equal scores the lowest chunk id."""
-    other = [(float(sc), j) for j, sc in zip(row.tolist(), score.tolist()) if j >= 0 and docs[j] != docs[i]]
-    if not other:
-        return None
-    best = other[0][0]
-    return min((j for sc, j in other if sc == best), key=lambda j: ids[j])
+def _nearest(i: int, row: np.ndarray, score: np.ndarray, docs: list[str], ids: list[str], count: int) -> list[int]:
+    """The best `count` of `row` (pool positions, best first, with their `score`) from other documents than
+    position i's, best first, among equal scores the lowest chunk id first."""
+    other = [(-float(sc), ids[j], j) for j, sc in zip(row.tolist(), score.tolist()) if j >= 0 and docs[j] != docs[i]]
+    return [j for _, _, j in sorted(other)[:count]]

@@ -28,6 +28,7 @@ class EncodeOptions:
     coef_dtype: str | None = None
     index_coding: str | None = None
     encode_after: str | None = None  # prefix, document or neighbours (StoreConfig.encode_after, which checks it)
+    encode_after_chunks: int | None = None
     # this run
     delete_missing: bool = False  # tombstone documents the corpus no longer has
     index_kind: str = "auto"  # FAISS index kind of the segments this run builds
@@ -54,4 +55,5 @@ class EncodeOptions:
     def store_fields(self) -> dict:
         """The StoreConfig fields given (None: not given)."""
         return {k: getattr(self, k) for k in ("chunk_tokens", "prefix", "anchor", "embedder", "compressor",
-                                              "coef_dtype", "index_coding", "encode_after")}
+                                              "coef_dtype", "index_coding", "encode_after",
+                                              "encode_after_chunks")}

@@ -236,7 +236,8 @@ def encode_distributed(run) -> None:
     w, timer, config, options = run.writer, run.timer, run.config, run.options
     hashes = {s.id: s.hash for s in run.work.sources}
     header, trailer = store_wrapping(w.backend, run.model)  # wrapped: chunks after the header, trailers appended
-    after = After(config.encode_after, tuple(header), tuple(trailer), dict(run.work.neighbours))
+    after = After(config.encode_after, tuple(header), tuple(trailer), dict(run.work.neighbours),
+                  config.encode_after_chunks)
     actor = {"model": options.model, "device": options.device, "batch_tokens": options.batch_tokens,
              "prefix": chunk_context_ids(run.model, config.prefix, config.anchor) + header,
              "screening": run.screening and asdict(run.screening),

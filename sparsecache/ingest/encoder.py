@@ -66,7 +66,7 @@ class Work:
     deleted: list[str]
     counts: dict
     resume_open: dict | None  # a document a crashed run was in the middle of: {id, hash, first, count, ...}
-    neighbours: dict = field(default_factory=dict)  # a neighbours store's: chunk id -> (neighbour id, its tokens)
+    neighbours: dict = field(default_factory=dict)  # a neighbours store's: chunk id -> [(neighbour id, its tokens)]
 
 
 @dataclass
@@ -321,7 +321,7 @@ def _plan_neighbours(w: Writer, work: Work, sources: list[Source], model: KVMode
     held = {d: {"first": e["first"], "count": e["count"]} for d, e in {**dict(w.base.documents.items()), **w.done}.items()
             if d not in encoded and d not in set(work.deleted)}
     plan = plan_neighbours(w.group, held, work.sources, {s.id: s for s in sources}, model.tokenizer,
-                           config.chunk_tokens, embedder)
+                           config.chunk_tokens, embedder, config.encode_after_chunks)
     work.neighbours = plan.neighbour
     if plan.refresh:
         work.sources = sorted(work.sources + plan.refresh, key=lambda s: s.id)
@@ -425,7 +425,8 @@ def _empty_kv(model: KVModel) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _after(run: EncodeRun, header: list[int], trailer: tuple[int, ...]) -> After:
     """What each chunk of the run is encoded after (`after.py`; a neighbours store's, planned already)."""
-    return After(run.config.encode_after, tuple(header), tuple(trailer), dict(run.work.neighbours))
+    return After(run.config.encode_after, tuple(header), tuple(trailer), dict(run.work.neighbours),
+                 run.config.encode_after_chunks)
 
 
 def _batches(work: list[Source], tokenizer, chunk_tokens: int, batch_tokens: int, skip: dict[str, int],

@@ -60,6 +60,7 @@ class StoreConfig:
     # "neighbours" its nearest chunk of another document by the store's embedder (`ingest/after.py`).
     # A store encoded after something records what, per chunk (the chunk table's `after` column).
     encode_after: str = "prefix"
+    encode_after_chunks: int = 1  # how many: the chunks just before it, or its nearest (the nearest next to it)
 
     def __post_init__(self):
         if not 16 <= self.chunk_tokens <= 8192:
@@ -74,6 +75,8 @@ class StoreConfig:
             raise ConfigError(f"compressor must be one of {', '.join(COMPRESSORS)}")
         if self.encode_after not in ENCODE_AFTER:
             raise ConfigError(f"encode-after must be one of {', '.join(ENCODE_AFTER)}, got {self.encode_after!r}")
+        if not 1 <= self.encode_after_chunks <= 8:
+            raise ConfigError(f"encode-after-chunks must be in [1, 8], got {self.encode_after_chunks}")
         if self.wrapper and self.anchor:
             raise ConfigError("a store has a wrapper or an anchor, not both")
 

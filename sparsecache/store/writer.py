@@ -184,7 +184,7 @@ class Writer:
             check_same_model(model_fp, a["model"], str(self.backend))
         stored = store_config(a)
         for key in ("chunk_tokens", "prefix", "coef_dtype", "index_coding", "embedder", "anchor", "wrapper",
-                    "encode_after"):
+                    "encode_after", "encode_after_chunks"):
             if getattr(stored, key) != getattr(config, key):
                 raise ConfigError(f"{self.backend} was built with {key}={getattr(stored, key)!r}; "
                                   f"got {getattr(config, key)!r} (use a new store to change it)")

@@ -20,8 +20,9 @@ from support.stores import assert_same_live_chunks
 CONFIG = dict(chunk_tokens=48, zarr_chunk_tokens=16, coef_dtype="float16")
 
 
-def encode(corpus, store, model, dictionary, mode: str, **options):
-    return encode_with([str(corpus)], store, dictionary, model, StoreConfig(**CONFIG, encode_after=mode),
+def encode(corpus, store, model, dictionary, mode: str, chunks: int = 1, **options):
+    return encode_with([str(corpus)], store, dictionary, model,
+                       StoreConfig(**CONFIG, encode_after=mode, encode_after_chunks=chunks),
                        EncodeOptions(batch_tokens=200, progress=False, **options), embedder=FakeEmbedder())
 
 
@@ -52,27 +53,41 @@ def test_a_context_is_read_and_left_out_as_a_longer_prefix_would_be(tiny_model):
     assert not torch.allclose(got[0][0], extract_kv(tiny_model, [chunk], prefix)[0][0], atol=1e-4)
 
 
-def test_document_mode_reads_the_chunk_before_it(corpus_dir, tmp_path, tiny_model, tiny_dictionary):
-    encode(corpus_dir, tmp_path / "s", tiny_model, tiny_dictionary, "document")
+@pytest.mark.parametrize("n", [1, 2])
+def test_document_mode_reads_the_chunks_before_it(corpus_dir, tmp_path, tiny_model, tiny_dictionary, n):
+    encode(corpus_dir, tmp_path / "s", tiny_model, tiny_dictionary, "document", n)
     after, ids = after_column(tmp_path / "s"), chunk_ids(tmp_path / "s")
     by_key = {v: k for k, v in ids.items()}
-    assert any(o > 0 for _, o in after)  # the corpus has documents of several chunks
-    for (doc, ordinal), a in after.items():
-        assert a == ("" if ordinal == 0 else by_key[(doc, ordinal - 1)])
+    assert any(o > 1 for _, o in after)  # the corpus has documents of several chunks
+    for (doc, ordinal), a in after.items():  # the one just before first
+        assert a == ",".join(by_key[(doc, o)] for o in range(ordinal - 1, max(-1, ordinal - 1 - n), -1))
 
 
-def test_neighbours_mode_reads_the_nearest_chunk_of_another_document(corpus_dir, tmp_path, tiny_model,
-                                                                     tiny_dictionary):
-    encode(corpus_dir, tmp_path / "s", tiny_model, tiny_dictionary, "neighbours")
+@pytest.mark.parametrize("n", [1, 2])
+def test_neighbours_mode_reads_the_nearest_chunks_of_other_documents(corpus_dir, tmp_path, tiny_model,
+                                                                     tiny_dictionary, n):
+    encode(corpus_dir, tmp_path / "s", tiny_model, tiny_dictionary, "neighbours", n)
     after, ids = after_column(tmp_path / "s"), chunk_ids(tmp_path / "s")
     s = Store.open(tmp_path / "s")
     rows = s.manifest.live_rows()
     emb, cid, doc = s.column("embeddings")[rows], s.column("chunk_id")[rows], s.column("doc_id")[rows]
     sims = emb @ emb.T
-    for i in range(len(rows)):  # brute force, beside the encoder's FAISS search
-        other = [j for j in range(len(rows)) if doc[j] != doc[i]]
-        j = max(other, key=lambda j: (sims[i, j], [-ord(ch) for ch in cid[j]]))
-        assert after[ids[str(cid[i])]] == str(cid[j])
+    for i in range(len(rows)):  # brute force, beside the encoder's FAISS search: best first, ties by id
+        other = sorted((j for j in range(len(rows)) if doc[j] != doc[i]), key=lambda j: (-sims[i, j], cid[j]))
+        assert after[ids[str(cid[i])]] == ",".join(str(cid[j]) for j in other[:n])
+
+
+def test_the_context_is_laid_out_as_a_query_would():
+    """Nearest next to the chunk, each read chunk with the trailer after it and the header before the next."""
+    from sparsecache.ingest.after import After
+
+    a = After("neighbours", header=(-1, -2), trailer=(-3,), count=2,
+              neighbour={"c": [("near", (10, 11)), ("far", (20,))]})
+
+    class C:
+        id = "c"
+
+    assert a.context(C()) == ([20, -3, -1, -2, 10, 11, -3, -1, -2], "near,far")
 
 
 def test_only_the_chunks_own_kv_is_kept(corpus_dir, tmp_path, tiny_model, tiny_dictionary):
