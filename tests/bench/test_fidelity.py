@@ -462,6 +462,28 @@ def test_wrapped_methods_answer_from_the_wrapped_store_beside_the_plain_one(sess
         parse_configs("none@other")
 
 
+def test_a_wrapped_store_encoded_after_neighbours_is_measured_as_it_is(session, suite, tmp_path, embedder):
+    """A workdir's wrapped store encoded with `encode-corpus --encode-after neighbours` (how #94 item 2 is
+    measured) is reused with its mode, not refused for differing from the plain store's settings."""
+    import shutil
+    from dataclasses import replace
+
+    from sparsecache.bench.suite import wrapped_session
+    from sparsecache.ingest.config import EncodeOptions
+    from sparsecache.ingest.encoder import encode_with
+    from sparsecache.wrapper.apply import initial_wrapper
+
+    out, _, _ = suite
+    shutil.copy(out / "corpus.jsonl", tmp_path)
+    w = initial_wrapper(session.model, 3, 2)
+    w.save(tmp_path / "wrapper")
+    config = replace(session.store.config, wrapper=w.digest(), encode_after="neighbours", encode_after_chunks=2)
+    encode_with([str(tmp_path / "corpus.jsonl")], tmp_path / "store-wrapped", session.store.dictionary, session.model,
+                config, EncodeOptions(progress=False), embedder=embedder, wrapper=w)
+    wrapped = wrapped_session(tmp_path, session, str(tmp_path / "wrapper"), "cpu", embedder)
+    assert (wrapped.store.config.encode_after, wrapped.store.config.encode_after_chunks) == ("neighbours", 2)
+
+
 def test_kept_counts_only_what_full_prefill_answers_with_confidence_and_disagreement_counts_gains_too():
     from sparsecache.bench.fidelity import summarise
 
