@@ -22,6 +22,12 @@ from ..errors import ConfigError, StoreError
 from .backend import Backend
 
 FORMAT_VERSION = 4  # 4: manifests list document-table segments + a live bitmap; 3: text columns as UTF-8 bytes + ends; 2: config.index_coding
+# a store whose chunks are encoded after others (config.encode_after, the chunk table's `after` column) says 5 in
+# its root attributes, so a release before it refuses it in one line instead of misreading it; every other store
+# (and every manifest) stays at FORMAT_VERSION, which those releases read
+FORMAT_AFTER = 5
+READ_FORMAT = FORMAT_AFTER  # the newest root format this version reads
+NEW_CONFIG_DEFAULTS = {"encode_after": "prefix", "encode_after_chunks": 1}  # left out of a store's attributes at these
 ATTR = "sparsecache"
 CODE_ARRAYS = ("k_indices", "k_coefficients", "v_indices", "v_coefficients")
 TABLE_STR = ("chunk_id", "doc_id", "content_hash", "text", "meta")
@@ -100,9 +106,9 @@ def root_attrs(backend: Backend) -> dict:
         raise StoreError(f"no sparsecache store at {backend}") from e
     if not attrs:
         raise StoreError(f"{backend} is a Zarr group but not a sparsecache store")
-    if attrs.get("format", 0) > FORMAT_VERSION:
+    if attrs.get("format", 0) > READ_FORMAT:
         raise StoreError(f"{backend}: written by a newer sparsecache (store format {attrs['format']}, "
-                         f"this version reads {FORMAT_VERSION}); upgrade sparsecache")
+                         f"this version reads {READ_FORMAT}); upgrade sparsecache")
     return attrs
 
 
@@ -183,6 +189,13 @@ def create_generation(backend: Backend, name: str, config: StoreConfig, dictiona
                        compressors=compressors("zstd"))
     g.create_array("embeddings", shape=(0, embed_dim), chunks=(ROWS_PER_CHUNK // 4, embed_dim),
                    dtype="float32", fill_value=0.0, compressors=compressors("zstd"))
+
+
+def config_attrs(config: StoreConfig) -> tuple[int, dict]:
+    """(the root format, the config as a store's attributes keep it): a store in the default format is written
+    so that a release before `encode_after` existed opens it (its StoreConfig has no such fields)."""
+    fields = {k: v for k, v in asdict(config).items() if NEW_CONFIG_DEFAULTS.get(k, object()) != v}
+    return (FORMAT_AFTER if config.encode_after != "prefix" else FORMAT_VERSION), fields
 
 
 def table_strings(config: StoreConfig) -> tuple[str, ...]:

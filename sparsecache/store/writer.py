@@ -26,7 +26,7 @@ from .backend import Backend, open_backend
 from .calibration import FOLDER as CALIBRATION
 from .calibration import read_calibration, write_calibration
 from .layout import (ATTR, CODE_ARRAYS, FORMAT_VERSION, MARKER, TABLE_INT, DictionaryCopy, Indexer,
-                     StoreConfig, compressors, create_generation, legacy_strings, now, open_group, put, root_attrs,
+                     StoreConfig, compressors, config_attrs, create_generation, legacy_strings, now, open_group, put, root_attrs,
                      store_config, text_columns, write_strings)
 from .versions import Manifest, manifest_key, publish, read_manifest, versions, writer_lock
 
@@ -147,7 +147,8 @@ class Writer:
         self._save_dictionary(dictionary)
         failpoint("create")
         create_generation(b, "g000001", config, dictionary.config, dictionary.model["layers"], embed_dim)
-        root.attrs[ATTR] = {"format": FORMAT_VERSION, "config": asdict(config), "model": model_fp,
+        fmt, fields = config_attrs(config)
+        root.attrs[ATTR] = {"format": fmt, "config": fields, "model": model_fp,
                             "dictionary": dictionary.fingerprint(), "dictionary_config": asdict(dictionary.config),
                             "embed_dim": embed_dim, "created": now()}
         failpoint("create")

@@ -164,3 +164,20 @@ def test_encode_corpus_takes_the_option_and_keeps_it(corpus_dir, tmp_path, tiny_
     r = CliRunner().invoke(cli, args + ["--encode-after", "neighbours"])
     assert r.exit_code != 0 and "encode_after" in r.output.replace("-", "_"), r.output
 
+
+
+def test_a_release_before_encode_after_opens_a_plain_store_and_refuses_one_encoded_after(corpus_dir, tmp_path,
+                                                                                        tiny_model, tiny_dictionary):
+    """A plain store written now keeps the attributes an earlier release reads; a store encoded after its
+    neighbours says format 5, which that release refuses in one line ("upgrade sparsecache") instead of
+    misreading it."""
+    from support.stores import open_in_release
+
+    before = "b06d2da"  # the last commit before --encode-after
+    encode(corpus_dir, tmp_path / "plain", tiny_model, tiny_dictionary, "prefix")
+    encode(corpus_dir, tmp_path / "nb", tiny_model, tiny_dictionary, "neighbours")
+    ok = open_in_release(before, tmp_path / "plain", tmp_path)
+    assert ok.returncode == 0 and ok.stdout.split()[2] == "1", ok.stderr[-2000:]
+    refused = open_in_release(before, tmp_path / "nb", tmp_path / "nb-reader")
+    assert refused.returncode != 0 and "upgrade sparsecache" in refused.stderr, refused.stderr[-2000:]
+    assert Store.open(tmp_path / "nb").config.encode_after == "neighbours"  # and this one reads it

@@ -6,8 +6,6 @@ invisible to a reader of the release before it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,6 @@ from sparsecache.query.calibrate import CalibrateConfig, choose, grid, parse_can
 from sparsecache.query.config import QueryConfig
 from sparsecache.cli.main import cli
 from sparsecache.errors import ConfigError
-from support import REPO
 
 TOWNS = ("Velmora", "Astrid", "Bellhaven", "Corvin", "Dunmere", "Elsing", "Farrow", "Gildemoor")
 
@@ -343,26 +340,12 @@ BEFORE = "b521556"  # the last commit before calibrations existed
 def test_a_calibrated_store_opens_in_the_release_before_calibrate(tiny_store, tmp_path):
     """The older reader, from git, opens the calibrated store, lists its versions and reads chunks."""
     from sparsecache.store import Writer
+    from support.stores import open_in_release
 
-    repo = REPO
-    old = tmp_path / "old"
-    old.mkdir()
-    archive = subprocess.run(["git", "-C", str(repo), "archive", BEFORE, "sparsecache"], capture_output=True)
-    if archive.returncode:
-        pytest.skip(f"no git history to take the older reader from: {archive.stderr.decode()[:200]}")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     store = copy(tiny_store / "store", tmp_path / "store")
     with Writer(store) as w:
         w.publish_calibration({"cpu": {"method": "none", "label": "none"}}, note="calibrated (cpu)")
-    code = ("import sys\n"  # an editable install's finder would import this checkout's sparsecache instead
-            "sys.meta_path = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable__')]\n"
-            "import sparsecache; assert sparsecache.__file__.startswith(sys.argv[2]), sparsecache.__file__\n"
-            "from sparsecache.kvstore import KVStore\n"
-            "s = KVStore.open(sys.argv[1]); c = s.chunks()\n"
-            "print(s.version, len(c), len(s.load_kv([c[0].id])), s.info()['version'])")
-    out = subprocess.run([sys.executable, "-c", code, str(store), str(old)], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(old), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=300,
-                         cwd=tmp_path)
+    out = open_in_release(BEFORE, store, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     version, chunks, decoded, info_version = out.stdout.split()
     assert (version, info_version, decoded) == ("3", "3", "1") and int(chunks) >= 8

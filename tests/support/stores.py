@@ -83,3 +83,33 @@ def assert_same_codes(a: dict, b: dict):
         assert a[cid][0] == b[cid][0]
         for x, y in zip(a[cid][1:], b[cid][1:]):
             np.testing.assert_array_equal(x, y)
+
+
+OLD_READER = ("import sys\n"  # an editable install's finder would import this checkout's sparsecache instead
+              "sys.meta_path = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable__')]\n"
+              "import sparsecache; assert sparsecache.__file__.startswith(sys.argv[2]), sparsecache.__file__\n"
+              "from sparsecache.kvstore import KVStore\n"
+              "s = KVStore.open(sys.argv[1]); c = s.chunks()\n"
+              "print(s.version, len(c), len(s.load_kv([c[0].id])), s.info()['version'])")
+
+
+def open_in_release(commit: str, store: Path, tmp: Path):
+    """Open `store` with the sparsecache of git `commit` (its package from `git archive`, in a process of its
+    own): list its chunks, decode one, read its info. The finished process (stdout: version, chunks, the
+    chunks decoded, info's version); the test is skipped where the checkout has no history."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from support import REPO
+
+    old = tmp / f"release-{commit}"
+    old.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "sparsecache"], capture_output=True)
+    if archive.returncode:
+        pytest.skip(f"no git history to take the older reader from: {archive.stderr.decode()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    return subprocess.run([sys.executable, "-c", OLD_READER, str(store), str(old)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(old), "PATH": "/usr/bin:/bin", "HOME": str(tmp)}, timeout=300,
+                          cwd=tmp)
