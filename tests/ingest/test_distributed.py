@@ -199,45 +199,16 @@ def fresh_single(encode, corpus, tmp_path):
     return out
 
 
-def test_a_wrapped_store_encodes_on_ray_as_in_one_process(ray_cluster, tiny_model_dir, tiny_dictionary, corpus,
-                                                           tmp_path):
-    """The actors read the store's soft tokens and encode each chunk after the header with its trailer,
-    as one process does: the same tokens (trailers included) and codes, first encode and incremental."""
+def test_a_wrapped_store_encoded_after_neighbours_encodes_on_ray_as_in_one_process(ray_cluster, tiny_model_dir,
+                                                                                  tiny_dictionary, corpus, tmp_path):
+    """The actors read the store's soft tokens and encode each chunk after the header with its trailer, and
+    after its nearest neighbour as the driver planned it (#94 item 2: `--encode-after neighbours`, the
+    neighbour laid out with its own trailer and header), as one process does: the same tokens (trailers
+    included), codes and what each chunk read, first encode and incremental (documents encoded again for
+    their neighbours)."""
     from dataclasses import replace
 
     from sparsecache.kvstore import KVStore
-    from sparsecache.model import load_model
-    from sparsecache.wrapper.apply import initial_wrapper
-
-    wrapper = initial_wrapper(load_model(str(tiny_model_dir)), 3, 2)
-    config = replace(HISTORY_CONFIG, wrapper=wrapper.digest())
-
-    def run(store, workers=0):
-        # a loader: the driver's model takes the wrapper's soft tokens, so not the session's shared tiny model
-        options = EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
-                                workers=workers, model=str(tiny_model_dir))
-        return encode_with([str(corpus.root)], store, tiny_dictionary, ModelLoader(options), config, options,
-                           embedder=FakeEmbedder(), wrapper=wrapper)
-
-    for _ in range(2):  # a first encode, then an incremental one after the corpus changed
-        assert run(tmp_path / "ray", workers=2).published
-        run(tmp_path / "one")
-        assert verify(tmp_path / "ray")["ok"]
-        assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
-        s = KVStore.open(tmp_path / "ray")
-        assert s.config.wrapper == wrapper.digest()
-        tokens = s.tokens([c.id for c in s.chunks()])
-        assert all(t[-2:] == wrapper.ids()[1] and min(t[:-2]) >= 0 for t in tokens)
-        corpus.mutate(3)
-
-
-def test_a_store_encoded_after_neighbours_encodes_on_ray_as_in_one_process(ray_cluster, tiny_model_dir,
-                                                                          tiny_dictionary, corpus, tmp_path):
-    """`--encode-after neighbours` on Ray (#94 item 2): the driver plans each chunk's neighbour, the actors read
-    it before the chunk (a wrapped store's header and trailer around it), and the store equals one process's,
-    what each chunk read included; first encode and incremental (documents re-encoded for their neighbours)."""
-    from dataclasses import replace
-
     from sparsecache.model import load_model
     from sparsecache.store import Store
     from sparsecache.wrapper.apply import initial_wrapper
@@ -246,6 +217,7 @@ def test_a_store_encoded_after_neighbours_encodes_on_ray_as_in_one_process(ray_c
     config = replace(HISTORY_CONFIG, wrapper=wrapper.digest(), encode_after="neighbours")
 
     def run(store, workers=0):
+        # a loader: the driver's model takes the wrapper's soft tokens, so not the session's shared tiny model;
         # the store's own embedder (not the fake the other tests give the driver): the driver plans neighbours
         # over the embeddings the actors wrote, so both must be the same model, as they are for a user
         options = EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
@@ -258,10 +230,14 @@ def test_a_store_encoded_after_neighbours_encodes_on_ray_as_in_one_process(ray_c
         rows = s.manifest.live_rows()
         return dict(zip(s.column("chunk_id")[rows].tolist(), s.column("after")[rows].tolist()))
 
-    for _ in range(2):
+    for _ in range(2):  # a first encode, then an incremental one after the corpus changed
         assert run(tmp_path / "ray", workers=2).published
         run(tmp_path / "one")
         assert verify(tmp_path / "ray")["ok"]
         assert_same_live_chunks(tmp_path / "ray", tmp_path / "one")
         assert after(tmp_path / "ray") == after(tmp_path / "one") and any(after(tmp_path / "one").values())
+        s = KVStore.open(tmp_path / "ray")
+        assert s.config.wrapper == wrapper.digest()
+        tokens = s.tokens([c.id for c in s.chunks()])
+        assert all(t[-2:] == wrapper.ids()[1] and min(t[:-2]) >= 0 for t in tokens)
         corpus.mutate(3)
