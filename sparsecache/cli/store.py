@@ -152,6 +152,11 @@ def info_cmd(store, version, as_json):
         lines.append(f"query configuration for {device} (calibrate): " + calibration_line(record))
     if not r.get("calibration"):
         lines.append("query configuration: the default (not calibrated: `sparsecache calibrate` measures this store's)")
+    after = r["config"].get("encode_after", "prefix")
+    if after != "prefix":
+        n = r["config"].get("encode_after_chunks", 1)
+        what = "the chunk(s) before it in its document" if after == "document" else "its nearest chunk(s) of other documents"
+        lines.insert(3, f"each chunk encoded after {what} (up to {n}; the chunk table's `after` column says which)")
     if "wrapper" in r:
         w = r["wrapper"]
         lines.insert(3, f"wrapper {w['digest']}: {w['header']} + {w['trailer']} soft tokens per chunk; the trailers' "

@@ -161,6 +161,8 @@ def test_encode_corpus_takes_the_option_and_keeps_it(corpus_dir, tmp_path, tiny_
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0 and "1 changed" in r.output, r.output
     assert after_column(tmp_path / "s")[("pass.txt", 1)] != ""
+    info = CliRunner().invoke(cli, ["info", str(tmp_path / "s")])
+    assert "each chunk encoded after the chunk(s) before it in its document (up to 1" in info.output, info.output
     r = CliRunner().invoke(cli, args + ["--encode-after", "neighbours"])
     assert r.exit_code != 0 and "encode_after" in r.output.replace("-", "_"), r.output
 
