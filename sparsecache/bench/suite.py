@@ -273,9 +273,8 @@ def wrapped_session(work, session, wrapper: str, device, embedder=None, corpus=N
     from ..ingest.config import EncodeOptions
     from ..ingest.encoder import encode_with
     from ..query.session import Session
-    from ..wrapper.apply import load_wrapper
-
     from ..store import config_for
+    from ..wrapper.apply import load_wrapper
 
     w = load_wrapper(wrapper, session.model.fingerprint())
     # what its chunks were encoded after is the store's own: one encoded with `encode-corpus --encode-after`

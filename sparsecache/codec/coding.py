@@ -162,10 +162,8 @@ class Codec:
         if device.type == "cpu" and self.cpu_kernel:
             return self._reconstruct_cpu(idx, coef, shape, kind, groups)
         if self.gpu_decode in ("csr", "triton"):
+            self._check_indices(idx)  # neither checks its reads
             table = self.table_on(kind, device)
-            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[0]):
-                # neither checks its reads (embedding_bag raises here)
-                raise ValueError(f"atom index out of range [0, {table.shape[0]}): damaged codes")
             if self.gpu_decode == "csr":  # a CPU's sparse product has no fp16 kernel
                 sig = reconstruct_csr(idx, coef, table if device.type != "cpu" else table.float())
             else:
@@ -190,9 +188,7 @@ class Codec:
         from ._decode_cpu import decode_tiles
 
         G, T = shape
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.atoms):
-            # the kernel does not bounds-check its gathers (embedding_bag raises here)
-            raise ValueError(f"atom index out of range [0, {self.config.atoms}): damaged codes")
+        self._check_indices(idx)  # the kernel does not bounds-check its gathers
         L = self.config.layers_per_signal
         tiles = self._cpu_tiles(kind)
         m = tiles.shape[2]
@@ -202,6 +198,12 @@ class Codec:
         decode_tiles(idx.contiguous().numpy(), coef.float().contiguous().numpy(), tiles,
                      inv.float().contiguous().numpy(), out.numpy(), torch.get_num_threads())
         return out
+
+    def _check_indices(self, idx: torch.Tensor) -> None:
+        """Refuse atom indices outside the dictionary (damaged codes) before a decode that reads them
+        unchecked: the CPU kernel, the CSR product, the Triton kernel (`embedding_bag` raises by itself)."""
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.atoms):
+            raise ValueError(f"atom index out of range [0, {self.config.atoms}): damaged codes")
 
     def _output(self, kind: str, shape: tuple[int, ...]) -> np.ndarray:
         """Memory for a CPU decode's output of `shape`: the last decode's of this kind when nothing

@@ -5,21 +5,20 @@ prefix alone, so no chunk has read another: that is what the blend's recomputati
 is built offline, so it can spend encode time here instead. With `encode_after`:
 
 - `prefix`: nothing between the prefix (and a wrapped store's header) and the chunk; what a query lays out.
-- `document`: the chunk before it in its own document (none for a document's first chunk).
-- `neighbours`: its nearest chunk of another document by the store's own embedder (FusionRAG's idea).
+- `document`: the chunk(s) before it in its own document (none for a document's first chunk).
+- `neighbours`: its nearest chunk(s) of other documents by the store's own embedder (FusionRAG's idea).
+
+How many: `StoreConfig.encode_after_chunks`, the one just before it (or the nearest) next to it.
 
 The context's K/V is not kept: the chunk's own K/V is coded, so the bytes per token do not change. Each
 chunk records the ids of what it read in the chunk table's `after` column. The context sits where a
 query would put it: `prefix | header context trailer | header chunk trailer`.
 
-The nightly job (the rule `docs/reference/store-format.md` states): a chunk is re-encoded only when its
-own document changes. Its neighbours are chosen from what the store will hold once the run publishes:
-the previous version's live chunks of documents this run does not change or delete, and every chunk of
-the documents new or changed since that version. So a chunk keeps its K/V when its neighbour later
-changes or goes away, and a store of this form is a function of its corpus *history*: a fresh build is
-the same sequence of corpus versions replayed. A run that crashes and resumes chooses the same
-neighbours (the same previous version, the same corpus) and writes the same store as a run never
-interrupted.
+The nightly job (the rule `docs/concepts/store.md` states): neighbours are chosen among what the store
+will hold once the run publishes, the held documents' stored rows and the chunks of the documents this
+run encodes. A held document whose chunks' recorded neighbours (the `after` column) are no longer their
+nearest is encoded again (`Plan.refresh`), so the store stays equal to a fresh encode of its corpus, what
+each chunk read included; a crashed run's rerun plans the same way from what the store then holds.
 """
 
 from __future__ import annotations
@@ -128,9 +127,8 @@ def plan_neighbours(group, held: dict[str, dict], work: list[Source], corpus: di
     stale = {docs[len(new) + r] for r, was in enumerate(recorded)
              if was != ",".join(ids[j] for j in nearest[len(new) + r])}
     refresh = [corpus[d] for d in sorted(stale) if d in corpus]
-    if refresh:  # encoded again: their chunks' neighbours come from the same pool
-        again = {c.id for s in refresh for c in chunks(s, tokenizer, chunk_tokens)}
-        out.update({ids[i]: read(i) for i in range(len(ids)) if nearest[i] and ids[i] in again})
+    again = {s.id for s in refresh}  # encoded again, unchanged: the same chunks as their held rows, the same pool
+    out.update({ids[i]: read(i) for i in range(len(new), len(ids)) if nearest[i] and docs[i] in again})
     return Plan(out, refresh)
 
 

@@ -317,9 +317,9 @@ def _plan_neighbours(w: Writer, work: Work, sources: list[Source], model: KVMode
                      embedder: Embedder) -> None:
     """A neighbours store's run (`after.plan_neighbours`): each chunk's neighbour among what the store will
     hold, and the held documents whose neighbours changed added to `work` to be encoded again."""
-    encoded = {s.id for s in work.sources}
+    leaving = {s.id for s in work.sources} | set(work.deleted)  # encoded in this run, or deleted by it
     held = {d: {"first": e["first"], "count": e["count"]} for d, e in {**dict(w.base.documents.items()), **w.done}.items()
-            if d not in encoded and d not in set(work.deleted)}
+            if d not in leaving}
     plan = plan_neighbours(w.group, held, work.sources, {s.id: s for s in sources}, model.tokenizer,
                            config.chunk_tokens, embedder, config.encode_after_chunks)
     work.neighbours = plan.neighbour

@@ -62,8 +62,8 @@ class StoreConfig:
     # prefix | header | chunk | trailer, the soft tokens kept in the prefix group; None: no wrapper
     wrapper: str | None = None
     # what each chunk reads between the prefix and itself when encoded (its K/V not kept; #94):
-    # "prefix" nothing, as a query lays chunks out; "document" the chunk before it in its own document;
-    # "neighbours" its nearest chunk of another document by the store's embedder (`ingest/after.py`).
+    # "prefix" nothing, as a query lays chunks out; "document" the chunk(s) before it in its own document;
+    # "neighbours" its nearest chunk(s) of other documents by the store's embedder (`ingest/after.py`).
     # A store encoded after something records what, per chunk (the chunk table's `after` column).
     encode_after: str = "prefix"
     encode_after_chunks: int = 1  # how many: the chunks just before it, or its nearest (the nearest next to it)

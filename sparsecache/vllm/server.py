@@ -73,7 +73,8 @@ KV_CACHE_SHARE = 0.5
 CPU_MAX_NUM_SEQS = 128  # vLLM's default --max-num-seqs for its OpenAI server on a CPU
 
 
-OPTIONS = ("top_k", "chunks", "documents", "method", "recompute_ratio", "prefill_under", "ttft_budget", "gate_coverage")
+BLEND_OPTIONS = ("method", "recompute_ratio", "prefill_under", "ttft_budget", "gate_coverage")  # how a request blends
+OPTIONS = ("top_k", "chunks", "documents", *BLEND_OPTIONS)
 
 
 class Refused(Exception):
@@ -172,8 +173,7 @@ class Rag:
             if v is not None and (not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v)):
                 raise BadRequest(f"{key} must be a non-empty list of strings")
         try:  # the request's method and ratio, parsed once: `request` passes on the typed value
-            given = {k: body[k] for k in ("method", "recompute_ratio", "prefill_under", "ttft_budget", "gate_coverage")
-                     if k in body}
+            given = {k: body[k] for k in BLEND_OPTIONS if k in body}
             base = self.cfg.blend if "method" in given else self.base()
             blend = served_config(given, base, "sparsecache")
         except ConfigError as e:
