@@ -156,11 +156,13 @@ def time_decodes(store_path, device, n_chunks: int, repeats: int = 3, copy: floa
 
 
 def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu", dtype=None,
-                decodes: bool | None = None) -> dict:
+                decodes: bool | None = None, graphs: bool | None = None) -> dict:
     """Build the shape's model (a SHAPES name: random weights; a packaged model's name: its real
     weights and shipped dictionary), its dictionary and a store of ~512-token chunks in `workdir`
     (reused by a rerun with the same shape), then time every method at every k beside the machine's
-    limits; with `decodes` (default: on a GPU) also `time_decodes` at the largest k."""
+    limits; with `decodes` (default: on a GPU) also `time_decodes` at the largest k; with `graphs`
+    (default: on a GPU) the store's methods again with their fixed passes as CUDA graphs
+    (`model.graphs`; off CUDA the same static passes run uncaptured), in `graphed`."""
     import torch
 
     from ..codec.coding import Codec
@@ -211,7 +213,28 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
             "gemm_flops_per_s": flops, "copy_bytes_per_s": copy, "rows": rows}
     if decodes if decodes is not None else torch.device(device).type == "cuda":
         out["decodes"] = time_decodes(store, device, max(ks), copy=copy)
+    if graphs if graphs is not None else torch.device(device).type == "cuda":
+        out["graphed"] = time_graphed(store, model, device, ks, repeats, rows)
     return {**out, **summary(out)}
+
+
+def time_graphed(store, model, device, ks, repeats: int, rows: list[dict]) -> dict:
+    """The store's methods of `shape_methods` timed as `measure_ttft` times them, with the fixed passes
+    on a workspace as CUDA graphs (`graphs.enable`; the first query at each k captures, the timed ones
+    replay): rows with their time per layer and their fraction of full prefill's TTFT in `rows`, and how
+    many graphs were captured and passes replayed."""
+    from ..model.graphs import enable
+    from .ttft import measure_ttft
+
+    full = {x["k"]: x["ttft"] for x in rows if x["method"] == "full"}
+    graphs = enable(model)
+    try:
+        graphed = measure_ttft(store, model, device, ks, repeats, [m for m in shape_methods() if m[0] != "full"])
+    finally:
+        enable(model, False)
+    for row in graphed:
+        row |= per_layer(row, model.n_layers) | {"of_full": row["ttft"] / full[row["k"]]}
+    return {"rows": graphed, "captured": graphs.captures, "replays": graphs.replays, "passes": graphs.runs}
 
 
 def per_layer(row: dict, n_layers: int) -> dict:

@@ -313,11 +313,14 @@ def ttft_cmd(store_path, ks, repeats, cold, busy, min_chunk_tokens, plot, device
               help="Where each shape's store goes (a rerun reuses it) and results.json (a rerun replaces the shapes it names and keeps the others).")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of TTFT as a fraction of full prefill's against model size.")
+@click.option("--cuda-graphs/--no-cuda-graphs", "graphs", default=None,
+              help="Also time the store's methods with their fixed passes (the question's, the scoring pass, the "
+                   "recompute) as CUDA graphs, in each result's `graphed`. Default: on a GPU.")
 @device_option
 @dtype_option
 @json_option
 @library_errors
-def shapes_cmd(shapes, ks, repeats, workdir, plot, device, dtype, as_json):
+def shapes_cmd(shapes, ks, repeats, workdir, plot, graphs, device, dtype, as_json):
     """Where the store pays, by model size: TTFT against full prefill for model shapes.
 
     Each shape's model is built from its config with random weights in the device's dtype (only time
@@ -348,7 +351,7 @@ def shapes_cmd(shapes, ks, repeats, workdir, plot, device, dtype, as_json):
     kept = [r for r in json.loads(saved.read_text()) if r["shape"] not in names] if saved.exists() else []
     results = []
     for n in names:  # results.json after each shape: a later one that fails loses none of them
-        results.append(bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev)))
+        results.append(bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev), graphs=graphs))
         Path(workdir).mkdir(parents=True, exist_ok=True)
         write_atomic(saved, json.dumps(kept + results, indent=1))
     if plot:
@@ -361,6 +364,8 @@ def shapes_cmd(shapes, ks, repeats, workdir, plot, device, dtype, as_json):
                      + " tokens)")
         lines += [f"  k={f['k']:<3} {f['method']:>9}:{f['ratio']:<4} {f['context_tokens']:>6} tokens  "
                   f"ttft {f['ttft_ms']:8.0f} ms  {f['of_full']:.2f}x full" for f in r["fractions"]]
+        lines += [f"  k={g['k']:<3} {g['method']:>9}:{g['ratio']:<4} graphed        ttft {g['ttft']:8.0f} ms  "
+                  f"{g['of_full']:.2f}x full" for g in r.get("graphed", {}).get("rows", [])]
     emit(results, as_json, lines)
 
 

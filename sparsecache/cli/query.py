@@ -65,12 +65,16 @@ from .options import (device_option, dtype_option, emit, fields_of, json_option,
                    "less than this many nats (the answer says so; its TTFT counts both). [default: off]")
 @click.option("--compare", is_flag=True,
               help="Also answer by full prefill of the same chunks (no cache) and say whether the answers agree.")
+@click.option("--cuda-graphs", "graphs", is_flag=True,
+              help="Run the fixed passes (the question's, the scoring pass, the recompute) on a static workspace, "
+                   "padded to a few sizes and captured as CUDA graphs on a GPU (experimental; a query's first "
+                   "passes at a new size capture). [default: off]")
 @model_option
 @device_option
 @dtype_option
 @json_option
 @library_errors
-def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model_path, device, dtype, as_json,
+def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, graphs, model_path, device, dtype, as_json,
               **options):
     """Answer QUESTION from STORE: retrieve, decode, restore positions, recompute, generate.
 
@@ -82,7 +86,7 @@ def query_cmd(store, question, top_k, max_new_tokens, chunk_list, compare, model
     cfg = QueryConfig(**fields_of(QueryConfig, options))
     chunks = [c.strip() for c in chunk_list.split(",") if c.strip()] if chunk_list else None
     a, ref = ask(store, question, cfg, model=model_path, device=resolve_device(device), dtype=dtype, top_k=top_k,
-                 chunks=chunks, max_new_tokens=max_new_tokens, compare=compare)
+                 chunks=chunks, max_new_tokens=max_new_tokens, compare=compare, graphs=graphs)
     t = a.timings_ms
     lines = [a.answer, "", "chunks:"]
     lines += [f"  {c['id']}  {c['doc_id']}#{c['ordinal']}" + (f"  {c['score']:.3f}" if c["score"] is not None else "")

@@ -266,8 +266,12 @@ def embed_ids(model: KVModel, ids: torch.Tensor) -> torch.Tensor:
 def embed_soft(embed, ids: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
     """`embed(ids)` (an engine's own token embedding, scaling included) with each id -1-i replaced
     by row i of `soft` [n, hidden], a wrapper's soft tokens as input embeddings."""
+    # inside a CUDA graph (`graphs`) nothing may synchronise with the host
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if soft is None and capturing:
+        return embed(ids)
     where = ids < 0
-    if not bool(where.any()):
+    if not capturing and not bool(where.any()):
         return embed(ids)
     if soft is None:
         raise ModelError("soft token ids (a wrapped store's header or trailer) but no wrapper loaded")

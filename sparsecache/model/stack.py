@@ -145,6 +145,7 @@ class Stack:
     rope: Rope
     device: torch.device
     dtype: torch.dtype  # of the model's cache
+    graphs = None  # `graphs.Graphs` when the fixed passes run as CUDA graphs (`graphs.enable`)
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, attend: Pass, n_layers: int | None = None,
             logits: bool | str = False) -> torch.Tensor | None:

@@ -101,11 +101,14 @@ class Session:
     follows the store's newest version whenever the one it read is deleted."""
 
     def __init__(self, store: str | Path | KVStore, model: str | KVModel = "default", device: str = "cpu",
-                 raw_dir: str | Path | None = None, dtype: str = DTYPE, warm_retrieval: bool = False):
+                 raw_dir: str | Path | None = None, dtype: str = DTYPE, warm_retrieval: bool = False,
+                 graphs: bool = False):
         """`warm_retrieval`: load the embedder and retrieve once as part of the set-up, so the first
         retrieval does not pay the embedder's loading and first call (~150-200 ms on 2 CPU cores):
         for a session that will retrieve soon, as a CLI query does. (Not in a thread beside the
-        model's loading: transformers' `from_pretrained` is not safe in two threads at once.)"""
+        model's loading: transformers' `from_pretrained` is not safe in two threads at once.)
+        `graphs`: the fixed passes on a static workspace, as CUDA graphs on a GPU (`model.graphs.enable`:
+        the model's, so every session over it from then on)."""
         self.follows_latest = not isinstance(store, KVStore)
         self.rereads = 0  # reads done again at a newer version because the one read was deleted
         self.store = store if isinstance(store, KVStore) else KVStore.open(store)
@@ -118,6 +121,10 @@ class Session:
         self.model = model
         self.store.check_model(self.model.fingerprint())
         use_soft_tokens(self.model, self.store.soft())
+        if graphs:
+            from ..model.graphs import enable
+
+            enable(self.model)
         if self.device.type == "cpu":
             # set-up, like loading the model, not a query's TTFT: the decode's kernels, and its memory for
             # TOP_K full chunks (a first decode into fresh memory was ~2x slower, #82 item 3)
@@ -336,13 +343,15 @@ def _hit(c, score: float | None) -> dict:
 
 def ask(store: str | Path | KVStore, question: str, config: QueryConfig | None = None, *, model: str = "default",
         device: str = "cpu", dtype: str = DTYPE, top_k: int = TOP_K, chunks: list[str] | None = None,
-        max_new_tokens: int = MAX_NEW_TOKENS, compare: bool = False) -> tuple[Answer, dict | None]:
+        max_new_tokens: int = MAX_NEW_TOKENS, compare: bool = False, graphs: bool = False
+        ) -> tuple[Answer, dict | None]:
     """One question, as `sparsecache query` asks it: a Session over `store` and its answer under
     `config` (None, or a config whose method is None: the store's measured choice,
     `Session.configured`) from the `top_k` retrieved chunks (or the given `chunks`), and with
-    `compare` how it compares with full prefill of the same chunks (`Session.compare`; None without)."""
+    `compare` how it compares with full prefill of the same chunks (`Session.compare`; None without);
+    `graphs`: `Session`'s."""
     check_question(question)  # before the model loads
-    session = Session(store, model, device, dtype=dtype, warm_retrieval=chunks is None)
+    session = Session(store, model, device, dtype=dtype, warm_retrieval=chunks is None, graphs=graphs)
     answer = session.query(question, config, top_k=top_k, chunks=chunks, max_new_tokens=max_new_tokens)
     if not compare:
         return answer, None

@@ -44,10 +44,18 @@ def test_a_toy_shape_is_timed_beside_the_machines_limits(tmp_path):
     # results.json and keeps the others: shapes can be run one per invocation
     other = {**out, "shape": "another"}
     (work / "results.json").write_text(json.dumps([other, out]))
+    # (and with --cuda-graphs the store's methods run again with their fixed passes on a graph workspace:
+    # off CUDA uncaptured, which is the path a GPU captures; on a CPU by default not at all)
+    assert "graphed" not in out
     again = CliRunner().invoke(cli, ["bench", "shapes", "--shape", "toy", "--k", "2", "--repeats", "1",
-                                     "--workdir", str(work), "--json"])
+                                     "--workdir", str(work), "--cuda-graphs", "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)[0]["encode"] == out["encode"]
+    graphed = json.loads(again.stdout)[0]["graphed"]
+    # two queries per method (warm-up, timed): none one pass (the question's), infoflow two (scoring, recompute)
+    assert graphed["captured"] == graphed["replays"] == 0 and graphed["passes"] == 2 * (1 + 2 + 2)
+    assert {(x["method"], x["ratio"]) for x in graphed["rows"]} == methods - {("full", 0.0)}
+    assert all(x["of_full"] > 0 and x["first_token_ms_per_layer"] > 0 for x in graphed["rows"])
     saved = json.loads((work / "results.json").read_text())
     assert [r["shape"] for r in saved] == ["another", "toy"] and {x["k"] for x in saved[1]["rows"]} == {2}
     # a GPU's decodes (the gather, the dense and CSR products, the Triton kernel), timed side by side: here on

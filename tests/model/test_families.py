@@ -13,7 +13,7 @@ from sparsecache.model.cache import assemble
 from sparsecache.model.generate import question_ids
 from sparsecache.query.blend import attention_scores, value_deviation
 from support.corpora import write_corpus
-from support.models import eager_attention_mass, GEMMA2, GEMMA3, tiny
+from support.models import assert_graphed_passes_equal_eager, eager_attention_mass, GEMMA2, GEMMA3, tiny
 
 QUESTION = "What does the statement do?"
 
@@ -41,6 +41,14 @@ def test_attention_scores_match_the_models_own_eager_attention(model):
         ctx = exact_context(model, ["The pass statement does nothing at all.", "A break ends the loop early."])
         scores = attention_scores(ctx, q, model, layer)
         torch.testing.assert_close(scores, eager_attention_mass(model, ctx, q, layer), atol=1e-4, rtol=1e-4)
+
+
+def test_the_passes_on_a_graph_workspace_equal_the_ordinary_ones(model):
+    """`model.graphs`' static passes (padded, over a fixed capacity, masked by position) under sliding
+    windows, soft caps, per-layer-type RoPE tables, k_norm and fused projections."""
+    q = question_ids(model, QUESTION)
+    texts = ["The pass statement does nothing at all.", "A break ends the loop early, skipping the else clause."]
+    assert_graphed_passes_equal_eager(model, lambda: exact_context(model, texts), q, 0.3, 1)
 
 
 def test_first_layer_kv_is_what_the_model_computes_at_layer_0(model):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -148,6 +150,35 @@ def test_cache_plugs_into_generate(session, chunk_ids, tiny_model):
     ours = session.query(QUESTION, chunks=chunk_ids, method="none", max_new_tokens=4)
     expected = tiny_model.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
     assert ours.answer == expected
+
+
+@pytest.mark.parametrize("method", ["none", "infoflow", "chunkflow", "legolink", "a3", "cacheblend"])
+def test_a_session_with_graphed_passes_answers_as_without(session, chunk_ids, tiny_model, method):
+    """Each method's fusion with its fixed passes on `model.graphs`' workspace (uncaptured on a CPU):
+    the same first logits and answer, and what it generates after reads the cache the passes left."""
+    from sparsecache.model.graphs import enable
+
+    plain = session.query(QUESTION, chunks=chunk_ids, method=method, max_new_tokens=6, prefill_under=0)
+    graphs = enable(tiny_model, capture=False)
+    try:
+        got = session.query(QUESTION, chunks=chunk_ids, method=method, max_new_tokens=6, prefill_under=0)
+    finally:
+        enable(tiny_model, False)
+    assert graphs.runs >= 1
+    torch.testing.assert_close(got.logits, plain.logits, atol=2e-5, rtol=1e-4)
+    assert got.tokens == plain.tokens and got.recomputed_tokens == plain.recomputed_tokens
+
+
+def test_query_cuda_graphs_answers_as_without(session, chunk_ids, tiny_model_dir):
+    from click.testing import CliRunner
+
+    from sparsecache.cli.main import cli
+
+    args = ["query", str(session.store.root), QUESTION, "--chunks", ",".join(chunk_ids), "--model",
+            str(tiny_model_dir), "--device", "cpu", "--max-new-tokens", "5", "--prefill-under", "0", "--json"]
+    plain, graphed = (CliRunner().invoke(cli, args + extra) for extra in ([], ["--cuda-graphs"]))
+    assert plain.exit_code == graphed.exit_code == 0, graphed.output
+    assert json.loads(graphed.stdout)["answer"] == json.loads(plain.stdout)["answer"]
 
 
 def test_attention_scores_match_eager_attention(session, chunk_ids, tiny_model):

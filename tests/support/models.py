@@ -202,3 +202,34 @@ def assert_shipped_opt_in_wrapper(m) -> None:
     assert keys.shape[1] == len(prefix) + 16 + len(chunk)
     torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)  # measured on Gemma: 2e-5 of logits up to 26
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def assert_graphed_passes_equal_eager(model, make_context, q_ids: list[int], ratio: float, layer: int,
+                                      config=None) -> None:
+    """The fixed passes on a `model.graphs` workspace (run eagerly: no capture off CUDA) give what
+    the ordinary passes give: the scoring pass's scores, then the recomputation of the top `ratio`
+    with the question riding along (its logits), and the cache they leave (context and question).
+    `make_context()` builds a fresh Context each time."""
+    from sparsecache.model.cache import recompute
+    from sparsecache.model.graphs import GraphConfig, enable
+    from sparsecache.query.blend import attention_scores, select
+
+    eager = make_context()
+    scores = attention_scores(eager, q_ids, model, layer)
+    positions = select(scores, eager, ratio)
+    logits = recompute(eager, positions, model, q_ids=q_ids)
+    graphs = enable(model, capture=False, config=config or GraphConfig())
+    try:
+        ctx = make_context()
+        with graphs.mirror(ctx, len(q_ids)):
+            got_scores = attention_scores(ctx, q_ids, model, layer)
+            got = recompute(ctx, positions, model, q_ids=q_ids)  # the same selection: near-ties could swap
+        assert graphs.runs == 2  # both passes ran on the workspace
+    finally:
+        enable(model, False)
+    torch.testing.assert_close(got_scores, scores, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got, logits, atol=2e-5, rtol=1e-4)
+    assert ctx.cache.get_seq_length() == eager.cache.get_seq_length() == eager.length + len(q_ids)
+    for a, b in zip(eager.cache.layers, ctx.cache.layers):
+        torch.testing.assert_close(b.keys, a.keys, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(b.values, a.values, atol=2e-5, rtol=1e-4)

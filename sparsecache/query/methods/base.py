@@ -132,10 +132,20 @@ class Decoded(Method):
 
         from ...model.cache import recompute
         from ...model.generate import prefill
+        from ...model.graphs import graphs_of
         from ...stopwatch import Stopwatch
 
         watch = watch if watch is not None else Stopwatch(model.device)
         positions = torch.zeros(0, dtype=torch.long)
+        graphs = graphs_of(model)
+        if graphs is not None:  # the same passes, padded, on a workspace, as CUDA graphs (`model.graphs`)
+            with graphs.mirror(ctx, len(q_ids)):
+                if cfg.recomputes:
+                    with watch.step("select"):
+                        positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
+                with watch.step("recompute" if cfg.recomputes else "prefill"):
+                    logits = recompute(ctx, positions, model, q_ids=q_ids)
+            return logits, positions
         if cfg.recomputes:
             with watch.step("select"):
                 positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
