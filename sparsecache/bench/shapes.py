@@ -156,13 +156,14 @@ def time_decodes(store_path, device, n_chunks: int, repeats: int = 3, copy: floa
 
 
 def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu", dtype=None,
-                decodes: bool | None = None, graphs: bool | None = None) -> dict:
+                decodes: bool | None = None, graphs: bool | None = None, partial=None) -> dict:
     """Build the shape's model (a SHAPES name: random weights; a packaged model's name: its real
     weights and shipped dictionary), its dictionary and a store of ~512-token chunks in `workdir`
     (reused by a rerun with the same shape), then time every method at every k beside the machine's
     limits; with `decodes` (default: on a GPU) also `time_decodes` at the largest k; with `graphs`
     (default: on a GPU) the store's methods again with their fixed passes as CUDA graphs
-    (`model.graphs`; off CUDA the same static passes run uncaptured), in `graphed`."""
+    (`model.graphs`; off CUDA the same static passes run uncaptured), in `graphed`. `partial(result)`, if
+    given, is called with the result so far before each of those two (a time limit loses only them)."""
     import torch
 
     from ..codec.coding import Codec
@@ -211,10 +212,14 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
             "cpu": cpu_model(), "note": "only time is measured", "encode": encode,
             "store_bytes_per_token": stored, "fp16_kv_bytes_per_token": fp16, "ratio_vs_fp16": fp16 / stored,
             "gemm_flops_per_s": flops, "copy_bytes_per_s": copy, "rows": rows}
-    if decodes if decodes is not None else torch.device(device).type == "cuda":
-        out["decodes"] = time_decodes(store, device, max(ks), copy=copy)
-    if graphs if graphs is not None else torch.device(device).type == "cuda":
-        out["graphed"] = time_graphed(store, model, device, ks, repeats, rows)
+    cuda = torch.device(device).type == "cuda"
+    for part, on in (("decodes", decodes), ("graphed", graphs)):
+        if not (on if on is not None else cuda):
+            continue
+        if partial is not None:
+            partial({**out, **summary(out)})
+        out[part] = (time_decodes(store, device, max(ks), copy=copy) if part == "decodes"
+                     else time_graphed(store, model, device, ks, repeats, rows))
     return {**out, **summary(out)}
 
 

@@ -350,10 +350,15 @@ def shapes_cmd(shapes, ks, repeats, workdir, plot, graphs, device, dtype, as_jso
     # a rerun replaces the shapes it names and keeps the others, so shapes can be run one per invocation
     kept = [r for r in json.loads(saved.read_text()) if r["shape"] not in names] if saved.exists() else []
     results = []
-    for n in names:  # results.json after each shape: a later one that fails loses none of them
-        results.append(bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev), graphs=graphs))
+
+    def save(done):
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        write_atomic(saved, json.dumps(kept + results, indent=1))
+        write_atomic(saved, json.dumps(kept + done, indent=1))
+
+    for n in names:  # results.json after each shape (and before its optional parts): a later one that fails loses none
+        results.append(bench_shape(n, workdir, ks, repeats, dev, query_dtype(dtype, dev), graphs=graphs,
+                                   partial=lambda r: save(results + [r])))
+        save(results)
     if plot:
         plot_shapes(kept + results, plot)
     lines = []
