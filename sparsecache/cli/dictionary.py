@@ -137,6 +137,10 @@ W = WrapperConfig()
               help="Output directory (wrapper.safetensors + wrapper.json, curve.json/.png, checkpoint, prompts).")
 @click.option("--header", default=W.header, show_default=True, help="Soft tokens before every chunk.")
 @click.option("--trailer", default=W.trailer, show_default=True, help="Soft tokens after every chunk.")
+@click.option("--linked", is_flag=True, default=W.linked,
+              help="Learn the trailer as link tokens: every query recomputes each chunk's trailer after all the "
+                   "chunks before it (KVLink's, the model frozen), and learning does the same; a store encoded "
+                   "with it does so whatever the method. Needs --trailer >= 1. [default: off]")
 @click.option("--steps", default=W.steps, show_default=True, help="Training steps (one prompt each).")
 @click.option("--lr", default=W.lr, show_default=True, help="Adam's peak learning rate (warm-up, cosine decay).")
 @click.option("--k", default=W.k, show_default=True, help="Chunks per training prompt.")

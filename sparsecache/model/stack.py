@@ -247,6 +247,11 @@ class HFStack(Stack):
 
     @torch.inference_mode()
     def run(self, ids, positions, attend, n_layers=None, logits=False):
+        return self.forward(ids, positions, attend, n_layers, logits)
+
+    def forward(self, ids, positions, attend, n_layers=None, logits=False):
+        """`run`, differentiable (in the soft tokens and whatever K/V `attend`'s cache holds): what
+        learning a linked trailer runs (`wrapper.learn`)."""
         hf = self.model.hf.model
         n = self.n_layers if n_layers is None else n_layers
         h = embed_ids(self.model, ids[None])  # (1, T, d); a wrapped store's soft tokens have ids < 0

@@ -19,14 +19,22 @@ class ContextLayout:
     prefix: tuple[int, ...]  # the shared prefix's token ids, first in every context
     header: tuple[int, ...] = ()  # a wrapped store's soft token ids before every chunk; () without a wrapper
     trailer: int = 0  # soft tokens each stored chunk ends with (already in its stored tokens)
+    linked: bool = False  # a linked wrapper's: every query recomputes each chunk's trailer (`links`)
 
     @classmethod
-    def of(cls, encoded_after: Sequence[int], soft_tokens: int = 0) -> "ContextLayout":
+    def of(cls, encoded_after: Sequence[int], soft_tokens: int = 0, linked: bool = False) -> "ContextLayout":
         """The layout of a store whose chunks were encoded after `encoded_after` (the prefix, then a
         wrapped store's soft header ids) with `soft_tokens` soft tokens in all (header + trailer)."""
         prefix = tuple(t for t in encoded_after if t >= 0)
         header = tuple(encoded_after[len(prefix):])
-        return cls(prefix, header, soft_tokens - len(header) if soft_tokens else 0)
+        return cls(prefix, header, soft_tokens - len(header) if soft_tokens else 0, linked)
+
+    def links(self, spans: Iterable[tuple[int, int]]) -> list[int]:
+        """The context positions a query recomputes whatever its method (a linked wrapper's trailers:
+        the last `trailer` positions of each chunk's span); none otherwise."""
+        if not (self.linked and self.trailer):
+            return []
+        return [p for _, end in spans for p in range(end - self.trailer, end)]
 
     def chunk_tokens(self, lengths: Iterable[int]) -> int:
         """The tokens chunks of stored `lengths` take in a context, each with the header; the prefix left out."""

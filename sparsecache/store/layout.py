@@ -68,6 +68,11 @@ class StoreConfig:
     encode_after: str = "prefix"
     encode_after_chunks: int = 1  # how many: the chunks just before it, or its nearest (the nearest next to it)
 
+    @property
+    def linked(self) -> bool:
+        """A linked wrapper's store: every query recomputes every chunk's trailer (`wrapper.apply`)."""
+        return linked_digest(self.wrapper)
+
     def __post_init__(self):
         if not 16 <= self.chunk_tokens <= 8192:
             raise ConfigError(f"--chunk-tokens must be in [16, 8192], got {self.chunk_tokens}")
@@ -191,11 +196,18 @@ def create_generation(backend: Backend, name: str, config: StoreConfig, dictiona
                    dtype="float32", fill_value=0.0, compressors=compressors("zstd"))
 
 
+def linked_digest(wrapper: str | None) -> bool:
+    """Whether a wrapper digest (`Wrapper.digest`, "16+8L:…") is a linked wrapper's."""
+    return bool(wrapper) and wrapper.split(":", 1)[0].endswith("L")
+
+
 def config_attrs(config: StoreConfig) -> tuple[int, dict]:
     """(the root format, the config as a store's attributes keep it): a store in the default format is written
-    so that a release before `encode_after` existed opens it (its StoreConfig has no such fields)."""
+    so that a release before `encode_after` existed opens it (its StoreConfig has no such fields); a store encoded
+    after something, or with a linked wrapper (whose trailers an older release would read as stored), says
+    FORMAT_AFTER, which such releases refuse."""
     fields = {k: v for k, v in asdict(config).items() if NEW_CONFIG_DEFAULTS.get(k, object()) != v}
-    return (FORMAT_AFTER if config.encode_after != "prefix" else FORMAT_VERSION), fields
+    return (FORMAT_AFTER if config.encode_after != "prefix" or config.linked else FORMAT_VERSION), fields
 
 
 def table_strings(config: StoreConfig) -> tuple[str, ...]:

@@ -489,7 +489,7 @@ class Store:
     def layout(self) -> ContextLayout:
         """How a context of this store's chunks is laid out (`context_layout`)."""
         ids, _, _, soft = self._prefix_group()
-        return ContextLayout.of(ids, 0 if soft is None else soft.shape[0])
+        return ContextLayout.of(ids, 0 if soft is None else soft.shape[0], self.config.linked)
 
     def soft(self) -> torch.Tensor | None:
         """A wrapped store's soft tokens [H + T, hidden] (`KVModel.soft`); None without a wrapper."""
@@ -637,7 +637,8 @@ class Store:
             "index_segments": len(m.index_pieces()),
             "document_segments": len(m.segments),
             **({"wrapper": {"digest": self.config.wrapper, "header": header, "trailer": trailer,
-                            "trailer_tokens": trailer * m.chunks}} if self.soft() is not None else {}),
+                            "trailer_tokens": trailer * m.chunks, "linked": self.config.linked}}
+               if self.soft() is not None else {}),
             "model": fp,
             "dictionary": self.attrs["dictionary"],
             "config": self.attrs["config"],

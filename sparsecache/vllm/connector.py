@@ -240,6 +240,9 @@ class SparsecacheConnector(KVConnectorBase_V1):
         # a missing or unreadable store, or one of another model, stops the engine here, not per request
         self._store().check_model(config_fingerprint(vllm_config.model_config.hf_config,
                                                      f"the model vLLM serves ({vllm_config.model_config.model})"))
+        if self._store().config.linked:  # its trailers must be recomputed in every query: not done here yet
+            raise ConfigError("this store was encoded with a linked wrapper, whose trailers every query recomputes; "
+                              "the vLLM connector does not yet: serve it with `sparsecache serve`")
         # scheduler side
         self._plans: dict[str, LoadSpec] = {}
         self._to_load: dict[str, LoadSpec] = {}

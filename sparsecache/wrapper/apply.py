@@ -8,6 +8,12 @@ positions, so the header's K/V is the same for every chunk (it sees only the pre
 The model is never changed: the wrapper is learned by self-distillation (`learn.py`)
 so that the wrapped chunks, read without recomputing anything, answer as full prefill does.
 
+A *linked* wrapper's trailer is not read as stored: a query recomputes every chunk's trailer
+tokens in place, after every chunk before them (KVLink's link tokens, the model frozen), so they
+can carry what one chunk says to the chunks after it; it is learned that way (`learn.py`), and a
+store encoded with it says so in its wrapper digest (`LINKED`), which a query reads
+(`ContextLayout.linked`).
+
 This module holds the artifact (safetensors + JSON, found by the model's fingerprint like a
 dictionary) and the wrapped layout, differentiable for training and the same for answering.
 """
@@ -34,6 +40,7 @@ SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0-neutral", "gemma-3-270m-wrapper
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1
+LINKED = "L"  # the mark after a linked wrapper's lengths in its digest ("16+8L:…"; `store.layout.linked_digest`)
 
 
 @dataclass
@@ -44,6 +51,7 @@ class Wrapper:
     trailer: torch.Tensor
     model: dict  # the model's fingerprint
     meta: dict = field(default_factory=dict)  # the recipe and its evaluation record
+    linked: bool = False  # the trailer is recomputed at query time after every chunk before it (module docstring)
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -63,7 +71,7 @@ class Wrapper:
         import hashlib
 
         H, T = self.lengths
-        return f"{H}+{T}:" + hashlib.sha256(self.table().numpy().tobytes()).hexdigest()[:16]
+        return f"{H}+{T}{LINKED if self.linked else ''}:" + hashlib.sha256(self.table().numpy().tobytes()).hexdigest()[:16]
 
     def save(self, out: str | Path) -> Path:
         from safetensors.torch import save
@@ -74,7 +82,7 @@ class Wrapper:
                                                "trailer": self.trailer.detach().float().cpu().contiguous()}))
         write_atomic(out / META_FILE, json.dumps({"format": FORMAT_VERSION, "model": self.model,
                                                    "header": self.lengths[0], "trailer": self.lengths[1],
-                                                   **self.meta}, indent=1))
+                                                   **({"linked": True} if self.linked else {}), **self.meta}, indent=1))
         return out
 
     @classmethod
@@ -88,9 +96,10 @@ class Wrapper:
         meta = json.loads((path / META_FILE).read_text())
         tensors = load_file(str(path / WRAPPER_FILE))
         model = meta.pop("model")
+        linked = bool(meta.pop("linked", False))
         for key in ("format", "header", "trailer"):
             meta.pop(key, None)
-        return cls(tensors["header"], tensors["trailer"], model, meta)
+        return cls(tensors["header"], tensors["trailer"], model, meta, linked)
 
     def check_model(self, model: KVModel) -> None:
         if not same_model(model.fingerprint(), self.model):
@@ -180,7 +189,7 @@ def with_placeholders(ids: list[int], fill: int) -> list[int]:
     return [fill if t < 0 else t for t in ids]
 
 
-def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:
+def initial_wrapper(model: KVModel, header: int, trailer: int, linked: bool = False) -> Wrapper:
     """A wrapper whose soft tokens start as the embeddings of real text (a neutral sentence for the
     header, paragraph breaks for the trailer): training starts from what the model knows how to read."""
     tok = model.tokenizer
@@ -193,7 +202,38 @@ def initial_wrapper(model: KVModel, header: int, trailer: int) -> Wrapper:
             return model.hf.model.embed_tokens(ids).float().detach().clone()
 
     return Wrapper(tokens("The following passage is one of several documents.", header),
-                   tokens("\n\n", trailer), model.fingerprint())
+                   tokens("\n\n", trailer), model.fingerprint(), linked=linked)
+
+
+def wrapped_ids(prefix: list[int], chunks: list[list[int]], header: int, trailer: int) -> tuple[list[int], list[int]]:
+    """The token ids of `prefix | header chunk₁ trailer | …` (soft tokens negative, `soft_ids`) and the
+    positions of the trailers' tokens in it: what a linked wrapper's query recomputes."""
+    head, tail = soft_ids(header, trailer)
+    ids, links = list(prefix), []
+    for c in chunks:
+        ids += head + list(c)
+        links += range(len(ids), len(ids) + trailer)
+        ids += tail
+    return ids, links
+
+
+def linked_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor, context_ids: list[int], links: list[int],
+                  ids: list[int], soft: torch.Tensor):
+    """(float32 [len(ids), vocab], the cache): `continuation_logits` of a linked wrapper's context,
+    whose trailer positions `links` are recomputed in the same pass, after everything before them, as
+    a query recomputes them; `soft` [H + T, d] the soft tokens' embeddings. Differentiable in the K/V
+    and `soft` (`HFStack.forward`). The cache holds the recomputed trailers and `ids`' K/V after it."""
+    from ..model.stack import Pass, as_stack
+
+    dev, S = model.device, keys.shape[1]
+    positions = torch.cat([torch.tensor(links, dtype=torch.long), torch.arange(S, S + len(ids))]).to(dev)
+    tokens = torch.tensor([context_ids[p] for p in links] + list(ids), dtype=torch.long, device=dev)
+    cache = kv_cache(keys, values, model)
+    saved, model.soft = model.soft, soft.to(dev)
+    try:
+        return as_stack(model).forward(tokens, positions, Pass(cache, positions), logits="all")[-len(ids):], cache
+    finally:
+        model.soft = saved
 
 
 def wrapped_kv(model: KVModel, chunks: list[list[int]], prefix: list[int], header: torch.Tensor | None,
@@ -238,10 +278,14 @@ def wrapped_pieces(model: KVModel, chunks: list[list[int]], prefix: list[int], h
 def continuation_logits(model: KVModel, keys: torch.Tensor, values: torch.Tensor, ids: list[int]) -> torch.Tensor:
     """float32 [len(ids), vocab]: the next-token logits after each of `ids`, run after a context's
     post-RoPE K/V [L, S, m] (differentiable through the K/V)."""
-    S = keys.shape[1]
-    cache = kv_cache(keys, values, model)
+    return continued(model, kv_cache(keys, values, model), keys.shape[1], ids)
+
+
+def continued(model: KVModel, cache, start: int, ids: list[int]) -> torch.Tensor:
+    """float32 [len(ids), vocab]: the logits after each of `ids` run at positions `start`… after the
+    context in `cache` (their K/V join it; differentiable through it)."""
     out = model.hf(input_ids=torch.tensor([ids], device=model.device),
-                   position_ids=torch.arange(S, S + len(ids), device=model.device)[None],
+                   position_ids=torch.arange(start, start + len(ids), device=model.device)[None],
                    **{model.cache_arg: cache}, use_cache=True)
     return out.logits[0].float()
 

@@ -24,6 +24,9 @@ class WrapperConfig:
 
     header: int = 16  # soft tokens before every chunk (KV Packet's 8 + 8 in count)
     trailer: int = 0  # soft tokens after every chunk: none, since a trailer hurts the text after the last chunk
+    # the trailer recomputed at query time after every chunk before it (KVLink's link tokens, the model frozen),
+    # and learned that way: a store encoded with it recomputes every chunk's trailer in every query (#94 item 3)
+    linked: bool = False
     steps: int = 300  # one prompt per step: its k chunks re-encoded with gradients (~15 s on 2 CPU cores at k = 8)
     lr: float = 3e-3  # Adam's peak rate (warm-up, then cosine decay)
     k: int = 8  # chunks per training prompt
@@ -43,6 +46,8 @@ class WrapperConfig:
     def __post_init__(self):
         if self.header < 0 or self.trailer < 0 or self.header + self.trailer == 0:
             raise ConfigError(f"a wrapper needs a header or a trailer (got {self.header} + {self.trailer} tokens)")
+        if self.linked and self.trailer < 1:
+            raise ConfigError("--linked recomputes the trailer at query time: it needs --trailer >= 1")
         if self.k < 2:
             raise ConfigError(f"--k must be >= 2 (chunks per training prompt), got {self.k}")
         if self.questions not in QUESTION_SOURCES:

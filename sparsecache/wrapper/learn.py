@@ -3,7 +3,9 @@
 Teacher: the model's full prefill of `prefix + k chunks + question`, its greedy answer and its
 next-token distributions along that answer (the top `top` log-probabilities per token, kept on
 disk per prompt). Student: the same model reading the k chunks encoded one by one as
-`prefix | header chunk trailer`, laid out one after another, nothing recomputed. Loss: the
+`prefix | header chunk trailer`, laid out one after another, nothing recomputed (a linked
+wrapper, `WrapperConfig.linked`: every trailer recomputed in place after all the chunks before it,
+the gradient flowing through that pass as well, as a query reads it). Loss: the
 KL divergence from teacher to student on the answer's tokens. A share of the prompts are
 running text instead (k consecutive pieces of calibration text and the text that follows them),
 so wrapped chunks also continue text as the concatenation would.
@@ -29,9 +31,9 @@ import torch
 
 from ..durable import write_atomic
 from ..model.cache import truncate
-from ..model.generate import forced_agreement, full_prefill, greedy_continue, prefill, question_ids
+from ..model.generate import forced_agreement, full_prefill, greedy_continue, question_ids
 from ..model.kvmodel import KVModel, default_prefix_ids, kv_cache
-from .apply import Wrapper, continuation_logits, initial_wrapper, wrapped_kv
+from .apply import Wrapper, continued, initial_wrapper, linked_logits, wrapped_ids, wrapped_kv
 from .config import WrapperConfig
 
 CHUNK_TOKENS = 512  # a suite document is one chunk of at most this many tokens
@@ -156,11 +158,23 @@ def _teacher(model: KVModel, prefix: list[int], prompts: list[dict], i: int, out
     return target
 
 
-def distillation_loss(model: KVModel, prefix: list[int], chunks: list[list[int]], target: dict,
-                      header: torch.Tensor, trailer: torch.Tensor) -> torch.Tensor:
-    """KL(teacher ‖ student) per answer token, mean, over the teacher's top tokens (renormalised)."""
+def student_logits(model: KVModel, prefix: list[int], chunks: list[list[int]], ids: list[int],
+                   header: torch.Tensor | None, trailer: torch.Tensor | None, linked: bool = False):
+    """(float32 [len(ids), vocab], the cache): the logits after each of `ids` read after the wrapped
+    chunks as a query reads them (a linked wrapper's trailers recomputed in place), and the cache
+    holding the context and `ids`. Differentiable in the header and trailer."""
     keys, values = wrapped_kv(model, chunks, prefix, header, trailer)
-    logits = continuation_logits(model, keys, values, target["inputs"])[-target["n"]:]
+    if linked and trailer is not None and trailer.shape[0]:
+        context, links = wrapped_ids(prefix, chunks, header.shape[0], trailer.shape[0])
+        return linked_logits(model, keys, values, context, links, ids, torch.cat([header, trailer]))
+    cache = kv_cache(keys, values, model)
+    return continued(model, cache, keys.shape[1], ids), cache
+
+
+def distillation_loss(model: KVModel, prefix: list[int], chunks: list[list[int]], target: dict,
+                      header: torch.Tensor, trailer: torch.Tensor, linked: bool = False) -> torch.Tensor:
+    """KL(teacher ‖ student) per answer token, mean, over the teacher's top tokens (renormalised)."""
+    logits = student_logits(model, prefix, chunks, target["inputs"], header, trailer, linked)[0][-target["n"]:]
     student = logits.log_softmax(-1).gather(-1, target["idx"].long().to(logits.device))
     teacher = target["logp"].float().to(logits.device).log_softmax(-1)
     return (teacher.exp() * (teacher - student)).sum(-1).mean()
@@ -170,14 +184,14 @@ def distillation_loss(model: KVModel, prefix: list[int], chunks: list[list[int]]
 
 
 @torch.no_grad()
-def answer(model: KVModel, keys: torch.Tensor, values: torch.Tensor, q: list[int], reference: list[int] | None,
+def answer(model: KVModel, prefix: list[int], chunks: list[list[int]], header: torch.Tensor | None,
+           trailer: torch.Tensor | None, q: list[int], reference: list[int] | None, linked: bool = False,
            max_new_tokens: int = EVAL_ANSWER_TOKENS) -> tuple[str, list[int], float | None]:
-    """Greedy answer to question tokens `q` after a context's post-RoPE K/V, and the share of
-    `reference`'s tokens it predicts teacher-forced (as `query --compare` does)."""
-    cache = kv_cache(keys, values, model)
-    S = keys.shape[1]
-    logits = prefill(cache, q, model)
-    position = S + len(q)
+    """Greedy answer to question tokens `q` after the wrapped chunks (`student_logits`), and the share
+    of `reference`'s tokens it predicts teacher-forced (as `query --compare` does)."""
+    logits, cache = student_logits(model, prefix, chunks, q, header, trailer, linked)
+    logits = logits[-1]
+    position = cache.get_seq_length()
     agreement = None
     if reference:
         agreement = forced_agreement(logits, cache, position, reference, model) / len(reference)
@@ -189,7 +203,7 @@ def answer(model: KVModel, keys: torch.Tensor, values: torch.Tensor, q: list[int
 @torch.no_grad()
 def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: torch.Tensor | None = None,
                   trailer: torch.Tensor | None = None, full: list[list[int]] | None = None,
-                  as_full: bool = False) -> dict:
+                  as_full: bool = False, linked: bool = False) -> dict:
     """Running text after pieces of it: the continuation's perplexity, its top-1 predictions
     (`top1`) and, given full prefill's (`full`), how often they agree (`text_top1`). The pieces are
     read encoded alone (header/trailer None), wrapped, or by full prefill itself (`as_full`)."""
@@ -201,8 +215,7 @@ def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: 
             out = model.hf(input_ids=torch.tensor([ctx + cont[:-1]], device=model.device))
             logits = out.logits[0, -(len(cont) - 1):].float()
         else:
-            keys, values = wrapped_kv(model, t["chunks"], prefix, header, trailer)
-            logits = continuation_logits(model, keys, values, cont[:-1])
+            logits = student_logits(model, prefix, t["chunks"], cont[:-1], header, trailer, linked)[0]
         target = torch.tensor(cont[1:], device=logits.device)
         nll += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
         n += len(target)
@@ -217,22 +230,22 @@ def text_fidelity(model: KVModel, prefix: list[int], texts: list[dict], header: 
 
 def evaluate(model: KVModel, prefix: list[int], questions: list[dict], full: list[dict],
              header: torch.Tensor | None, trailer: torch.Tensor | None, progress: bool = False,
-             texts: list[dict] | None = None, text_full: list[list[int]] | None = None) -> dict:
-    """`none` from wrapped chunks (raw K/V, nothing recomputed) against full prefill on `questions`,
-    and with `texts` (held-out running text) its continuation against full prefill's (`text_full`)."""
+             texts: list[dict] | None = None, text_full: list[list[int]] | None = None, linked: bool = False) -> dict:
+    """`none` from wrapped chunks (raw K/V, nothing recomputed but a linked wrapper's trailers) against
+    full prefill on `questions`, and with `texts` (held-out running text) its continuation against full
+    prefill's (`text_full`)."""
     from tqdm import tqdm
 
     from ..measure.answers import contains
 
     right, agree = [], []
     for q, f in tqdm(list(zip(questions, full)), desc="dev questions", leave=False, disable=not progress):
-        keys, values = wrapped_kv(model, q["chunks"], prefix, header, trailer)
-        text, _, a = answer(model, keys, values, q["question"], f["tokens"])
+        text, _, a = answer(model, prefix, q["chunks"], header, trailer, q["question"], f["tokens"], linked)
         right.append(contains(text, q["truth"]))
         agree.append(a or 0.0)
     full_right = [f["correct"] for f in full]
     both = sum(r and f for r, f in zip(right, full_right))
-    text = text_fidelity(model, prefix, texts, header, trailer, text_full) if texts else {}
+    text = text_fidelity(model, prefix, texts, header, trailer, text_full, linked=linked) if texts else {}
     text.pop("top1", None)
     return {"correct": sum(right) / len(right), "full_correct": sum(full_right) / len(right),
             "correct_vs_full": sum(right) / max(1, sum(full_right)),
@@ -302,7 +315,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
     prefix = default_prefix_ids(model)
     prompts = training_prompts(model, out, cfg)
     questions, full, plain, texts, text_full = _eval_set(model, prefix, out, cfg, progress)
-    wrapper = initial_wrapper(model, cfg.header, cfg.trailer)
+    wrapper = initial_wrapper(model, cfg.header, cfg.trailer, cfg.linked)
     header, trailer = wrapper.header.requires_grad_(), wrapper.trailer.requires_grad_()
     opt = torch.optim.Adam([header, trailer], lr=cfg.lr)
     state = {"step": 0, "curve": [], "losses": []}
@@ -318,7 +331,8 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
         state = saved["state"]
     if not state["curve"]:
         state["curve"].append({"step": 0, "kl": None, **evaluate(model, prefix, questions, full, header.detach(),
-                                                                  trailer.detach(), progress, texts, text_full)})
+                                                                  trailer.detach(), progress, texts, text_full,
+                                                                  cfg.linked)})
 
     def checkpoint():
         buf = io.BytesIO()
@@ -334,7 +348,7 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
         target = _teacher(model, prefix, prompts, i, out, cfg)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        loss = distillation_loss(model, prefix, prompts[i]["chunks"], target, header, trailer)
+        loss = distillation_loss(model, prefix, prompts[i]["chunks"], target, header, trailer, cfg.linked)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -345,10 +359,10 @@ def learn_wrapper(model: KVModel, out: str | Path, cfg: WrapperConfig = WrapperC
             recent = state["losses"][-cfg.eval_every:]
             state["curve"].append({"step": state["step"], "kl": sum(recent) / len(recent),
                                    **evaluate(model, prefix, questions, full, header.detach(), trailer.detach(),
-                                              progress, texts, text_full)})
+                                              progress, texts, text_full, cfg.linked)})
             checkpoint()
     checkpoint()
-    result = Wrapper(header.detach().clone(), trailer.detach().clone(), model.fingerprint(), {
+    result = Wrapper(header.detach().clone(), trailer.detach().clone(), model.fingerprint(), linked=cfg.linked, meta={
         "recipe": {**cfg.__dict__, "teacher": "full prefill of prefix + k chunks + question (greedy answer)",
                    "questions": QUESTIONS_FROM[cfg.questions], "text": "built-in calibration text (train part)"},
         "eval": {"plain": plain, "final": state["curve"][-1], "split": "dev"}})

@@ -70,6 +70,39 @@ def test_the_loss_reaches_header_and_trailer_and_leaves_the_model_alone(tiny_mod
     assert all(p.grad is None for p in m.hf.parameters())
 
 
+def test_a_linked_trailer_is_recomputed_in_place_and_learned_through_that_pass(tiny_model):
+    """A linked wrapper's student recomputes every trailer after all the chunks before it: with one
+    chunk that is what the trailer was encoded after, so nothing changes; with two the second chunk's
+    trailer reads the first; the loss reaches header and trailer through the recomputation too."""
+    from sparsecache.wrapper.apply import wrapped_ids
+    from sparsecache.wrapper.learn import distillation_loss, student_logits
+
+    m = tiny_model
+    for p in m.hf.parameters():
+        p.requires_grad_(False)
+    w = initial_wrapper(m, 2, 3, linked=True)
+    prefix, chunks, q = [1, 2], [[10, 11, 12, 40, 41], [13, 14, 15]], [5, 6, 7]
+    ids, links = wrapped_ids(prefix, chunks, 2, 3)
+    assert ids == [1, 2, -1, -2, 10, 11, 12, 40, 41, -3, -4, -5, -1, -2, 13, 14, 15, -3, -4, -5]
+    assert links == [9, 10, 11, 17, 18, 19] and all(ids[p] < -2 for p in links)
+    with torch.no_grad():
+        one_linked, cache = student_logits(m, prefix, chunks[:1], q, w.header, w.trailer, linked=True)
+        one_stored, _ = student_logits(m, prefix, chunks[:1], q, w.header, w.trailer)
+        two_linked, _ = student_logits(m, prefix, chunks, q, w.header, w.trailer, linked=True)
+        two_stored, _ = student_logits(m, prefix, chunks, q, w.header, w.trailer)
+    torch.testing.assert_close(one_linked, one_stored, atol=2e-5, rtol=1e-4)
+    assert cache.get_seq_length() == len(prefix) + 2 + 5 + 3 + len(q)
+    assert not torch.allclose(two_linked, two_stored, atol=1e-4)
+    assert m.soft is None  # the learned table is the pass's only
+    header, trailer = w.header.requires_grad_(), w.trailer.requires_grad_()
+    target = {"inputs": q, "n": 2, "idx": torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32),
+              "logp": torch.tensor([[-0.1, -2.0, -4.0], [-1.0, -1.0, -3.0]]).half()}
+    loss = distillation_loss(m, prefix, chunks, target, header, trailer, linked=True)
+    loss.backward()
+    assert header.grad.abs().sum() > 0 and trailer.grad.abs().sum() > 0
+    assert all(p.grad is None for p in m.hf.parameters())
+
+
 def test_a_wrapper_round_trips_and_refuses_another_model(tmp_path, tiny_model, default_model):
     w = initial_wrapper(tiny_model, 3, 2)
     w.meta = {"recipe": {"steps": 1}}
@@ -85,7 +118,8 @@ def test_a_wrapper_round_trips_and_refuses_another_model(tmp_path, tiny_model, d
 
 
 def test_bad_settings_are_refused():
-    for bad in ({"header": 0, "trailer": 0}, {"k": 1}, {"text_share": 1.5}, {"steps": 0}, {"lr": 0.0}):
+    for bad in ({"header": 0, "trailer": 0}, {"k": 1}, {"text_share": 1.5}, {"steps": 0}, {"lr": 0.0},
+                {"linked": True, "trailer": 0}):
         with pytest.raises(ConfigError):
             WrapperConfig(**bad)
 
@@ -178,7 +212,8 @@ def test_a_wrapped_store_keeps_the_header_once_and_each_chunks_trailer(wrapped_s
     assert tokens[-2:] == trailer_ids == [-4, -5] and all(t >= 0 for t in tokens[:-2])
     assert chunk.token_length == len(tokens)
     info = s.info()
-    assert info["wrapper"] == {"digest": w.digest(), "header": 3, "trailer": 2, "trailer_tokens": 2 * info["chunks"]}
+    assert info["wrapper"] == {"digest": w.digest(), "header": 3, "trailer": 2, "trailer_tokens": 2 * info["chunks"],
+                               "linked": False}
     c = info["compression"]  # the trailers' codes count as overhead, not as compressed text
     text = info["stored_tokens"] - info["wrapper"]["trailer_tokens"]
     assert c["measured_codes_only"] == round(c["fp16_bytes_per_token"] * text / sum(
@@ -377,3 +412,52 @@ def test_a_served_cheap_context_of_a_wrapped_store_is_laid_out_as_text(wrapped_s
         assert rag.sources(cheap)["method"] == "full" and cheap.cache_salt != read.cache_salt
     finally:
         rag.close()
+
+
+def test_a_linked_store_recomputes_every_chunks_trailer_in_every_query(tmp_path, corpus_dir, tiny_model_dir,
+                                                                      tiny_dictionary_dir, tiny_model, embedder):
+    """A store encoded with a linked wrapper says so (its digest, `info`, a root format older releases
+    refuse); every method recomputes each chunk's trailer, `none` only those, in the question's pass;
+    recomputing everything is still full prefill of the wrapped text."""
+    from support.cli import cli_encode
+
+    from sparsecache.kvstore import KVStore
+    from sparsecache.model.generate import full_prefill
+    from sparsecache.model.generate import question_ids as q_ids
+    from sparsecache.query.session import Session
+    from sparsecache.store.layout import FORMAT_AFTER
+
+    w = initial_wrapper(tiny_model, 3, 2, linked=True)
+    w.save(tmp_path / "linked")
+    assert Wrapper.load(tmp_path / "linked").linked and w.digest().split(":")[0] == "3+2L"
+    r = cli_encode(corpus_dir, tmp_path / "store", tiny_model_dir, tiny_dictionary_dir, "--wrapper", tmp_path / "linked")
+    assert r.exit_code == 0, r.output
+    store = KVStore.open(tmp_path / "store")
+    assert store.config.linked and store.layout().linked and store.info()["wrapper"]["linked"] is True
+    assert store.attrs["format"] == FORMAT_AFTER  # a release that would read its trailers as stored refuses it
+    s = Session(tmp_path / "store", tiny_model)
+    s._embedder = embedder
+    ids = [c.id for c in s.store.chunks()][:3]
+    none = s.query(QUESTION, chunks=ids, method="none", max_new_tokens=2)
+    assert none.recomputed_tokens == 2 * len(ids)
+    some = s.query(QUESTION, chunks=ids, method="infoflow", recompute_ratio=0.1, max_new_tokens=2)
+    assert some.recomputed_tokens >= 2 * len(ids) + 1
+    head, tail = _real_ids(tiny_model, w)
+    got = s.query(QUESTION, chunks=ids[:2], method="infoflow", recompute_ratio=1.0, max_new_tokens=1)
+    text = [[t for t in toks if t >= 0] for toks in s.store.tokens(ids[:2][::-1])]
+    want, _ = full_prefill(s.store.prefix()[0] + [t for c in text for t in head + c + tail] + q_ids(tiny_model, QUESTION),
+                           tiny_model)
+    torch.testing.assert_close(got.logits, want, atol=2e-4, rtol=1e-4)
+
+
+def test_learn_wrapper_linked_learns_a_linked_wrapper(tiny_model_dir, tmp_path):
+    from sparsecache.cli.main import cli
+
+    args = ["learn-wrapper", "--model", str(tiny_model_dir), "--device", "cpu", "--header", "1", "--trailer", "1",
+            "--steps", "2", "--k", "2", "--prompts", "3", "--eval-every", "2", "--eval-questions", "1", "--linked"]
+    r = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "w")])
+    assert r.exit_code == 0, r.output
+    w = Wrapper.load(tmp_path / "w")
+    assert w.linked and w.lengths == (1, 1) and w.meta["recipe"]["linked"] is True
+    refused = CliRunner().invoke(cli, [*args, "--trailer", "0", "--out", str(tmp_path / "x")])
+    assert refused.exit_code != 0 and "--trailer >= 1" in refused.output

@@ -119,15 +119,17 @@ class Decoded(Method):
 
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
         ctx, nbytes, ids = self.context(qc, ids, q_ids, cfg, watch)
-        logits, positions = self.fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model), qc.reuse)
+        logits, positions = self.fuse(ctx, q_ids, cfg, qc.model, watch, qc.selector(cfg.selector_model), qc.reuse,
+                                      qc.store.layout().links(ctx.spans))
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), int(nbytes), list(ids))
 
 
     def fuse(self, ctx: "Context", q_ids: list[int], cfg: "QueryConfig", model, watch: "Stopwatch | None" = None,
-             selector=None, reuse=None):
+             selector=None, reuse=None, links: list[int] | None = None):
         """Score, select and recompute per `cfg` (this method's config), the question prefilled in the
         recomputation's pass: (next-token logits, recomputed positions). Where nothing is recomputed it
-        only prefills the question. `selector`, `reuse`: `Scorer.choose`'s."""
+        only prefills the question. `selector`, `reuse`: `Scorer.choose`'s. `links`: positions recomputed
+        whatever the method chooses (a linked wrapper's trailers, `ContextLayout.links`), in the same pass."""
         import torch
 
         from ...model.cache import recompute
@@ -137,18 +139,27 @@ class Decoded(Method):
 
         watch = watch if watch is not None else Stopwatch(model.device)
         positions = torch.zeros(0, dtype=torch.long)
+        linked = torch.tensor(links or [], dtype=torch.long, device=ctx.token_ids.device)
+
+        def with_links(chosen):
+            return chosen if not links else torch.cat([chosen.to(linked.device), linked]).unique()  # sorted
+
         graphs = graphs_of(model)
         if graphs is not None:  # the same passes, padded, on a workspace, as CUDA graphs (`model.graphs`)
             with graphs.mirror(ctx, len(q_ids)):
                 if cfg.recomputes:
                     with watch.step("select"):
-                        positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
-                with watch.step("recompute" if cfg.recomputes else "prefill"):
+                        positions = with_links(self.choose(ctx, q_ids, cfg, model, selector, reuse))
+                else:
+                    positions = with_links(positions)
+                with watch.step("recompute" if cfg.recomputes or links else "prefill"):
                     logits = recompute(ctx, positions, model, q_ids=q_ids)
             return logits, positions
-        if cfg.recomputes:
-            with watch.step("select"):
-                positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
+        if cfg.recomputes or links:
+            if cfg.recomputes:
+                with watch.step("select"):
+                    positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
+            positions = with_links(positions)
             with watch.step("recompute"):  # the question's prefill rides in the same pass
                 return recompute(ctx, positions, model, q_ids=q_ids), positions
         with watch.step("prefill"):

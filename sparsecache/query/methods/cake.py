@@ -11,6 +11,9 @@ class Cake(Method):
     options = ("cake_split",)
 
     def prefilled(self, qc, ids, q_ids, cfg, watch) -> Prefilled:
+        import torch
+
+        from ...model.cache import recompute
         from ...model.generate import prefill
         from ..overlap import cake_context
 
@@ -18,8 +21,10 @@ class Cake(Method):
         split = cfg.cake_split if cfg.cake_split is not None else qc.rates.split(lengths)
         with watch.step("recompute"):  # loading runs inside it, on a second thread
             ctx, computed, nbytes = cake_context(qc.store, ids, qc.model, split, cfg.first_layer == "tokens")
+        links = qc.store.layout().links(ctx.spans[computed:])  # a linked wrapper's trailers of the decoded chunks
         with watch.step("prefill"):
-            logits = prefill(ctx.cache, q_ids, qc.model)
+            logits = (recompute(ctx, torch.tensor(links), qc.model, q_ids=q_ids) if links
+                      else prefill(ctx.cache, q_ids, qc.model))
         recomputed = sum(b - a for a, b in ctx.spans[:computed])
         return Prefilled(logits, ctx.cache, ctx.length, recomputed, nbytes, list(ids))
 

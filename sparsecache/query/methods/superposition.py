@@ -51,7 +51,7 @@ class Superposition(AttentionScorer):
         kept = chunks.reordered(best)
         with watch.step("reconstruct"):
             ctx = kept.assemble(qc.model)
-        logits, positions = self.fuse(ctx, q_ids, cfg, qc.model, watch)
+        logits, positions = self.fuse(ctx, q_ids, cfg, qc.model, watch, links=qc.store.layout().links(ctx.spans))
         return Prefilled(logits, ctx.cache, ctx.length, int(positions.numel()), chunks.nbytes, kept.ids)
 
 
