@@ -160,7 +160,8 @@ def info_cmd(store, version, as_json):
     if "wrapper" in r:
         w = r["wrapper"]
         lines.insert(3, f"wrapper {w['digest']}: {w['header']} + {w['trailer']} soft tokens per chunk; the trailers' "
-                        f"{w['trailer_tokens']} stored tokens count as overhead in the measured ratios")
+                        f"{w['trailer_tokens']} stored tokens count as overhead in the measured ratios"
+                        + ("; linked: every query recomputes each chunk's trailer" if w.get("linked") else ""))
     emit(r, as_json, lines)
 
 

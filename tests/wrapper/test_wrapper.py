@@ -434,6 +434,10 @@ def test_a_linked_store_recomputes_every_chunks_trailer_in_every_query(tmp_path,
     assert r.exit_code == 0, r.output
     store = KVStore.open(tmp_path / "store")
     assert store.config.linked and store.layout().linked and store.info()["wrapper"]["linked"] is True
+    from sparsecache.cli.main import cli
+
+    said = CliRunner().invoke(cli, ["info", str(tmp_path / "store")])
+    assert said.exit_code == 0 and "linked: every query recomputes each chunk's trailer" in said.output
     assert store.attrs["format"] == FORMAT_AFTER  # a release that would read its trailers as stored refuses it
     s = Session(tmp_path / "store", tiny_model)
     s._embedder = embedder
