@@ -6,10 +6,12 @@ shape, which is kernel launches, not arithmetic. A CUDA graph replays a pass's k
 launch, but only at the shapes and memory addresses it was captured with. So a query's passes do
 not run on its own cache (whose length and tensors are the query's); they run on a *workspace*:
 
-- the context's K/V are copied into per-layer buffers of a fixed capacity (the context's length
-  rounded up to `GraphConfig.capacity_step`, plus a scratch area), once per query, and the
-  passes write and read there; when the query's passes are done, the first positions (context
-  and question) are copied back into the query's cache as new tensors (`Graphs.mirror`);
+- the context's K/V are copied into per-layer buffers, once per query, and the passes write and
+  read there, over a fixed capacity (the context's length rounded up to
+  `GraphConfig.capacity_step`) and a scratch area after it: the buffers are the longest context's,
+  and a shorter one uses their first positions, so their addresses never change; when the query's
+  passes are done, the first positions (context and question) are copied back into the query's
+  cache as new tensors (`Graphs.mirror`);
 - a pass of T tokens is padded to a bucket (`bucket`: 16, 24, 32, 48, … up to
   `GraphConfig.max_tokens`); the padding tokens come first in the run (so the last token is the
   question's last, whose logits are kept) and sit at scratch positions past the capacity, where
@@ -79,17 +81,30 @@ class StaticPass:
 
 
 class Workspace:
-    """Per-layer K/V buffers (1, H, capacity + scratch, D) at fixed addresses, and the static inputs
-    of each bucket's pass (token ids, positions, which tokens are real)."""
+    """Per-layer K/V buffers (1, H, positions, D) at fixed addresses, and the static inputs of each
+    bucket's pass (token ids, positions, which tokens are real). A query uses the first
+    `capacity + scratch` positions (`keys`, `values`: views, so their addresses are the buffers'
+    whatever the capacity): a longer context than the buffers hold makes new ones."""
 
-    def __init__(self, stack: Stack, capacity: int, scratch: int):
-        self.capacity, self.size = capacity, capacity + scratch
-        shape = (1, stack.n_kv_heads, self.size, stack.head_dim)
-        self.keys = [torch.zeros(shape, dtype=stack.dtype, device=stack.device) for _ in range(stack.n_layers)]
-        self.values = [torch.zeros(shape, dtype=stack.dtype, device=stack.device) for _ in range(stack.n_layers)]
+    def __init__(self, stack: Stack, positions: int, scratch: int):
+        shape = (1, stack.n_kv_heads, positions, stack.head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=stack.dtype, device=stack.device) for _ in range(stack.n_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=stack.dtype, device=stack.device) for _ in range(stack.n_layers)]
+        self.scratch = scratch
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.cache: DynamicCache | None = None  # the query cache it mirrors now
         self.length = 0  # positions of it that the query's cache will hold (context, then the question)
+        self.use(positions - scratch)
+
+    def use(self, capacity: int) -> None:
+        """This query's capacity: attention spans its first `capacity` positions and the scratch after them."""
+        self.capacity, self.size = capacity, capacity + self.scratch
+        self.keys = [b[:, :, : self.size] for b in self.k_buffers]
+        self.values = [b[:, :, : self.size] for b in self.v_buffers]
+
+    @property
+    def positions(self) -> int:
+        return self.k_buffers[0].shape[-2]
 
     def fill(self, ids: torch.Tensor, positions: torch.Tensor, size: int):
         """The static inputs of a `size`-token pass holding `ids` at `positions`, the padding first."""
@@ -148,12 +163,15 @@ class Graphs:
                 ws.cache = None
 
     def _workspace(self, length: int) -> Workspace:
-        step = self.config.capacity_step
+        """The workspace at the capacity `length` rounds up to: the same buffers for any capacity they
+        hold (graphs of each capacity stay valid), new ones, and no graphs, for a longer context."""
+        step, scratch = self.config.capacity_step, self.config.max_tokens // 2
         capacity = -(-length // step) * step
-        if self.workspace is None or self.workspace.capacity != capacity:
+        if self.workspace is None or self.workspace.positions < capacity + scratch:
             self.workspace = None  # the old buffers go before the new ones are made
             self.graphs.clear()  # they read and write the old buffers
-            self.workspace = Workspace(self.stack, capacity, self.config.max_tokens // 2)
+            self.workspace = Workspace(self.stack, capacity + scratch, scratch)
+        self.workspace.use(capacity)
         return self.workspace
 
     # ------------------------------------------------------------ the passes

@@ -60,7 +60,10 @@ def test_the_workspace_follows_the_context_and_is_one_query_at_a_time(tiny_model
         long = assemble(default_prefix_ids(tiny_model), extract_kv(tiny_model, [default_prefix_ids(tiny_model)])[0],
                         [list(range(100, 200))], [tuple(torch.zeros(2, tiny_model.n_layers, 100, 32))], tiny_model)
         with graphs.mirror(long, 8) as ws:
-            assert ws is not first and ws.capacity >= long.length + 8  # a larger context: a new workspace
+            assert ws is not first and ws.capacity >= long.length + 8  # a longer context: new buffers
+            second, address = ws, ws.keys[0].data_ptr()
+        with graphs.mirror(make(), 8) as ws:  # a shorter one again: the same buffers, their first positions
+            assert ws is second and ws.keys[0].data_ptr() == address and ws.capacity < second.positions - 32
     finally:
         enable(tiny_model, False)
     assert graphs_of(tiny_model) is None
