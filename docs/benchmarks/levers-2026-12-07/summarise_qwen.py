@@ -4,6 +4,7 @@ F1 against full prefill's answer and value-token top-1 agreement (seeded bootstr
 questions, and one-chunk and two-chunk pooled.
 Usage: python summarise_qwen.py RUNS OUT.json   (RUNS: the directory holding the workdirs below)"""
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -70,8 +71,35 @@ for model, store, label, one, two in CANDIDATES:
     if len(parts) == 2:
         e["pooled"] = figures(parts[0] + parts[1])
     result.append(e)
+def sign_test(gained: int, lost: int) -> float:
+    """Two-sided exact sign test of gained against lost answers (ties left out)."""
+    n, k = gained + lost, min(gained, lost)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+PAIRS = [(0, 2), (2, 4), (1, 3), (6, 8), (5, 7)]  # (before, after) indices of CANDIDATES, the same model
+for a, b in PAIRS:
+    before, after = result[a], result[b]
+    pair = {"before": [before["store"], before["label"]], "after": [after["store"], after["label"]],
+            "model": before["model"]}
+    gained = lost = 0
+    for name, works in (("one_chunk", (CANDIDATES[a][3], CANDIDATES[b][3])), ("two_chunk", (CANDIDATES[a][4], CANDIDATES[b][4]))):
+        x, y = split(works[0], CANDIDATES[a][2]), split(works[1], CANDIDATES[b][2])
+        if not x or not y or name not in before or name not in after:
+            continue
+        bx = {r["question"]: bool(r["correct"]) for r in x[0]}
+        by = {r["question"]: bool(r["correct"]) for r in y[0]}
+        g = sum(by[q] and not bx[q] for q in bx if q in by)
+        lo = sum(bx[q] and not by[q] for q in bx if q in by)
+        pair[name] = {"gained": g, "lost": lo}
+        gained, lost = gained + g, lost + lo
+    pair["pooled"] = {"gained": gained, "lost": lost, "sign_test_p": round(sign_test(gained, lost), 3)}
+    result.append({"paired": pair})
 json.dump(result, open(out, "w"), indent=1)
 for e in result:
+    if "paired" in e:
+        print("paired", json.dumps(e["paired"]))
+        continue
     cells = [f"{s} {e[s]['kept']}/{e[s]['confident']} {e[s]['ci95']} same {e[s]['same_answer']:.2f} "
              f"F1 {e[s]['answer_f1']:.2f}" for s in ("one_chunk", "two_chunk", "pooled") if s in e]
     cells += [f"{s}: {e[s]['answered']}/{e[s]['of']} so far" for s in ("one_chunk_partial", "two_chunk_partial") if s in e]
