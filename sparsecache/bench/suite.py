@@ -248,7 +248,7 @@ def _suite_session(work, settings: dict, make, device, corpus=None, config=None)
     from ..ingest.encoder import encode_with
     from ..model.kvmodel import load_model
     from ..query.session import Session
-    from ..store import StoreConfig
+    from ..store import StoreConfig, config_for
 
     made = work / "suite.json"
     if made.exists() and json.loads(made.read_text()) != settings:
@@ -258,8 +258,11 @@ def _suite_session(work, settings: dict, make, device, corpus=None, config=None)
     if not made.exists():
         make(model)
         write_atomic(made, json.dumps(settings))
+    if config is None:  # a store encoded with `encode-corpus --encode-after` into the workdir is measured as it is
+        own = config_for(work / "store")
+        config = StoreConfig(encode_after=own.encode_after, encode_after_chunks=own.encode_after_chunks)
     encode_with(corpus or [str(work / "corpus.jsonl")], work / "store", Dictionary.load(dictionary), model,
-                config or StoreConfig(), EncodeOptions(device=device))
+                config, EncodeOptions(device=device))
     return Session(work / "store", model, device)
 
 
