@@ -12,19 +12,19 @@ from sparsecache.measure.answers import answer_span, token_f1
 from sparsecache.measure.stats import bootstrap, mean, wilson
 
 runs, out = Path(sys.argv[1]), sys.argv[2]
-CANDIDATES = [  # (model, store, label, one-chunk workdir, two-chunk workdir)
+CANDIDATES = [  # (model, store, label, one-chunk workdir, two-chunk workdir); Qwen's default store is plain
+    ("qwen2.5-coder-0.5b", "plain", "none", "q-i5", "q-s2c"),
     ("qwen2.5-coder-0.5b", "plain", "infoflow+ttft_budget=0.5", "q-i5", "q-s2c"),
     ("qwen2.5-coder-0.5b", "wrapped", "none@wrapped", "q-i5", "q-s2c"),
     ("qwen2.5-coder-0.5b", "wrapped", "infoflow+ttft_budget=0.5@wrapped", "q-i5", "q-s2c"),
-    ("qwen2.5-coder-0.5b", "wrapped, after 1 neighbour", "none@wrapped", "qnb-i5", "qnb-s2c"),
-    ("qwen2.5-coder-0.5b", "wrapped, after 1 neighbour", "infoflow+ttft_budget=0.5@wrapped", "qnb-i5", "qnb-s2c"),
-    ("smollm2-135m", "wrapped", "none@wrapped", "nb-i5", "nb-s2c"),  # (rows of the neighbours workdirs: see below)
+    ("qwen2.5-coder-0.5b", "plain, after 1 neighbour", "none", "qnb-i5", "qnb-s2c"),
+    ("qwen2.5-coder-0.5b", "plain, after 1 neighbour", "infoflow+ttft_budget=0.5", "qnb-i5", "qnb-s2c"),
+    # SmolLM2's default store is the neutral-wrapped one; its prefix-store rows are #79's (i5-dev, s2c-dev)
+    ("smollm2-135m", "wrapped", "none@wrapped", "i5-dev", "s2c-dev"),
     ("smollm2-135m", "wrapped", "infoflow+ttft_budget=0.5+first_layer=tokens@wrapped", "i5-dev", "s2c-dev"),
     ("smollm2-135m", "wrapped, after 1 neighbour", "none@wrapped", "nb-i5", "nb-s2c"),
     ("smollm2-135m", "wrapped, after 1 neighbour", "infoflow+ttft_budget=0.5@wrapped", "nb-i5", "nb-s2c"),
 ]
-# SmolLM2's plain-prefix `none@wrapped` rows are in i5-dev/s2c-dev (#79's runs): the candidate above reads them there
-CANDIDATES[5] = ("smollm2-135m", "wrapped", "none@wrapped", "i5-dev", "s2c-dev")
 
 
 def split(work, label):
@@ -77,7 +77,7 @@ def sign_test(gained: int, lost: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
-PAIRS = [(0, 2), (2, 4), (1, 3), (6, 8), (5, 7)]  # (before, after) indices of CANDIDATES, the same model
+PAIRS = [(1, 3), (1, 5), (0, 4), (7, 9), (6, 8)]  # (before, after) indices of CANDIDATES, the same model
 for a, b in PAIRS:
     before, after = result[a], result[b]
     pair = {"before": [before["store"], before["label"]], "after": [after["store"], after["label"]],
