@@ -27,7 +27,7 @@ json.dump({'rows': [r for r in rows if r['label'] == 'full']}, open(sys.argv[2],
 " $1/results.json $2/results.json
 }
 workdir q-i5 qnb-i5
-S="--model $Q --workdir qnb-i5 --k 8 --questions 2000 --entities 320 --filler 4 --split dev --limit 682 --two-chunk retrieval --wrapper shipped"
+S="--model $Q --workdir qnb-i5 --k 8 --questions 2000 --entities 320 --filler 4 --split dev --limit 682 --two-chunk retrieval"
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5" --json > qnb-i5.json
 echo "one-chunk, neighbours store, the default rc=$? $(date)"
 # r = 0 on both stores (a row is ~5 s whatever the method: 24 tokens generated and 24 teacher-forced)
@@ -41,6 +41,6 @@ sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0
   --json > q-s2c.json
 echo "two-chunk, prefix stores rc=$? $(date)"
 workdir q-s2c qnb-s2c
-S="--model $Q --workdir qnb-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --wrapper shipped --limit 400"
+S="--model $Q --workdir qnb-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --limit 400"
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5,none" --json > qnb-s2c.json
 echo "two-chunk, neighbours store rc=$? $(date)"
