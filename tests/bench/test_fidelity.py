@@ -490,18 +490,20 @@ def test_a_plain_store_encoded_after_neighbours_is_measured_as_it_is(suite, tmp_
     """The same for the workdir's plain store (how a model whose default store is plain, Qwen, is measured)."""
     import shutil
 
-    from sparsecache.bench.suite import _suite_session
+    from sparsecache.bench.suite import bench_fidelity
     from sparsecache.ingest.config import EncodeOptions
     from sparsecache.ingest.encoder import encode_with
+    from sparsecache.kvstore import KVStore
     from sparsecache.store import StoreConfig
 
-    out, _, _ = suite
+    out, _, _ = suite  # the suite bench_fidelity makes for these settings: the same corpus
     shutil.copy(out / "corpus.jsonl", tmp_path)
     r = encode_with([str(tmp_path / "corpus.jsonl")], tmp_path / "store", tiny_dictionary, tiny_model,
                     StoreConfig(encode_after="neighbours"), EncodeOptions(progress=False), embedder=embedder)
-    s = _suite_session(tmp_path, {"model": str(tiny_model_dir), "dictionary": str(tiny_dictionary_dir)},
-                       lambda model: None, "cpu")
-    assert s.store.config.encode_after == "neighbours" and s.store.version == r.version  # reused: no new version
+    bench_fidelity(tmp_path, ks=(4, 8), questions=50, entities=20, methods=parse_methods("none"), limit=1,
+                   model_path=str(tiny_model_dir), dictionary=str(tiny_dictionary_dir), two_chunk="retrieval")
+    store = KVStore.open(tmp_path / "store")
+    assert store.config.encode_after == "neighbours" and store.version == r.version  # reused: no new version
 
 
 def test_kept_counts_only_what_full_prefill_answers_with_confidence_and_disagreement_counts_gains_too():
