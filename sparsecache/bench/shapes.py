@@ -213,18 +213,13 @@ def bench_shape(name: str, workdir, ks=(4, 8, 16), repeats: int = 2, device="cpu
             "store_bytes_per_token": stored, "fp16_kv_bytes_per_token": fp16, "ratio_vs_fp16": fp16 / stored,
             "gemm_flops_per_s": flops, "copy_bytes_per_s": copy, "rows": rows}
     cuda = torch.device(device).type == "cuda"
-    for part, on in (("decodes", decodes), ("graphed", graphs)):
-        if not (on if on is not None else cuda):
-            continue
-        if partial is not None:
-            partial({**out, **summary(out)})
-        if part == "decodes":
-            out[part] = time_decodes(store, device, max(ks), copy=copy)
-            continue
-        try:  # a capture that fails (an operation CUDA graphs cannot hold) is reported, not fatal to the run
-            out[part] = time_graphed(store, model, device, ks, repeats, rows)
-        except Exception as e:  # noqa: BLE001
-            out[part] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    optional = {"decodes": (decodes, lambda: time_decodes(store, device, max(ks), copy=copy)),
+                "graphed": (graphs, lambda: time_graphed(store, model, device, ks, repeats, rows))}
+    for part, (on, measure) in optional.items():
+        if on if on is not None else cuda:
+            if partial is not None:
+                partial({**out, **summary(out)})
+            out[part] = measure()
     return {**out, **summary(out)}
 
 
@@ -232,7 +227,7 @@ def time_graphed(store, model, device, ks, repeats: int, rows: list[dict]) -> di
     """The store's methods of `shape_methods` timed as `measure_ttft` times them, with the fixed passes
     on a workspace as CUDA graphs (`graphs.enable`; the first query at each k captures, the timed ones
     replay): rows with their time per layer and their fraction of full prefill's TTFT in `rows`, and how
-    many graphs were captured and passes replayed."""
+    many graphs were captured and passes replayed; a run that fails says why (`error`), not fatal to the rest."""
     from ..model.graphs import enable
     from .ttft import measure_ttft
 
@@ -240,6 +235,8 @@ def time_graphed(store, model, device, ks, repeats: int, rows: list[dict]) -> di
     graphs = enable(model)
     try:
         graphed = measure_ttft(store, model, device, ks, repeats, [m for m in shape_methods() if m[0] != "full"])
+    except Exception as e:  # noqa: BLE001 -- a capture that fails (an operation a graph cannot hold) is a finding
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
     finally:
         enable(model, False)
     for row in graphed:

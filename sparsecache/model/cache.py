@@ -93,15 +93,12 @@ def recompute(ctx: Context, positions: torch.Tensor, model: "KVModel | Stack", b
     """
     stack = as_stack(model)
     pos, ids = positions.to(stack.device), ctx.token_ids.to(stack.device)
-    graphs = stack.graphs
-    if q_ids and graphs is not None and graphs.active(ctx.cache):  # one padded pass on the query's workspace
-        S = ctx.length
-        pos = torch.cat([pos, torch.arange(S, S + len(q_ids), device=stack.device)])
-        return graphs.logits(graphs.workspace, torch.cat([ids[positions.to(stack.device)], as_ids(q_ids, stack)]), pos)
     if q_ids:
         S = ctx.length
         pos = torch.cat([pos, torch.arange(S, S + len(q_ids), device=stack.device)])
         ids = torch.cat([ids, as_ids(q_ids, stack)])
+        if stack.graphs is not None and stack.graphs.active(ctx.cache):  # one padded pass on the query's workspace
+            return stack.graphs.logits(ids[pos], pos)
     logits = None
     for part in pos.tensor_split(min(blocks, max(1, pos.numel()))):
         if part.numel():

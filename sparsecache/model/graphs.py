@@ -177,18 +177,19 @@ class Graphs:
     # ------------------------------------------------------------ the passes
 
     @torch.inference_mode()
-    def logits(self, ws: Workspace, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Tokens `ids` at `positions` (sorted; the question's last) through every layer, their K/V
-        written into the workspace: float32 next-token logits [vocab] after the last."""
+        written into the mirrored workspace: float32 next-token logits [vocab] after the last."""
+        ws = self.workspace
         out = self._run(ws, ids, positions, "logits")
         ws.length = max(ws.length, int(positions[-1]) + 1)
         return out
 
     @torch.inference_mode()
-    def scores(self, ws: Workspace, ids: torch.Tensor, positions: torch.Tensor, layer: int) -> torch.Tensor:
+    def scores(self, ids: torch.Tensor, positions: torch.Tensor, layer: int) -> torch.Tensor:
         """float32 [S]: the attention mass tokens `ids` at `positions` (the question after the context)
         give each of the S context positions at `layer` (`blend.attention_scores`)."""
-        return self._run(ws, ids, positions, ("scores", layer))[: ws.length]
+        return self._run(self.workspace, ids, positions, ("scores", layer))[: self.workspace.length]
 
     def _run(self, ws: Workspace, ids: torch.Tensor, positions: torch.Tensor, kind) -> torch.Tensor:
         stack = self.stack
@@ -235,7 +236,7 @@ class Graphs:
 
 def graphs_of(model) -> Graphs | None:
     """The Graphs enabled on `model`'s stack (`enable`), or None."""
-    return getattr(as_stack(model), "graphs", None)
+    return as_stack(model).graphs
 
 
 def enable(model, on: bool = True, capture: bool | None = None, config: GraphConfig = GraphConfig()) -> Graphs | None:
@@ -243,7 +244,9 @@ def enable(model, on: bool = True, capture: bool | None = None, config: GraphCon
     stack = as_stack(model)
     if not on:
         stack.graphs = None
-    elif getattr(stack, "graphs", None) is None or stack.graphs.capture != (
-            stack.device.type == "cuda" if capture is None else capture):
+        return None
+    capture = stack.device.type == "cuda" if capture is None else capture
+    g = stack.graphs
+    if g is None or (g.capture, g.config) != (capture, config):  # other settings: its graphs are not these
         stack.graphs = Graphs(stack, capture, config)
     return stack.graphs

@@ -160,7 +160,7 @@ def attention_scores_many(ctxs: list[Context], q_ids: list[list[int]], model: "K
     positions = [torch.arange(c.length, c.length + len(q), device=stack.device) for c, q in zip(ctxs, q_ids)]
     graphs = stack.graphs
     if graphs is not None and all(graphs.active(c.cache) for c in ctxs):  # the one mirrored context
-        return [graphs.scores(graphs.workspace, as_ids(q, stack), p, layer) for q, p in zip(q_ids, positions)]
+        return [graphs.scores(as_ids(q, stack), p, layer) for q, p in zip(q_ids, positions)]
     try:
         seen = probe_many(stack, [(c.cache, as_ids(q, stack), p) for c, q, p in zip(ctxs, q_ids, positions)], layer)
         scores = []

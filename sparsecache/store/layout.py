@@ -196,9 +196,12 @@ def create_generation(backend: Backend, name: str, config: StoreConfig, dictiona
                    dtype="float32", fill_value=0.0, compressors=compressors("zstd"))
 
 
+LINKED = "L"  # the mark after a linked wrapper's lengths in its digest ("16+8L:…", `wrapper.Wrapper.digest`)
+
+
 def linked_digest(wrapper: str | None) -> bool:
-    """Whether a wrapper digest (`Wrapper.digest`, "16+8L:…") is a linked wrapper's."""
-    return bool(wrapper) and wrapper.split(":", 1)[0].endswith("L")
+    """Whether a wrapper digest (`Wrapper.digest`) is a linked wrapper's."""
+    return bool(wrapper) and wrapper.split(":", 1)[0].endswith(LINKED)
 
 
 def config_attrs(config: StoreConfig) -> tuple[int, dict]:

@@ -11,7 +11,7 @@ so that the wrapped chunks, read without recomputing anything, answer as full pr
 A *linked* wrapper's trailer is not read as stored: a query recomputes every chunk's trailer
 tokens in place, after every chunk before them (KVLink's link tokens, the model frozen), so they
 can carry what one chunk says to the chunks after it; it is learned that way (`learn.py`), and a
-store encoded with it says so in its wrapper digest (`LINKED`), which a query reads
+store encoded with it says so in its wrapper digest (`store.layout.LINKED`), which a query reads
 (`ContextLayout.linked`).
 
 This module holds the artifact (safetensors + JSON, found by the model's fingerprint like a
@@ -30,6 +30,7 @@ from ..durable import write_atomic
 from ..errors import ConfigError
 from ..model.fingerprint import same_model
 from ..model.kvmodel import KVModel, kv_cache, kv_taps, use_soft_tokens
+from ..store.layout import LINKED
 from .config import DEFAULT_WRAPPERS
 
 # Wrappers that ship, beside the dictionaries (the repository's dictionaries/; a wheel holds the default
@@ -40,7 +41,6 @@ SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0-neutral", "gemma-3-270m-wrapper
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1
-LINKED = "L"  # the mark after a linked wrapper's lengths in its digest ("16+8L:…"; `store.layout.linked_digest`)
 
 
 @dataclass

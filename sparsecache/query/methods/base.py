@@ -130,6 +130,8 @@ class Decoded(Method):
         recomputation's pass: (next-token logits, recomputed positions). Where nothing is recomputed it
         only prefills the question. `selector`, `reuse`: `Scorer.choose`'s. `links`: positions recomputed
         whatever the method chooses (a linked wrapper's trailers, `ContextLayout.links`), in the same pass."""
+        import contextlib
+
         import torch
 
         from ...model.cache import recompute
@@ -139,32 +141,19 @@ class Decoded(Method):
 
         watch = watch if watch is not None else Stopwatch(model.device)
         positions = torch.zeros(0, dtype=torch.long)
-        linked = torch.tensor(links or [], dtype=torch.long, device=ctx.token_ids.device)
-
-        def with_links(chosen):
-            return chosen if not links else torch.cat([chosen.to(linked.device), linked]).unique()  # sorted
-
-        graphs = graphs_of(model)
-        if graphs is not None:  # the same passes, padded, on a workspace, as CUDA graphs (`model.graphs`)
-            with graphs.mirror(ctx, len(q_ids)):
-                if cfg.recomputes:
-                    with watch.step("select"):
-                        positions = with_links(self.choose(ctx, q_ids, cfg, model, selector, reuse))
-                else:
-                    positions = with_links(positions)
-                with watch.step("recompute" if cfg.recomputes or links else "prefill"):
-                    logits = recompute(ctx, positions, model, q_ids=q_ids)
-            return logits, positions
-        if cfg.recomputes or links:
+        graphs = graphs_of(model)  # the same passes, padded, on a workspace, as CUDA graphs (`model.graphs`)
+        with graphs.mirror(ctx, len(q_ids)) if graphs is not None else contextlib.nullcontext():
             if cfg.recomputes:
                 with watch.step("select"):
                     positions = self.choose(ctx, q_ids, cfg, model, selector, reuse)
-            positions = with_links(positions)
-            with watch.step("recompute"):  # the question's prefill rides in the same pass
+            if links:
+                positions = torch.cat([positions.to(ctx.token_ids.device),
+                                       torch.tensor(links, device=ctx.token_ids.device)]).unique()  # sorted
+            if not (cfg.recomputes or links or graphs is not None):
+                with watch.step("prefill"):
+                    return prefill(ctx.cache, q_ids, model), positions
+            with watch.step("recompute" if cfg.recomputes or links else "prefill"):  # the question rides along
                 return recompute(ctx, positions, model, q_ids=q_ids), positions
-        with watch.step("prefill"):
-            logits = prefill(ctx.cache, q_ids, model)
-        return logits, positions
 
 # Reordering without recomputation scores a chunk by its top 15% of tokens (what InfoFlow selects).
 REORDER_BUDGET = 0.15
