@@ -177,11 +177,14 @@ def costs_for(records: Mapping, device_type: str, model_config) -> Costs | None:
     return default_costs(device_type.split(":")[0], compute_parameters(model_config), kv_values(model_config))
 
 
-def budgeted(cfg, context_tokens: int, costs: Costs | None):
+def budgeted(cfg, context_tokens: int, costs: Costs | None, fixed: int = 0):
     """`cfg` (a QueryConfig) with the recompute ratio its `ttft_budget` buys at `context_tokens` (prefix
     and chunks), where it names a budget and no ratio, its method recomputes and there are `costs`;
-    else `cfg` as it is (the method's own ratio)."""
+    else `cfg` as it is (the method's own ratio). `fixed`: tokens every query recomputes whatever the
+    method chooses (a linked wrapper's trailers): the budget pays for them first."""
     if cfg.ttft_budget is None or cfg.recompute_ratio is not None or cfg.spec is None or not cfg.spec.recomputes:
         return cfg
     r = None if costs is None else costs.ratio(context_tokens, cfg.ttft_budget)
-    return cfg if r is None else dataclasses.replace(cfg, recompute_ratio=round(r, 4))
+    if r is None:
+        return cfg
+    return dataclasses.replace(cfg, recompute_ratio=round(max(0.0, r - fixed / max(context_tokens, 1)), 4))

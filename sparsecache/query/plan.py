@@ -62,10 +62,12 @@ class Plan:
 
 
 def plan(cfg: QueryConfig, store, model_config, device_type: str, context_tokens: int,
-         costs: Costs | None | str = FROM_STORE) -> Plan:
+         costs: Costs | None | str = FROM_STORE, chunks: int = 0) -> Plan:
     """The plan for a context of `context_tokens` tokens before the question (the prefix and the chunks as
     `store.layout()` lays them out) under `cfg` (its method named), for a model of HF config `model_config`
-    on a `device_type` device. `costs`: the TTFT cost model to decide with (default: `costs_of`)."""
+    on a `device_type` device. `costs`: the TTFT cost model to decide with (default: `costs_of`).
+    `chunks`: how many chunks the context holds (a linked store's queries recompute each one's trailer,
+    which a TTFT budget pays for first)."""
     from ..model.kvmodel import compute_parameters
 
     if cfg.method is None:
@@ -77,7 +79,8 @@ def plan(cfg: QueryConfig, store, model_config, device_type: str, context_tokens
     n = context_tokens - len(layout.prefix)  # the cheap-context threshold counts the chunks alone
     under = cheap.applies(cfg, n, compute_parameters(model_config), device_type, costs)
     # the cost model counts the context as answers report it: the prefix too
-    return Plan(budgeted(cfg, context_tokens, costs), layout, n, under)
+    fixed = len(layout.links([(0, layout.trailer)] * chunks))  # the trailers every query recomputes
+    return Plan(budgeted(cfg, context_tokens, costs, fixed), layout, n, under)
 
 
 def check_question(question) -> None:

@@ -249,7 +249,7 @@ class Session:
         """What a context of the chunks `ids` gets under `config` (its method named): `plan.plan` with this
         session's store, model, device and `costs`."""
         n = self.store.layout().context_tokens(self.store.chunk(c).token_length for c in ids)
-        return plan(config, self.store, self.model.config, self.device.type, n, self.costs)
+        return plan(config, self.store, self.model.config, self.device.type, n, self.costs, len(ids))
 
     def default_config(self) -> QueryConfig:
         """What a query does when it names no method: the configuration `sparsecache calibrate`

@@ -446,6 +446,13 @@ def test_a_linked_store_recomputes_every_chunks_trailer_in_every_query(tmp_path,
     assert none.recomputed_tokens == 2 * len(ids)
     some = s.query(QUESTION, chunks=ids, method="infoflow", recompute_ratio=0.1, max_new_tokens=2)
     assert some.recomputed_tokens >= 2 * len(ids) + 1
+    from sparsecache.query.budget import Costs
+
+    s.costs = Costs(a_full=10.0, p=2.0, a_store=20.0, s=0.2)  # a TTFT budget pays for the trailers first
+    budget = s.query(QUESTION, chunks=ids, max_new_tokens=1, prefill_under=0)  # the default: infoflow, a budget
+    bought = s.costs.ratio(budget.context_tokens, 0.5)
+    assert budget.recompute_ratio == pytest.approx(bought - 2 * len(ids) / budget.context_tokens, abs=1e-4)
+    s.costs = None
     head, tail = _real_ids(tiny_model, w)
     got = s.query(QUESTION, chunks=ids[:2], method="infoflow", recompute_ratio=1.0, max_new_tokens=1)
     text = [[t for t in toks if t >= 0] for toks in s.store.tokens(ids[:2][::-1])]
