@@ -13,7 +13,7 @@ src, dst, n, name = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.
 dst.mkdir(exist_ok=True)
 shutil.copy(src / "corpus.jsonl", dst / "corpus.jsonl")
 for s in ("store", "store-wrapped"):
-    if not (dst / s).exists():
+    if (src / s).exists() and not (dst / s).exists():  # a plain-store model (Qwen) has no store-wrapped
         shutil.copytree(src / s, dst / s)
 settings = json.loads((src / "suite.json").read_text())
 settings["contexts"] = CONTEXTS["placed"]
