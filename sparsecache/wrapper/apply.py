@@ -38,6 +38,11 @@ from .config import DEFAULT_WRAPPERS
 # store gets its model's by default (DEFAULT_WRAPPERS)
 SHIPPED_WRAPPERS = ("smollm2-135m-wrapper-h16-t0-neutral", "gemma-3-270m-wrapper-h16-t0",
                     "qwen2.5-coder-0.5b-wrapper-h16-t0-neutral")
+# shipped wrappers measured to cost answers with the default query configuration: `--wrapper shipped` warns
+CAUTIONS = {"qwen2.5-coder-0.5b-wrapper-h16-t0-neutral": (
+    "on Qwen's one-chunk dev questions (#94, 2026-12-07) the default query configuration kept 64% of full "
+    "prefill's confident answers from a store encoded with this wrapper, 75% from a plain store; Qwen's stores "
+    "are plain by default (--wrapper none)")}
 WRAPPER_FILE = "wrapper.safetensors"
 META_FILE = "wrapper.json"
 FORMAT_VERSION = 1
@@ -131,7 +136,14 @@ def shipped_wrapper(fingerprint: dict) -> Path:
 def load_wrapper(spec: str, fingerprint: dict) -> Wrapper:
     """The wrapper `spec` names: a `learn-wrapper` output directory, or 'shipped' (the one shipped
     for the model `fingerprint` describes)."""
-    return Wrapper.load(shipped_wrapper(fingerprint) if spec == "shipped" else spec)
+    if spec != "shipped":
+        return Wrapper.load(spec)
+    path = shipped_wrapper(fingerprint)
+    if path.name in CAUTIONS:
+        import warnings
+
+        warnings.warn(f"the shipped wrapper {path.name}: {CAUTIONS[path.name]}", stacklevel=2)
+    return Wrapper.load(path)
 
 
 def default_wrapper(fingerprint: dict) -> Path | None:

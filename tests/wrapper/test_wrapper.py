@@ -356,6 +356,19 @@ def test_the_shipped_wrapper_is_found_for_the_default_model_only(default_model, 
     assert r.exit_code == 1 and "no wrapper ships" in r.output and "Traceback" not in r.output
 
 
+def test_a_shipped_wrapper_measured_to_cost_answers_warns_when_named(default_model, recwarn):
+    """Qwen's neutral wrapper ships but cost its default answers (#94): naming it says so; the default
+    model's does not warn."""
+    from sparsecache.codec.dictionary import SHIPPED_DIR
+    from sparsecache.wrapper.apply import load_wrapper
+
+    qwen = json.loads((SHIPPED_DIR / "qwen2.5-coder-0.5b-wrapper-h16-t0-neutral" / "wrapper.json").read_text())["model"]
+    with pytest.warns(UserWarning, match="plain by default"):
+        assert load_wrapper("shipped", qwen).lengths == (16, 0)
+    load_wrapper("shipped", default_model.fingerprint())
+    assert not [w for w in recwarn if "shipped wrapper" in str(w.message)]
+
+
 def test_a_new_store_gets_its_models_default_wrapper_unless_none_and_an_existing_one_keeps_its_own(
         tmp_path, corpus_dir, tiny_model, tiny_model_dir, tiny_dictionary_dir, monkeypatch, wrapped_store):
     """encode-corpus with no --wrapper: a new store of a model with a default wrapper (DEFAULT_WRAPPERS,

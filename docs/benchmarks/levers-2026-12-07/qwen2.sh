@@ -5,7 +5,8 @@
 # not a wrapped one. Rows resume; the same workdirs and questions as qwen.sh. (Restarted at 14:23 with the neighbours
 # store first, for time: every row is ~5 s, 24 tokens generated and 24 teacher-forced, whatever the method.) Restarted 2026-12-07 16:00 with the two-chunk questions before the r = 0 rows
 # (reference only: not at the budget), and without the wrapped store on two-chunk questions: on one-chunk ones it
-# lost to the plain store by +7/-24 (p = 0.003).
+# lost to the plain store by +7/-24 (p = 0.003); and on the first 200 of the 400 placed two-chunk questions (full
+# prefill on all of them took ~12 s a row beside another job: 400 would take 80 min).
 set -e
 cd /work/runs
 B=/work/main/docs/benchmarks
@@ -33,12 +34,12 @@ S="--model $Q --workdir qnb-i5 --k 8 --questions 2000 --entities 320 --filler 4 
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5" --json > qnb-i5.json
 echo "one-chunk, neighbours store, the default rc=$? $(date)"
 python $B/levers-2026-12-07/prepare_model.py q-i5 q-s2c 400 $Q
-S="--model $Q --workdir q-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --limit 400"
+S="--model $Q --workdir q-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --limit 200"
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5" \
   --json > q-s2c.json
 echo "two-chunk, prefix stores rc=$? $(date)"
 workdir q-s2c qnb-s2c
-S="--model $Q --workdir qnb-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --limit 400"
+S="--model $Q --workdir qnb-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --limit 200"
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5" --json > qnb-s2c.json
 echo "two-chunk, neighbours store rc=$? $(date)"
 S="--model $Q --workdir qnb-i5 --k 8 --questions 2000 --entities 320 --filler 4 --split dev --limit 682 --two-chunk retrieval"
