@@ -3,7 +3,6 @@ suite with their contexts placed, into DST (same corpus and stores).
 Usage: python prepare_model.py SRC DST N MODEL"""
 import json, shutil, sys
 from pathlib import Path
-from dataclasses import replace
 from sparsecache.bench.fidelity import retrieved, CONTEXTS
 from sparsecache.measure.suite import load_suite, save_suite
 from sparsecache.model.kvmodel import load_model
