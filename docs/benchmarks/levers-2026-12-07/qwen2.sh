@@ -42,9 +42,4 @@ workdir q-s2c qnb-s2c
 S="--model $Q --workdir qnb-s2c --k 8 --questions 2000 --entities 320 --filler 4 --split dev --two-chunk placed --limit 200"
 sparsecache bench fidelity $S --confident-only --methods "infoflow+ttft_budget=0.5" --json > qnb-s2c.json
 echo "two-chunk, neighbours store rc=$? $(date)"
-S="--model $Q --workdir qnb-i5 --k 8 --questions 2000 --entities 320 --filler 4 --split dev --limit 682 --two-chunk retrieval"
-# r = 0 on both stores, for reference (a row is ~5 s whatever the method: 24 tokens generated and 24 teacher-forced)
-sparsecache bench fidelity $S --confident-only --methods "none" --json > qnb-i5-none.json
-S="--model $Q --workdir q-i5 --k 8 --questions 2000 --entities 320 --filler 4 --split dev --limit 682 --two-chunk retrieval --wrapper shipped"
-sparsecache bench fidelity $S --confident-only --methods "none,none@wrapped" --json > q-i5-none.json
-echo "one-chunk, none rc=$? $(date)"
+# (r = 0 for reference moved to qwen3.sh, after the levers)

@@ -74,6 +74,13 @@ CANDIDATES = [
      quiet("lk-i5", f"{D}@wrapped"), "lk-i5 (linked_ttft.sh)"),
     ("prefix store, the default", "qwen2.5-coder-0.5b", D, "q-i5", "q-s2c",
      quiet("q-i5", D), "q-i5 (qttft.sh)"),
+    ("prefix store, chunkflow", "qwen2.5-coder-0.5b", "chunkflow+ttft_budget=0.5", "q-i5", "q-s2c",
+     quiet("q-i5", "chunkflow+ttft_budget=0.5"), "q-i5 (qttft2.sh)"),
+    ("prefix store, legolink", "qwen2.5-coder-0.5b", "legolink+ttft_budget=0.5", "q-i5", "q-s2c",
+     quiet("q-i5", "legolink+ttft_budget=0.5"), "q-i5 (qttft2.sh)"),
+    ("prefix store, gate_coverage 0.8 over budget 0.4", "qwen2.5-coder-0.5b",
+     "infoflow+ttft_budget=0.4+gate_coverage=0.8", "q-i5", "q-s2c",
+     quiet("q-i5", "infoflow+ttft_budget=0.4+gate_coverage=0.8"), "q-i5 (qttft2.sh)"),
     ("after 1 neighbour, the default", "qwen2.5-coder-0.5b", D, "qnb-i5", "qnb-s2c",
      quiet("q-i5", D), "q-i5 (qttft.sh; the plain store's: same path)"),
 ]
