@@ -86,22 +86,32 @@ CANDIDATES = [
 ]
 
 
-def kept(work, label):
-    """(kept, confident) of `label` on full prefill's confident questions in RUNS/work; None until all are answered."""
+# Qwen's levers (qwen3.sh) answered the first 341 of the 682 one-chunk questions: Qwen's rule compares every Qwen
+# candidate on those (and all two-chunk ones); its two main candidates are also reported on every question (ALL)
+FIRST = {"qwen2.5-coder-0.5b": 341}
+
+
+def kept(work, label, first=None):
+    """(kept, confident) of `label` on full prefill's confident questions in RUNS/work (the first `first` questions'
+    where given); None until all of them are answered."""
     path = runs / work / "results.json"
     if not path.exists():
         return None
     rows = json.load(open(path))["rows"]
-    full = {x["question"]: x for x in rows if x["label"] == "full"}
+    within = (lambda q: int(q.split("-")[1]) < first) if first else (lambda q: True)
+    full = {x["question"]: x for x in rows if x["label"] == "full" and within(x["question"])}
     confident = sum(1 for x in full.values() if x.get("confident"))
-    sure = [x for x in rows if x["label"] == label and full[x["question"]].get("confident")]
+    sure = [x for x in rows if x["label"] == label and x["question"] in full and full[x["question"]].get("confident")]
     return (sum(bool(x["correct"]) for x in sure), len(sure)) if len(sure) == confident else None
 
 
+ALL = [c for c in CANDIDATES if c[1] in FIRST and "default" in c[0]]
 result = []
-for name, model, label, one, two, x_full, source in CANDIDATES:
-    e = {"candidate": name, "model": model, "label": label, "ttft_x_full": x_full, "ttft_from": source}
-    parts = [kept(one, label), kept(two, label)]
+for (name, model, label, one, two, x_full, source), first in (
+        [(c, FIRST.get(c[1])) for c in CANDIDATES] + [(c, None) for c in ALL]):
+    e = {"candidate": name, "model": model, "label": label, "ttft_x_full": x_full, "ttft_from": source,
+         **({"one_chunk_first": first} if first else {}), "in_rule": first == FIRST.get(model)}
+    parts = [kept(one, label, first), kept(two, label)]
     for split, p in zip(("one_chunk", "two_chunk"), parts):
         if p:
             e[split] = {"kept": p[0], "confident": p[1], "ci95": wilson(*p)}
@@ -113,11 +123,11 @@ for name, model, label, one, two, x_full, source in CANDIDATES:
 
 choice = {}
 for model in ("smollm2-135m", "qwen2.5-coder-0.5b"):
-    ok = [e for e in result if e["model"] == model and e["eligible"] and "pooled" in e]
+    ok = [e for e in result if e["model"] == model and e["eligible"] and "pooled" in e and e["in_rule"]]
     choice[model] = max(ok, key=lambda e: e["pooled"]["ci95"][0])["candidate"] if ok else None
 both = {}
 for e in result:
-    if "pooled" in e:
+    if "pooled" in e and e["in_rule"]:
         b = both.setdefault(e["candidate"], {"kept": 0, "confident": 0, "models": [], "eligible": True})
         b["kept"] += e["pooled"]["kept"]
         b["confident"] += e["pooled"]["confident"]
@@ -132,7 +142,8 @@ json.dump({"budget": BUDGET, "candidates": result, "both_models": shared, "chose
 for e in result:
     cells = [f"{s} {e[s]['kept']}/{e[s]['confident']} {e[s]['ci95']}" for s in ("one_chunk", "two_chunk", "pooled")
              if s in e]
-    print(f"{e['model']:19s} {e['candidate']:52s} {e['ttft_x_full']}x {'ok' if e['eligible'] else '--'}  "
+    scope = f"first {e['one_chunk_first']}" if "one_chunk_first" in e else "all"
+    print(f"{e['model']:19s} {e['candidate']:52s} {scope:9s} {e['ttft_x_full']}x {'ok' if e['eligible'] else '--'}  "
           + "; ".join(cells))
 for c, b in shared.items():
     print(f"both models: {c:40s} {b['kept']}/{b['confident']} {b['ci95']} eligible {b['eligible']}")
