@@ -24,6 +24,13 @@ CANDIDATES = [  # (model, store, label, one-chunk workdir, two-chunk workdir); Q
     ("smollm2-135m", "wrapped", "infoflow+ttft_budget=0.5+first_layer=tokens@wrapped", "i5-dev", "s2c-dev"),
     ("smollm2-135m", "wrapped, after 1 neighbour", "none@wrapped", "nb-i5", "nb-s2c"),
     ("smollm2-135m", "wrapped, after 1 neighbour", "infoflow+ttft_budget=0.5@wrapped", "nb-i5", "nb-s2c"),
+    # item 3: the linked trailer (linked.sh; the prefix layout, wrapper h16 + linked t8)
+    ("smollm2-135m", "linked-wrapped", "none@wrapped", "lk-i5", "lk-s2c"),
+    ("smollm2-135m", "linked-wrapped", "infoflow+ttft_budget=0.5@wrapped", "lk-i5", "lk-s2c"),
+    # Qwen's levers on its plain store (qwen3.sh; the first 341 one-chunk questions: see rule.py for the paired view)
+    ("qwen2.5-coder-0.5b", "plain", "chunkflow+ttft_budget=0.5", "q-i5", "q-s2c"),
+    ("qwen2.5-coder-0.5b", "plain", "legolink+ttft_budget=0.5", "q-i5", "q-s2c"),
+    ("qwen2.5-coder-0.5b", "plain", "infoflow+ttft_budget=0.4+gate_coverage=0.8", "q-i5", "q-s2c"),
 ]
 
 
@@ -77,7 +84,7 @@ def sign_test(gained: int, lost: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
-PAIRS = [(1, 3), (1, 5), (0, 4), (7, 9), (6, 8)]  # (before, after) indices of CANDIDATES, the same model
+PAIRS = [(1, 3), (1, 5), (0, 4), (7, 9), (6, 8), (7, 11), (6, 10)]  # (before, after) indices of CANDIDATES, one model
 for a, b in PAIRS:
     before, after = result[a], result[b]
     pair = {"before": [before["store"], before["label"]], "after": [after["store"], after["label"]],
