@@ -187,4 +187,4 @@ def budgeted(cfg, context_tokens: int, costs: Costs | None, fixed: int = 0):
     r = None if costs is None else costs.ratio(context_tokens, cfg.ttft_budget)
     if r is None:
         return cfg
-    return dataclasses.replace(cfg, recompute_ratio=round(max(0.0, r - fixed / max(context_tokens, 1)), 4))
+    return dataclasses.replace(cfg, recompute_ratio=round(max(0.0, r - fixed / context_tokens), 4))
