@@ -68,6 +68,9 @@ CANDIDATES = [
     ("after 1 neighbour, gate_coverage 0.8 over budget 0.4", "smollm2-135m",
      "infoflow+ttft_budget=0.4+gate_coverage=0.8@wrapped", "nb-i5", "nb-s2c",
      ttft2("prefix", "infoflow+ttft_budget=0.4+gate_coverage=0.8@wrapped"), "summary2.json (the prefix store's: same path)"),
+    ("after 1 neighbour, chunkflow", "smollm2-135m", "chunkflow+ttft_budget=0.5@wrapped", "nb-i5", "nb-s2c",
+     ttft1("chunkflow+ttft_budget=0.5@wrapped"), "summary.json (the prefix store's: same path; nbflow.sh; ttft3.sh's "
+     "run on this store was too noisy to read: BENCHMARKS.md)"),
     ("after 2 neighbours, the default", "smollm2-135m", f"{D}@wrapped", "nb2-i5", "nb2-s2c",
      ttft2("neighbours", f"{D}@wrapped"), "summary2.json (after 1 neighbour's: same path)"),
     ("linked trailer, the default", "smollm2-135m", f"{D}@wrapped", "lk-i5", "lk-s2c",
@@ -83,6 +86,8 @@ CANDIDATES = [
      quiet("q-t2", "infoflow+ttft_budget=0.4+gate_coverage=0.8"), "q-t2 (qttft2.sh)"),
     ("after 1 neighbour, the default", "qwen2.5-coder-0.5b", D, "qnb-i5", "qnb-s2c",
      quiet("q-i5", D), "q-i5 (qttft.sh; the plain store's: same path)"),
+    ("after 1 neighbour, chunkflow", "qwen2.5-coder-0.5b", "chunkflow+ttft_budget=0.5", "qnb-i5", "qnb-s2c",
+     quiet("q-t2", "chunkflow+ttft_budget=0.5"), "q-t2 (qttft2.sh; the plain store's: same path; nbflow.sh)"),
 ]
 
 
