@@ -38,7 +38,8 @@ store_argument = click.argument("store", metavar="STORE")  # a directory or an s
               "change): prefix (nothing, as a query lays chunks out), document (the chunk before it in its document) "
               "or neighbours (its nearest chunk of another document by the store's embedder; a document is encoded "
               "again when its chunks' nearest neighbours change, so the store stays a fresh build of the corpus). "
-              "Each chunk records what it read. Fixed when the store is created.  [default: prefix]")
+              "Each chunk records what it read. Fixed when the store is created.  [default: an existing store's own; for "
+              "a new store, neighbours]")
 @click.option("--encode-after-chunks", type=click.IntRange(1, 8), default=None,
               help="How many chunks each reads with --encode-after: the ones just before it, or its nearest (the "
               "nearest next to it). Fixed when the store is created.  [default: 1]")

@@ -65,7 +65,9 @@ class StoreConfig:
     # "prefix" nothing, as a query lays chunks out; "document" the chunk(s) before it in its own document;
     # "neighbours" its nearest chunk(s) of other documents by the store's embedder (`ingest/after.py`).
     # A store encoded after something records what, per chunk (the chunk table's `after` column).
-    encode_after: str = "prefix"
+    # The default since #94's rule chose it (BENCHMARKS.md): chunks that have read their nearest neighbour keep
+    # more of full prefill's answers at the same query cost, for ~1.3x the encode (~2.6x a nightly run's).
+    encode_after: str = "neighbours"
     encode_after_chunks: int = 1  # how many: the chunks just before it, or its nearest (the nearest next to it)
 
     @property
@@ -118,8 +120,9 @@ def root_attrs(backend: Backend) -> dict:
 
 
 def store_config(attrs: dict) -> StoreConfig:
-    """The StoreConfig a store was created with (format-1 stores predate index_coding: packed)."""
-    return StoreConfig(**{"index_coding": "packed", **attrs["config"]})
+    """The StoreConfig a store was created with (format-1 stores predate index_coding: packed; a field left
+    out at its NEW_CONFIG_DEFAULTS value is that value, whatever StoreConfig's default is now)."""
+    return StoreConfig(**{"index_coding": "packed", **NEW_CONFIG_DEFAULTS, **attrs["config"]})
 
 
 def config_for(backend: Backend, **given) -> StoreConfig:

@@ -168,6 +168,31 @@ def test_encode_corpus_takes_the_option_and_keeps_it(corpus_dir, tmp_path, tiny_
 
 
 
+def test_a_new_store_is_encoded_after_neighbours_by_default_and_an_old_plain_store_stays_plain(
+        corpus_dir, tmp_path, tiny_model_dir, tiny_dictionary_dir):
+    """The default since #94's rule chose it, as a user runs it (no option): a new store's chunks read their
+    nearest neighbour. A plain store's attributes leave the field out (as releases before it wrote them), and
+    a nightly re-index of it with today's defaults keeps it plain."""
+    from click.testing import CliRunner
+
+    from sparsecache.cli.main import cli
+
+    args = ["encode-corpus", str(corpus_dir), "--model", str(tiny_model_dir), "--dict", str(tiny_dictionary_dir),
+            "--chunk-tokens", "64"]
+    r = CliRunner().invoke(cli, args + ["--store", str(tmp_path / "new")])
+    assert r.exit_code == 0, r.output
+    assert Store.open(tmp_path / "new").config.encode_after == StoreConfig().encode_after == "neighbours"
+    assert all(after_column(tmp_path / "new").values())  # every chunk read another document's
+    r = CliRunner().invoke(cli, args + ["--store", str(tmp_path / "old"), "--encode-after", "prefix"])
+    assert r.exit_code == 0, r.output
+    assert "encode_after" not in Store.open(tmp_path / "old").attrs["config"]
+    (corpus_dir / "pass.txt").write_text("Changed. " + (corpus_dir / "pass.txt").read_text())
+    r = CliRunner().invoke(cli, args + ["--store", str(tmp_path / "old")])
+    assert r.exit_code == 0 and "1 changed" in r.output, r.output
+    assert Store.open(tmp_path / "old").config.encode_after == "prefix"
+    assert "after_ends" not in Store.open(tmp_path / "old").group
+
+
 def test_a_release_before_encode_after_opens_a_plain_store_and_refuses_one_encoded_after(corpus_dir, tmp_path,
                                                                                         tiny_model, tiny_dictionary):
     """A plain store written now keeps the attributes an earlier release reads; a store encoded after its

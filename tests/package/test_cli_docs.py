@@ -132,6 +132,13 @@ def test_cli_defaults_are_the_librarys():
         assert default("encode-corpus", name) == getattr(EncodeOptions, name), name
     assert default("compact", "keep") == inspect.signature(compact).parameters["keep"].default
     assert default("compact", "index_kind") == inspect.signature(compact).parameters["index_kind"].default
+    # the store's fixed settings are StoreConfig's (the CLI passes None); its help states them
+    from sparsecache.store import StoreConfig
+
+    said = " ".join(next(p.help for p in cli.commands["encode-corpus"].params if p.name == "encode_after").split())
+    assert f"for a new store, {StoreConfig().encode_after}]" in said
+    said = next(p.help for p in cli.commands["encode-corpus"].params if p.name == "chunk_tokens")
+    assert f"[default: {StoreConfig().chunk_tokens}]" in said
 
 
 def test_every_test_file_is_in_the_manuals_table_under_its_folder_and_named_once():
