@@ -16,7 +16,7 @@ from sparsecache.ingest.encoder import ModelLoader, encode_with
 from sparsecache.kvstore import verify
 from sparsecache.store import read_manifest
 from support.corpora import Corpus
-from support.crashes import FakeEmbedder, HISTORY_BATCH_TOKENS, HISTORY_CONFIG
+from support.crashes import HISTORY_BATCH_TOKENS, HISTORY_CONFIG
 from support.stores import assert_same_live_chunks
 
 ray = pytest.importorskip("ray", reason="needs the ray extra")
@@ -32,13 +32,17 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def encode(tiny_model, tiny_model_dir, tiny_dictionary):
-    fake = FakeEmbedder()
+    from sparsecache.kvstore.index import Embedder
+
+    # the store's own embedder, loaded once: the driver plans each chunk's neighbours over the embeddings the
+    # actors wrote (they load the store's embedder), so both must be the same model, as they are for a user
+    own = Embedder(HISTORY_CONFIG.embedder, "cpu")
 
     def run(corpus, store, workers=0):
         return encode_with([str(corpus)], store, tiny_dictionary, tiny_model, HISTORY_CONFIG,
                            EncodeOptions(batch_tokens=HISTORY_BATCH_TOKENS, delete_missing=True, keep=3, progress=False,
                                          workers=workers, model=str(tiny_model_dir)),
-                           embedder=fake)
+                           embedder=own)
     return run
 
 
