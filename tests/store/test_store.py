@@ -21,7 +21,10 @@ from sparsecache.store import Lock, StoreConfig, VersionPoller, Writer, open_bac
 from support.corpora import write_corpus
 from support.stores import all_codes, assert_same_codes
 
-CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16")
+# the store's own mechanics on the plain layout (each chunk after the prefix alone: the reference K/V below, the
+# reindex counts, format-2 stores, which predate --encode-after); the default, chunks encoded after their nearest
+# neighbour, is tests/ingest/test_encode_after.py's and tests/store/test_crashes.py's
+CONFIG = StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16", encode_after="prefix")
 
 
 @pytest.fixture
