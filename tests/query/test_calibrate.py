@@ -28,7 +28,8 @@ def town(name: str, i: int) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_store(tiny_model_dir, tiny_dictionary_dir, tmp_path_factory):
-    """A plain store of eight town documents (four cloze sentences each), by the tiny model."""
+    """A plain store of eight town documents (four cloze sentences each), by the tiny model: no wrapper, each
+    chunk after the prefix alone (format 4, which the release before calibrate reads)."""
     root = tmp_path_factory.mktemp("calibrate")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -36,7 +37,7 @@ def tiny_store(tiny_model_dir, tiny_dictionary_dir, tmp_path_factory):
         (corpus / f"{name.lower()}.txt").write_text(town(name, i))
     r = CliRunner().invoke(cli, ["encode-corpus", str(corpus), "--store", str(root / "store"), "--model",
                                  str(tiny_model_dir), "--dict", str(tiny_dictionary_dir), "--chunk-tokens", "48",
-                                 "--wrapper", "none"])
+                                 "--wrapper", "none", "--encode-after", "prefix"])
     assert r.exit_code == 0, r.output
     return root
 
