@@ -37,6 +37,18 @@ def crash_corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def reference_plain(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_factory) -> Path:
+    """The crash corpus's store on the plain layout (`--encode-after prefix`), whose encode a rerun continues
+    inside a document."""
+    from sparsecache.store import StoreConfig
+
+    out = tmp_path_factory.mktemp("ref-plain") / "store"
+    encode_with([str(crash_corpus)], out, tiny_dictionary, tiny_model, StoreConfig(chunk_tokens=64, encode_after="prefix"),
+                EncodeOptions(batch_tokens=256, progress=False), embedder=embedder)
+    return out
+
+
+@pytest.fixture(scope="module")
 def reference(crash_corpus, tiny_model, tiny_dictionary, embedder, tmp_path_factory) -> Path:
     from sparsecache.store import StoreConfig
 

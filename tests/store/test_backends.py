@@ -353,9 +353,9 @@ def test_killed_writer_on_s3_expires_and_the_rerun_converges(s3_url, crash_corpu
                tiny_dictionary_dir, "--chunk-tokens", 64)
     assert r.exit_code != 0 and "lease expires in" in r.output
     time.sleep(max(0.0, killed + ttl + 0.5 - time.monotonic()))
-    report = rerun(cmd)  # killed inside the long first document: continued from the recorded batch
-    total = KVStore.open(reference).info()["tokens"]
-    assert report["published"] and 0 < report["tokens"] <= total - 2 * 256
+    report = rerun(cmd)  # killed inside the long first document: a neighbours store (the default) starts it again
+    total = KVStore.open(reference).info()["tokens"]  # (continuing one is test_crashes.py's, on the plain layout)
+    assert report["published"] and 0 < report["tokens"] <= total
     assert_same_live_chunks(s3_url, reference)
 
 
