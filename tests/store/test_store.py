@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import shutil
 from pathlib import Path
 
@@ -89,8 +90,7 @@ def test_direct_chunk_reads_equal_zarr_reads(store):
 
 
 def test_compressed_store_reads_the_same_codes(build, store, corpus_dir, tmp_path):
-    build([corpus_dir], tmp_path / "zstd", config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
-                                                                   compressor="zstd"))
+    build([corpus_dir], tmp_path / "zstd", config=replace(CONFIG, compressor="zstd"))
     assert_same_codes(all_codes(tmp_path / "zstd"), all_codes(store))
     assert verify(tmp_path / "zstd")["ok"]
 
@@ -433,7 +433,7 @@ def test_info_reports_sizes_and_ratios(store, tiny_dictionary):
 def test_float8_coefficient_store(build, store, corpus_dir, tmp_path):
     """e4m3 coefficients (stored as bytes): same indices, values within e4m3's rounding."""
     fp8 = tmp_path / "fp8"
-    build([corpus_dir], fp8, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float8"))
+    build([corpus_dir], fp8, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float8", encode_after="prefix"))
     a, b = KVStore.open(store), KVStore.open(fp8)
     ids = [c.id for c in a.chunks()]
     ca, cb = a.read_codes(ids), b.read_codes(ids)
@@ -453,8 +453,7 @@ def test_elias_fano_and_packed_stores_hold_the_same_codes(build, store, corpus_d
     from sparsecache.codec.bitpack import unpack_rows, unpack_sorted_rows
 
     packed = tmp_path / "packed"
-    build([corpus_dir], packed, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
-                                                   index_coding="packed"))
+    build([corpus_dir], packed, config=replace(CONFIG, index_coding="packed"))
     ef, pk = KVStore.open(store), KVStore.open(packed)
     assert (ef.config.index_coding, pk.config.index_coding) == ("elias-fano", "packed")
     ids = [c.id for c in ef.chunks()]
@@ -475,8 +474,7 @@ def test_elias_fano_and_packed_stores_hold_the_same_codes(build, store, corpus_d
 def test_format_1_store_reads_as_packed(build, corpus_dir, tmp_path):
     """Stores written before index_coding existed (format 1) have packed indices and still read."""
     old = tmp_path / "old"
-    build([corpus_dir], old, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
-                                                index_coding="packed"))
+    build([corpus_dir], old, config=replace(CONFIG, index_coding="packed"))
     before = all_codes(old)
     meta = old / "zarr.json"
     doc = json.loads(meta.read_text())
@@ -487,8 +485,7 @@ def test_format_1_store_reads_as_packed(build, corpus_dir, tmp_path):
     assert s.config.index_coding == "packed" and s.codec().indices == "packed"
     assert_same_codes(all_codes(old), before)
     write_corpus(corpus_dir, ("return",))
-    build([corpus_dir], old, config=StoreConfig(chunk_tokens=64, zarr_chunk_tokens=32, coef_dtype="float16",
-                                                index_coding="packed"))
+    build([corpus_dir], old, config=replace(CONFIG, index_coding="packed"))
     assert verify(old)["ok"] and versions(old) == [1, 2, 3]
 
 
