@@ -6,7 +6,9 @@
 # The splits: format (a) test (1000 questions, 160 entities, filler 4, k = 8), the suite #69/#79 read:
 #   one-chunk: the first $ONE (SmolLM2) / 240 (Qwen) questions, retrieval contexts; full prefill's rows reused where they
 #     exist (#69's for SmolLM2; #80's for Qwen's one-hop questions: its two-hop ones were placed, so answered again);
-#   two-chunk: every two-hop question of the 1000, both needed chunks placed among retrieval's look-alikes (as dev's 400).
+#   two-chunk: every two-hop question of the 1000 (200) for SmolLM2, the first 100 for Qwen (as on dev, where Qwen
+#     answered the first 200 of 400: its full prefill takes ~3x SmolLM2's), both needed chunks placed among
+#     retrieval's look-alikes (as dev's 400).
 # Usage: bash test.sh smollm2|qwen   (one model per job; the two can run side by side on 2 cores)
 set -e
 cd /work/runs
@@ -52,7 +54,7 @@ elif [ "$1" = qwen ]; then
   S="$Q --k 8 --questions 1000 --entities 160 --filler 4 --split test"
   sparsecache bench fidelity --workdir $d $S --limit 240 --confident-only --methods "$M" --json > $d.json
   echo "one-chunk rc=$? $(date)"
-  python $L/prepare_model.py $d t94-q2 1000 qwen2.5-coder-0.5b
+  python $L/prepare_model.py $d t94-q2 ${QTWO:-100} qwen2.5-coder-0.5b  # the first half of the 200 two-hop ones, as on dev
   sparsecache bench fidelity --workdir t94-q2 $S --two-chunk placed --limit 1000 --confident-only --methods "$M" \
     --json > t94-q2.json
   echo "two-chunk rc=$? $(date)"
