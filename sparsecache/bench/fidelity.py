@@ -191,7 +191,9 @@ def run_fidelity(session, suite: dict[int, list[Question]], methods: dict[str, d
                 rows.append(row)
                 if results is not None:
                     write_atomic(results, json.dumps({"rows": rows}))
-            print(line(k, label, summarise([r for r in rows if r["k"] == k and r["label"] == label])),
+            mine = [r for r in rows if r["k"] == k and r["label"] == label]
+            # --confident-only where full prefill answered none with confidence leaves a method nothing to answer
+            print(line(k, label, summarise(mine)) if mine else f"k={k} {label:>24}  no questions to answer",
                   file=sys.stderr, flush=True)
     return rows
 

@@ -561,6 +561,20 @@ def test_confident_only_runs_the_methods_only_where_full_prefill_is_confident(se
     assert [r["question"] for r in again if r["label"] == "none"] == [full[0]["question"]]
 
 
+
+def test_confident_only_where_full_prefill_is_confident_on_none_ends_with_full_prefills_rows(session, suite, tmp_path,
+                                                                                            capsys):
+    """A split where full prefill answers nothing with confidence (#94's two-chunk test split for SmolLM2-135M) leaves
+    the methods nothing to answer: the run ends with full prefill's rows and says so, and does not fail."""
+    _, made, _ = suite
+    few = {4: made[4][:2]}
+    results = tmp_path / "results.json"
+    full = [r for r in run_fidelity(session, few, {}, results, max_new_tokens=4) if r["label"] == "full"]
+    results.write_text(json.dumps({"rows": [{**r, "confident": False} for r in full]}))
+    again = run_fidelity(session, few, parse_methods("none"), results, max_new_tokens=4, confident_only=True)
+    assert [r["label"] for r in again] == ["full", "full"]
+    assert "none  no questions to answer" in capsys.readouterr().err
+
 def test_a_two_chunk_questions_chunks_are_placed_among_the_look_alikes():
     """#79: both needed chunks at fixed ranks, retrieval's best others around them in order;
     a one-chunk question's context stays retrieval's."""
