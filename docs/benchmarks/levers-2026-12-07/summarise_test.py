@@ -4,26 +4,23 @@ questions, both chunks placed) apart and pooled: kept, the same answer, token F1
 Wilson/bootstrap intervals, and TTFT beside full prefill's (mean and p90) over the same questions.
 Usage: python summarise_test.py RUNS OUT.json"""
 import json
-import random
 import sys
 from pathlib import Path
 
-from sparsecache.measure.stats import wilson
+from sparsecache.measure.stats import bootstrap, mean, wilson
 
 runs, out = Path(sys.argv[1]), sys.argv[2]
 LABEL = "infoflow+ttft_budget=0.5"
 SETS = {"smollm2-135m": ("t94-s1", "t94-s2", LABEL + "@wrapped"), "qwen2.5-coder-0.5b": ("t94-q1", "t94-q2", LABEL)}
 
 
-def boot(xs, n=2000, seed=0):
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(xs) for _ in xs) / len(xs) for _ in range(n))
-    return [round(means[int(0.025 * n)], 3), round(means[int(0.975 * n) - 1], 3)]
+def boot(xs):
+    return list(bootstrap(xs, mean))
 
 
-def p90(xs):
+def p90(xs):  # nearest rank, as bench fidelity's summary
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+    return xs[-(-9 * len(xs) // 10) - 1]
 
 
 def rows(work, label, hops):
