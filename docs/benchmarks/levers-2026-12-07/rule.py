@@ -84,6 +84,20 @@ CANDIDATES = [
     ("prefix store, gate_coverage 0.8 over budget 0.4", "qwen2.5-coder-0.5b",
      "infoflow+ttft_budget=0.4+gate_coverage=0.8", "q-i5", "q-s2c",
      quiet("q-t2", "infoflow+ttft_budget=0.4+gate_coverage=0.8"), "q-t2 (qttft2.sh)"),
+    ("prefix store, gate_margin 1", "qwen2.5-coder-0.5b", f"{D}+gate_margin=1", "q-i5", "q-s2c",
+     quiet("q-t4", f"{D}+gate_margin=1"), "q-t4 (qwen4.sh)"),
+    ("prefix store, gate_margin 3", "qwen2.5-coder-0.5b", f"{D}+gate_margin=3", "q-i5", "q-s2c",
+     quiet("q-t4", f"{D}+gate_margin=3"), "q-t4 (qwen4.sh)"),
+    ("prefix store, gate_coverage 0.8", "qwen2.5-coder-0.5b", f"{D}+gate_coverage=0.8", "q-i5", "q-s2c",
+     quiet("q-t4", f"{D}+gate_coverage=0.8"), "q-t4 (qwen4.sh)"),
+    ("prefix store, gate_coverage 0.8 over budget 0.35", "qwen2.5-coder-0.5b",
+     "infoflow+ttft_budget=0.35+gate_coverage=0.8", "q-i5", "q-s2c",
+     quiet("q-t4", "infoflow+ttft_budget=0.35+gate_coverage=0.8"), "q-t4 (qwen4.sh)"),
+    ("after 1 neighbour, gate_coverage 0.8 over budget 0.4", "qwen2.5-coder-0.5b",
+     "infoflow+ttft_budget=0.4+gate_coverage=0.8", "qnb-i5", "qnb-s2c",
+     quiet("q-t2", "infoflow+ttft_budget=0.4+gate_coverage=0.8"), "q-t2 (qttft2.sh; the plain store's: same path)"),
+    ("after 2 neighbours, the default", "qwen2.5-coder-0.5b", D, "qnb2-i5", "qnb2-s2c",
+     quiet("q-i5", D), "q-i5 (qttft.sh; the plain store's: same path; qwen4.sh)"),
     ("after 1 neighbour, the default", "qwen2.5-coder-0.5b", D, "qnb-i5", "qnb-s2c",
      quiet("q-i5", D), "q-i5 (qttft.sh; the plain store's: same path)"),
     ("after 1 neighbour, chunkflow", "qwen2.5-coder-0.5b", "chunkflow+ttft_budget=0.5", "qnb-i5", "qnb-s2c",
@@ -110,7 +124,7 @@ def kept(work, label, first=None):
     return (sum(bool(x["correct"]) for x in sure), len(sure)) if len(sure) == confident else None
 
 
-ALL = [c for c in CANDIDATES if c[1] in FIRST and "default" in c[0]]
+ALL = [c for c in CANDIDATES if c[1] in FIRST and c[0] in ("prefix store, the default", "after 1 neighbour, the default")]
 result = []
 for (name, model, label, one, two, x_full, source), first in (
         [(c, FIRST.get(c[1])) for c in CANDIDATES] + [(c, None) for c in ALL]):
