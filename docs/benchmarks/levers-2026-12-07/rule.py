@@ -98,6 +98,8 @@ CANDIDATES = [
      quiet("q-t2", "infoflow+ttft_budget=0.4+gate_coverage=0.8"), "q-t2 (qttft2.sh; the plain store's: same path)"),
     ("after 2 neighbours, the default", "qwen2.5-coder-0.5b", D, "qnb2-i5", "qnb2-s2c",
      quiet("q-i5", D), "q-i5 (qttft.sh; the plain store's: same path; qwen4.sh)"),
+    ("linked trailer, the default", "qwen2.5-coder-0.5b", f"{D}@wrapped", "lk-q-i5", "lk-q-s2c",
+     quiet("lk-q-i5", f"{D}@wrapped"), "lk-q-i5 (qwen_linked_rows.sh; no header: Qwen's store is plain)"),
     ("after 1 neighbour, the default", "qwen2.5-coder-0.5b", D, "qnb-i5", "qnb-s2c",
      quiet("q-i5", D), "q-i5 (qttft.sh; the plain store's: same path)"),
     ("after 1 neighbour, chunkflow", "qwen2.5-coder-0.5b", "chunkflow+ttft_budget=0.5", "qnb-i5", "qnb-s2c",
