@@ -53,9 +53,10 @@ for work, (model, store_dir, label, former, former_label) in WORK.items():
                  "answers": {"full": full[qid]["answer"], "former": old[qid]["answer"], "neighbours": new[qid]["answer"]}}
         for which in ("former", "neighbours"):
             extra = words(entry["answers"][which]) - words(q["question"]) - {"The", "In", "It"}
-            if extra - words(corpus[own]):  # words of the answer that the needed document does not hold
-                holders = sorted(d for d, t in corpus.items() if (extra - words(corpus[own])) <= words(t))[:5]
-                entry[f"{which}_foreign_words"] = sorted(extra - words(corpus[own]))
+            foreign = extra - words(corpus[own])  # words of the answer that the needed document does not hold
+            if foreign:
+                holders = sorted(d for d, t in corpus.items() if foreign <= words(t))[:5]
+                entry[f"{which}_foreign_words"] = sorted(foreign)
                 entry[f"{which}_found_in"] = holders
                 entry[f"{which}_found_in_context"] = sorted({chunk_doc[c] for c in q["chunks"]} & set(holders))
         result.append(entry)
